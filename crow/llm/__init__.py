@@ -1,0 +1,68 @@
+"""Model providers behind one method: `Provider.stream(request) -> AsyncIterator[ModelEvent]`.
+
+Import-cheap: nothing here imports httpx. `create_provider("openai:gpt-4.1-mini")` loads the
+provider module when it is first needed; `OpenAIProvider` / `AnthropicProvider` load lazily
+on attribute access too.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from crow.llm.base import (
+    ModelEvent,
+    ModelRequest,
+    ModelResponse,
+    Provider,
+    ScriptedProvider,
+    StopReason,
+    TextDelta,
+    ThoughtDelta,
+    ToolCallDelta,
+    ToolSpec,
+    Usage,
+    complete,
+)
+from crow.llm.registry import (
+    ModelSettings,
+    ProviderSettings,
+    create_provider,
+    default_context_window,
+    list_known_providers,
+)
+
+if TYPE_CHECKING:
+    from crow.llm.anthropic import AnthropicProvider
+    from crow.llm.openai import OpenAIProvider
+
+__all__ = [
+    "AnthropicProvider",
+    "ModelEvent",
+    "ModelRequest",
+    "ModelResponse",
+    "ModelSettings",
+    "OpenAIProvider",
+    "Provider",
+    "ProviderSettings",
+    "ScriptedProvider",
+    "StopReason",
+    "TextDelta",
+    "ThoughtDelta",
+    "ToolCallDelta",
+    "ToolSpec",
+    "Usage",
+    "complete",
+    "create_provider",
+    "default_context_window",
+    "list_known_providers",
+]
+
+_LAZY = {"OpenAIProvider": "crow.llm.openai", "AnthropicProvider": "crow.llm.anthropic"}
+
+
+def __getattr__(name: str) -> Any:
+    if module := _LAZY.get(name):
+        import importlib
+
+        return getattr(importlib.import_module(module), name)
+    raise AttributeError(f"module 'crow.llm' has no attribute {name!r}")

@@ -1,0 +1,325 @@
+"""Anthropic Messages API: request conversion (with prompt caching) and stream parsing."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from crow.errors import ProviderError, StreamCutError
+from crow.llm.base import (
+    ModelEvent,
+    ModelRequest,
+    ModelResponse,
+    StopReason,
+    TextDelta,
+    ThoughtDelta,
+    ToolCallDelta,
+    ToolSpec,
+    Usage,
+)
+from crow.llm.http import HTTPProvider, error_from_status, map_http_errors, stream_with_retries
+from crow.llm.sse import SSEDecoder
+from crow.messages import Message, ToolCall
+
+__all__ = ["AnthropicProvider", "convert_messages", "convert_tools", "sanitize_tool_id"]
+
+API_VERSION = "2023-06-01"
+_EPHEMERAL = {"type": "ephemeral"}
+_STOP: dict[str, StopReason] = {
+    "end_turn": "end_turn",
+    "stop_sequence": "end_turn",
+    "pause_turn": "end_turn",
+    "tool_use": "tool_use",
+    "max_tokens": "max_tokens",
+    "refusal": "refusal",
+}
+# budget_tokens for a reasoning_effort when no thinking_budget is configured
+_EFFORT_BUDGET = {"minimal": 1024, "low": 2048, "medium": 8192, "high": 16384}
+_BAD_ID_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
+
+
+def sanitize_tool_id(call_id: str) -> str:
+    """Anthropic wants ids matching ^[a-zA-Z0-9_-]+$; OpenAI-style ids may not (":" or ".")."""
+    return _BAD_ID_CHARS.sub("_", call_id) or "toolu_missing"
+
+
+def _content_blocks(m: Message) -> list[dict[str, Any]]:
+    if m.role == "tool":
+        return [
+            {
+                "type": "tool_result",
+                "tool_use_id": sanitize_tool_id(m.tool_call_id),
+                "content": m.content,
+                "is_error": m.is_error,
+            }
+        ]
+    blocks: list[dict[str, Any]] = []
+    if m.role == "assistant":
+        if m.thinking and m.thinking_signature:
+            blocks.append({"type": "thinking", "thinking": m.thinking, "signature": m.thinking_signature})
+        if m.content:
+            blocks.append({"type": "text", "text": m.content})
+        blocks += [
+            {
+                "type": "tool_use",
+                "id": sanitize_tool_id(c.id),
+                "name": c.name,
+                "input": {} if c.parse_error else dict(c.args),
+            }
+            for c in m.tool_calls
+        ]
+        return blocks
+    blocks += [
+        {"type": "image", "source": {"type": "base64", "media_type": i.mime_type, "data": i.data}}
+        for i in m.images
+    ]
+    if m.content:  # the API rejects empty text blocks
+        blocks.append({"type": "text", "text": m.content})
+    return blocks
+
+
+def convert_messages(
+    messages: Sequence[Message],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(system blocks, messages): tool results become user turns, same roles merge."""
+    system: list[dict[str, Any]] = []
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if m.role == "system":
+            if m.content:
+                system.append({"type": "text", "text": m.content})
+            continue
+        role = "assistant" if m.role == "assistant" else "user"
+        blocks = _content_blocks(m)
+        if not blocks:
+            continue
+        if out and out[-1]["role"] == role:
+            out[-1]["content"].extend(blocks)
+        else:
+            out.append({"role": role, "content": blocks})
+    for turn in out:
+        # tool_result blocks must lead their user turn
+        turn["content"].sort(key=lambda b: b["type"] != "tool_result")
+    return system, out
+
+
+def convert_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
+    return [{"name": t.name, "description": t.description, "input_schema": dict(t.parameters)} for t in tools]
+
+
+def add_cache_control(
+    system: list[dict[str, Any]], tools: list[dict[str, Any]], messages: list[dict[str, Any]]
+) -> None:
+    """Mark the three growing prefixes (system, tools, conversation) as cache breakpoints."""
+    if system:
+        system[-1]["cache_control"] = dict(_EPHEMERAL)
+    if tools:
+        tools[-1]["cache_control"] = dict(_EPHEMERAL)
+    if messages and messages[-1]["content"]:
+        last = messages[-1]["content"][-1]
+        if last["type"] not in ("thinking", "redacted_thinking"):
+            last["cache_control"] = dict(_EPHEMERAL)
+
+
+class _StreamState:
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.thinking: list[str] = []
+        self.signature = ""
+        self.blocks: dict[int, dict[str, Any]] = {}  # block index -> tool_use in progress
+        self.calls: list[ToolCall] = []
+        self.usage = Usage()
+        self.stop: str | None = None
+        self.stopped = False
+        self.model = ""
+
+    def feed(self, data: Mapping[str, Any]) -> list[ModelEvent]:
+        kind = data.get("type")
+        if kind == "message_start":
+            message = data.get("message") or {}
+            self.model = message.get("model") or ""
+            self._usage(message.get("usage") or {})
+        elif kind == "content_block_start":
+            block = data.get("content_block") or {}
+            if block.get("type") == "tool_use":
+                ordinal = len(self.calls) + len(self.blocks)
+                self.blocks[data.get("index", 0)] = {
+                    "id": block.get("id", ""),
+                    "name": block.get("name", ""),
+                    "args": [],
+                }
+                return [ToolCallDelta(ordinal, block.get("id", ""), block.get("name", ""))]
+            if block.get("type") == "text" and block.get("text"):
+                self.text.append(block["text"])
+                return [TextDelta(block["text"])]
+        elif kind == "content_block_delta":
+            return self._delta(data.get("index", 0), data.get("delta") or {})
+        elif kind == "content_block_stop":
+            if (call := self.blocks.pop(data.get("index", 0), None)) is not None:
+                self.calls.append(ToolCall.from_raw(call["id"], call["name"], "".join(call["args"])))
+        elif kind == "message_delta":
+            self.stop = (data.get("delta") or {}).get("stop_reason") or self.stop
+            self._usage(data.get("usage") or {})
+        elif kind == "message_stop":
+            self.stopped = True
+        return []
+
+    def _delta(self, index: int, delta: Mapping[str, Any]) -> list[ModelEvent]:
+        kind = delta.get("type")
+        if kind == "text_delta" and delta.get("text"):
+            self.text.append(delta["text"])
+            return [TextDelta(delta["text"])]
+        if kind == "thinking_delta" and delta.get("thinking"):
+            self.thinking.append(delta["thinking"])
+            return [ThoughtDelta(delta["thinking"])]
+        if kind == "signature_delta":
+            self.signature = delta.get("signature", "")
+        elif kind == "input_json_delta" and index in self.blocks:
+            self.blocks[index]["args"].append(delta.get("partial_json", ""))
+        return []
+
+    def _usage(self, usage: Mapping[str, Any]) -> None:
+        u = self.usage
+        self.usage = Usage(
+            input_tokens=usage.get("input_tokens") or u.input_tokens,
+            output_tokens=usage.get("output_tokens") or u.output_tokens,
+            cache_read_tokens=usage.get("cache_read_input_tokens") or u.cache_read_tokens,
+            cache_write_tokens=usage.get("cache_creation_input_tokens") or u.cache_write_tokens,
+        )
+
+    def response(self) -> ModelResponse:
+        # a block the server never closed still counts once the message finished
+        for call in self.blocks.values():
+            self.calls.append(ToolCall.from_raw(call["id"], call["name"], "".join(call["args"])))
+        self.blocks.clear()
+        message = Message(
+            "assistant",
+            "".join(self.text),
+            tool_calls=tuple(self.calls),
+            thinking="".join(self.thinking),
+            thinking_signature=self.signature,
+        )
+        return ModelResponse(message, self.usage, _STOP.get(self.stop or "", "end_turn"), self.model)
+
+
+class AnthropicProvider(HTTPProvider):
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str = "https://api.anthropic.com",
+        api_key: str | None = None,
+        api_key_env: str = "ANTHROPIC_API_KEY",
+        name: str = "anthropic",
+        context_window: int = 200_000,
+        max_tokens: int | None = 8192,
+        temperature: float | None = None,
+        reasoning_effort: str | None = None,
+        thinking_budget: int | None = None,
+        connect_timeout: float = 10,
+        read_timeout: float = 300,
+        max_retries: int = 3,
+        backoff_base: float = 0.5,
+        backoff_cap: float = 20.0,
+        headers: Mapping[str, str] | None = None,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        super().__init__(
+            base_url=base_url,
+            api_key=api_key,
+            api_key_env=api_key_env,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            max_retries=max_retries,
+            backoff_base=backoff_base,
+            backoff_cap=backoff_cap,
+            client=client,
+        )
+        self.name = name
+        self.model = model
+        self.context_window = context_window
+        self.max_tokens = max_tokens or 8192  # required by the API
+        self.temperature = temperature
+        self.reasoning_effort = reasoning_effort
+        self.thinking_budget = thinking_budget
+        self._extra_headers = dict(headers or {})
+
+    def build_body(self, request: ModelRequest) -> dict[str, Any]:
+        system, messages = convert_messages(request.messages)
+        tools = convert_tools(request.tools)
+        add_cache_control(system, tools, messages)
+        body: dict[str, Any] = {
+            "model": request.model or self.model,
+            "messages": messages,
+            "max_tokens": request.max_tokens or self.max_tokens,
+            "stream": True,
+        }
+        if system:
+            body["system"] = system
+        if tools:
+            body["tools"] = tools
+            if request.tool_choice == "none":
+                body["tool_choice"] = {"type": "none"}
+        budget = self.thinking_budget
+        effort = request.reasoning_effort or self.reasoning_effort
+        if budget is None and effort:
+            budget = _EFFORT_BUDGET.get(effort)
+        if budget:
+            body["thinking"] = {"type": "enabled", "budget_tokens": budget}
+            # the API wants max_tokens above the budget and no custom temperature
+            body["max_tokens"] = max(body["max_tokens"], budget + 1024)
+        else:
+            temperature = self.temperature if request.temperature is None else request.temperature
+            if temperature is not None:
+                body["temperature"] = temperature
+        body.update(request.extra)
+        return body
+
+    def _headers(self) -> dict[str, str]:
+        headers = {
+            "anthropic-version": API_VERSION,
+            "Accept": "text/event-stream",
+            **self._extra_headers,
+        }
+        if self._api_key:
+            headers["x-api-key"] = self._api_key
+        return headers
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        self._require_key()
+        body = self.build_body(request)
+        async for event in stream_with_retries(lambda: self._attempt(body), self.retry, provider=self.name):
+            yield event
+
+    async def _attempt(self, body: Mapping[str, Any]) -> AsyncIterator[ModelEvent]:
+        state = _StreamState()
+        produced = False
+        decoder = SSEDecoder()
+        with map_http_errors(self.name, base_url=self.base_url):
+            async with self._post_stream(f"{self.base_url}/v1/messages", body, self._headers()) as response:
+                async for line in response.aiter_lines():
+                    for sse in decoder.decode(line):
+                        for event in state.feed(self._parse(sse.data)):
+                            produced = True
+                            yield event
+                    if state.stopped:
+                        break
+        if not state.stopped and state.stop is None:
+            raise StreamCutError(f"{self.name}: stream ended before the model finished", partial=produced)
+        yield state.response()
+
+    def _parse(self, data: str) -> Mapping[str, Any]:
+        try:
+            event = json.loads(data)
+        except ValueError as exc:
+            raise ProviderError(f"{self.name}: malformed stream event: {data[:200]!r}") from exc
+        if not isinstance(event, dict):
+            raise ProviderError(f"{self.name}: malformed stream event: {data[:200]!r}")
+        if event.get("type") == "error":
+            # overloaded_error maps to a retryable RateLimitError, api_error to retryable
+            raise error_from_status(self.name, 0, data, api_key_env=self.api_key_env, api_key=self._api_key)
+        return event

@@ -1,0 +1,142 @@
+"""The provider interface: one method, `stream(request) -> AsyncIterator[ModelEvent]`.
+
+A stream yields `TextDelta`, `ThoughtDelta` and `ToolCallDelta` while the model talks and
+ends with exactly one `ModelResponse` holding the whole assistant message, usage and stop
+reason. The loop never imports httpx; tests can drive it with a `ScriptedProvider`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from crow.messages import Message
+
+StopReason = Literal["end_turn", "tool_use", "max_tokens", "refusal", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    name: str
+    description: str
+    parameters: Mapping[str, Any]  # JSON Schema object
+    read_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRequest:
+    """What one model call sends. Hooks change it with `.replace(...)`, never in place."""
+
+    messages: Sequence[Message]
+    tools: Sequence[ToolSpec] = ()
+    model: str = ""
+    max_tokens: int | None = None
+    temperature: float | None = None
+    reasoning_effort: str | None = None
+    tool_choice: Literal["auto", "none"] = "auto"
+    # provider-specific request fields, passed through untouched
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def replace(self, **changes: Any) -> ModelRequest:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+    @property
+    def context_tokens(self) -> int:
+        """Tokens the prompt plus answer occupy in the window."""
+        return self.input_tokens + self.cache_read_tokens + self.cache_write_tokens + self.output_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            *(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other), strict=True))
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ThoughtDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A tool call became known (name and id), before its arguments finished streaming."""
+
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelResponse:
+    message: Message
+    usage: Usage | None = None
+    stop_reason: StopReason = "end_turn"
+    model: str = ""
+
+
+ModelEvent = TextDelta | ThoughtDelta | ToolCallDelta | ModelResponse
+
+
+@runtime_checkable
+class Provider(Protocol):
+    name: str
+    model: str
+    context_window: int
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]: ...
+
+    async def aclose(self) -> None: ...
+
+
+async def complete(provider: Provider, request: ModelRequest) -> ModelResponse:
+    """Run a request to the end and return only the response (summaries, titles)."""
+    async for event in provider.stream(request):
+        if isinstance(event, ModelResponse):
+            return event
+    raise RuntimeError(f"provider {provider.name} ended its stream without a response")
+
+
+class ScriptedProvider:
+    """A provider whose answers come from a function: the seam for loop tests."""
+
+    name = "scripted"
+
+    def __init__(
+        self,
+        handler: Callable[[ModelRequest], Awaitable[ModelResponse] | ModelResponse],
+        *,
+        model: str = "scripted",
+        context_window: int = 128_000,
+    ) -> None:
+        self._handler = handler
+        self.model = model
+        self.context_window = context_window
+        self.requests: list[ModelRequest] = []
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        self.requests.append(request)
+        response = self._handler(request)
+        if not isinstance(response, ModelResponse):
+            response = await response
+        if response.message.thinking:
+            yield ThoughtDelta(response.message.thinking)
+        if response.message.content:
+            yield TextDelta(response.message.content)
+        yield response
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,252 @@
+"""What both HTTP providers share: error mapping, HTTP-status translation and retries.
+
+`map_http_errors()` is the one place httpx exceptions become crow errors. `error_from_status()`
+turns an error response into the most specific `ProviderError`. `stream_with_retries()` runs
+one streaming attempt after another until one succeeds, never replaying output that already
+reached the caller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import email.utils
+import json
+import logging
+import os
+import random
+import re
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import anyio
+import httpx
+
+from crow.errors import (
+    AuthError,
+    ConfigError,
+    ContextLengthError,
+    ProviderError,
+    RateLimitError,
+    StreamCutError,
+)
+
+logger = logging.getLogger("crow.llm")
+
+T = TypeVar("T")
+
+RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504, 529})
+_CONTEXT_PATTERNS = re.compile(
+    r"maximum context length|context length|context window|context size|prompt is too long"
+    r"|too many tokens|input is too long|exceeds the context",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    max_retries: int = 3  # attempts in total, the first one included
+    backoff_base: float = 0.5
+    backoff_cap: float = 20.0
+    retry_after_cap: float = 60.0
+
+    def delay(self, attempt: int, retry_after: float | None) -> float:
+        """Seconds to wait after failed attempt number `attempt` (1-based)."""
+        if retry_after is not None:
+            return min(max(retry_after, 0.0), self.retry_after_cap)
+        ceiling = min(self.backoff_cap, self.backoff_base * 2 ** (attempt - 1))
+        # "equal jitter": never less than half the step, so retries stay spread out
+        return ceiling / 2 + random.uniform(0, ceiling / 2)
+
+
+def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
+    """Seconds from `retry-after-ms` or `Retry-After` (delta seconds or an HTTP date)."""
+    if ms := headers.get("retry-after-ms"):
+        with contextlib.suppress(ValueError):
+            return max(float(ms) / 1000, 0.0)
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(when.timestamp() - (time.time() if now is None else now), 0.0)
+
+
+def redact(text: str, secret: str | None) -> str:
+    return text.replace(secret, "***") if secret else text
+
+
+def _server_message(body: str) -> tuple[str, str]:
+    """(message, code) from an OpenAI- or Anthropic-shaped error body, else the raw text."""
+    try:
+        data: Any = json.loads(body)
+    except ValueError:
+        return body.strip()[:500], ""
+    if isinstance(data, dict):
+        err = data.get("error", data)
+        if isinstance(err, str):
+            return err, ""
+        if isinstance(err, dict):
+            message = err.get("message") or data.get("message") or data.get("detail") or body
+            code = err.get("code") or err.get("type") or ""
+            return str(message)[:1000], str(code)
+    return body.strip()[:500], ""
+
+
+def error_from_status(
+    provider: str,
+    status: int,
+    body: str,
+    headers: Mapping[str, str] | None = None,
+    *,
+    api_key_env: str = "",
+    api_key: str | None = None,
+) -> ProviderError:
+    """The crow error for an HTTP error response (or an in-stream error, status 0)."""
+    message, code = _server_message(body)
+    message = redact(message, api_key) or "(no message)"
+    where = f"{provider}: HTTP {status}" if status else f"{provider}: stream error"
+    detail = f"{where}: {message}" + (f" [{code}]" if code else "")
+    retry_after = parse_retry_after(headers) if headers is not None else None
+    if status in (401, 403) or code in ("authentication_error", "permission_error"):
+        hint = f"set {api_key_env} to a valid API key" if api_key_env else "check the API key"
+        return AuthError(f"{detail}; {hint}", status=status or None)
+    if status in (429, 529) or code in ("rate_limit_error", "overloaded_error"):
+        return RateLimitError(detail, status=status or None, retryable=True, retry_after=retry_after)
+    if code == "context_length_exceeded" or (
+        (status == 0 or 400 <= status < 500) and _CONTEXT_PATTERNS.search(message)
+    ):
+        return ContextLengthError(detail, status=status or None)
+    retryable = status in RETRYABLE_STATUS or code in ("api_error", "server_error")
+    return ProviderError(detail, status=status or None, retryable=retryable, retry_after=retry_after)
+
+
+@contextlib.contextmanager
+def map_http_errors(provider: str, *, base_url: str = "") -> Iterator[None]:
+    """Translate every httpx exception raised inside into a crow `ProviderError`."""
+    try:
+        yield
+    except httpx.TimeoutException as exc:
+        phase = type(exc).__name__.removesuffix("Timeout").lower() or "request"
+        raise ProviderError(f"{provider}: {phase} timed out ({base_url})", retryable=True) from exc
+    except httpx.ConnectError as exc:
+        raise ProviderError(f"{provider}: cannot connect to {base_url}: {exc}", retryable=True) from exc
+    except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+        # the connection broke while the answer was streaming
+        raise StreamCutError(f"{provider}: connection lost mid-response: {exc}", partial=False) from exc
+    except httpx.TransportError as exc:
+        raise ProviderError(f"{provider}: network error: {exc}", retryable=True) from exc
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        raise ProviderError(f"{provider}: request failed: {exc}") from exc
+
+
+async def stream_with_retries(
+    attempt: Callable[[], AsyncIterator[T]],
+    policy: RetryPolicy,
+    *,
+    provider: str,
+) -> AsyncIterator[T]:
+    """Yield from `attempt()`, starting it again on retryable errors before any output.
+
+    Once an item has been yielded a failure is final: a transient one (a cut, a timeout)
+    becomes `StreamCutError(partial=True)`, so the caller decides instead of us replaying.
+    """
+    number = 0
+    while True:
+        number += 1
+        yielded = False
+        try:
+            async with contextlib.aclosing(attempt()) as events:
+                async for event in events:
+                    yielded = True
+                    yield event
+            return
+        except ProviderError as exc:
+            if yielded:
+                if exc.retryable:
+                    raise StreamCutError(f"{exc} (after partial output)", partial=True) from exc
+                raise
+            if not exc.retryable or number >= policy.max_retries:
+                raise
+            delay = policy.delay(number, exc.retry_after)
+            logger.warning(
+                "%s; retrying in %.2fs (attempt %d of %d)",
+                exc,
+                delay,
+                number + 1,
+                policy.max_retries,
+            )
+            await anyio.sleep(delay)
+
+
+_PUBLIC_HOSTS = ("api.openai.com", "api.anthropic.com")
+
+
+class HTTPProvider:
+    """Plumbing both providers share: one keep-alive client, the key, the retry policy."""
+
+    name: str
+    model: str
+    context_window: int
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        api_key: str | None,
+        api_key_env: str,
+        connect_timeout: float,
+        read_timeout: float,
+        max_retries: int,
+        backoff_base: float,
+        backoff_cap: float,
+        client: httpx.AsyncClient | None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.api_key_env = api_key_env
+        # "" means "no key, do not look in the environment" (the registry resolved it)
+        key = api_key if api_key is not None else os.environ.get(api_key_env, "")
+        self._api_key = key or None
+        self.retry = RetryPolicy(max(1, max_retries), backoff_base, backoff_cap)
+        timeout = httpx.Timeout(read_timeout, connect=connect_timeout)
+        self._client = client or httpx.AsyncClient(timeout=timeout)
+        self._owns_client = client is None
+        self._timeout = timeout
+
+    def __repr__(self) -> str:  # never show the key
+        return f"{type(self).__name__}(name={self.name!r}, model={self.model!r}, base_url={self.base_url!r})"
+
+    def _require_key(self) -> None:
+        if self._api_key is None and any(h in self.base_url for h in _PUBLIC_HOSTS):
+            raise ConfigError(f"{self.name}: no API key; set {self.api_key_env}")
+
+    @contextlib.asynccontextmanager
+    async def _post_stream(
+        self, url: str, body: Mapping[str, Any], headers: Mapping[str, str]
+    ) -> AsyncIterator[httpx.Response]:
+        """POST and hand back a streaming 2xx response; error statuses raise mapped errors."""
+        async with self._client.stream(
+            "POST", url, json=body, headers=dict(headers), timeout=self._timeout
+        ) as response:
+            if response.status_code >= 400:
+                text = (await response.aread()).decode("utf-8", "replace")
+                raise error_from_status(
+                    self.name,
+                    response.status_code,
+                    text,
+                    response.headers,
+                    api_key_env=self.api_key_env,
+                    api_key=self._api_key,
+                )
+            yield response
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()

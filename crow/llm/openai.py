@@ -1,0 +1,270 @@
+"""OpenAI-compatible chat completions (OpenAI, OpenRouter, Ollama, vLLM, llama.cpp, LM Studio)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from crow.errors import ProviderError, StreamCutError
+from crow.llm.base import (
+    ModelEvent,
+    ModelRequest,
+    ModelResponse,
+    StopReason,
+    TextDelta,
+    ThoughtDelta,
+    ToolCallDelta,
+    ToolSpec,
+    Usage,
+)
+from crow.llm.http import HTTPProvider, error_from_status, map_http_errors, stream_with_retries
+from crow.llm.sse import SSEDecoder
+from crow.messages import Message, ToolCall
+
+__all__ = ["OpenAIProvider", "convert_messages", "convert_tools"]
+
+_STOP: dict[str, StopReason] = {
+    "stop": "end_turn",
+    "tool_calls": "tool_use",
+    "function_call": "tool_use",
+    "length": "max_tokens",
+    "content_filter": "refusal",
+}
+
+
+def convert_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if m.role == "tool":
+            out.append({"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content})
+        elif m.role == "assistant":
+            item: dict[str, Any] = {"role": "assistant", "content": m.content or None}
+            if m.tool_calls:
+                item["tool_calls"] = [
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": c.arguments_json},
+                    }
+                    for c in m.tool_calls
+                ]
+            elif not m.content:
+                item["content"] = ""  # a thinking-only turn: thinking is not sent back
+            out.append(item)
+        elif m.images:
+            parts: list[dict[str, Any]] = [{"type": "text", "text": m.content}] if m.content else []
+            parts += [
+                {"type": "image_url", "image_url": {"url": f"data:{i.mime_type};base64,{i.data}"}}
+                for i in m.images
+            ]
+            out.append({"role": m.role, "content": parts})
+        else:
+            out.append({"role": m.role, "content": m.content})
+    return out
+
+
+def convert_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": t.name,
+                "description": t.description,
+                "parameters": dict(t.parameters),
+            },
+        }
+        for t in tools
+    ]
+
+
+@dataclass(slots=True)
+class _PendingCall:
+    id: str = ""
+    name: str = ""
+    args: list[str] = field(default_factory=list)
+    announced: bool = False
+
+
+class _StreamState:
+    """Assembles one streamed completion; `feed()` returns the deltas a chunk produced."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.thinking: list[str] = []
+        self.calls: dict[int, _PendingCall] = {}
+        self.finish: str | None = None
+        self.usage: Usage | None = None
+        self.model = ""
+
+    def feed(self, chunk: Mapping[str, Any]) -> list[ModelEvent]:
+        events: list[ModelEvent] = []
+        self.model = chunk.get("model") or self.model
+        if usage := chunk.get("usage"):
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            self.usage = Usage(
+                input_tokens=(usage.get("prompt_tokens") or 0) - cached,
+                output_tokens=usage.get("completion_tokens") or 0,
+                cache_read_tokens=cached,
+            )
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            if thought := delta.get("reasoning_content") or delta.get("reasoning"):
+                self.thinking.append(thought)
+                events.append(ThoughtDelta(thought))
+            if text := delta.get("content"):
+                self.text.append(text)
+                events.append(TextDelta(text))
+            for frag in delta.get("tool_calls") or ():
+                events.extend(self._feed_call(frag))
+            if reason := choice.get("finish_reason"):
+                self.finish = reason
+        return events
+
+    def _feed_call(self, frag: Mapping[str, Any]) -> list[ModelEvent]:
+        index = frag.get("index")
+        if not isinstance(index, int):
+            index = len(self.calls)
+        call = self.calls.setdefault(index, _PendingCall())
+        fn = frag.get("function") or {}
+        if frag.get("id") and not call.announced:
+            call.id = frag["id"]
+        if fn.get("name") and not call.announced:
+            call.name += fn["name"]
+        if fn.get("arguments"):
+            call.args.append(
+                fn["arguments"] if isinstance(fn["arguments"], str) else json.dumps(fn["arguments"])
+            )
+        if call.name and not call.announced:
+            call.id = call.id or f"call_{uuid.uuid4().hex[:24]}"
+            call.announced = True
+            position = sorted(self.calls).index(index)
+            return [ToolCallDelta(position, call.id, call.name)]
+        return []
+
+    def response(self) -> ModelResponse:
+        calls = tuple(
+            ToolCall.from_raw(c.id or f"call_{uuid.uuid4().hex[:24]}", c.name, "".join(c.args))
+            for _, c in sorted(self.calls.items())
+            if c.name
+        )
+        stop = _STOP.get(self.finish or "", "end_turn")
+        if calls and stop == "end_turn":
+            stop = "tool_use"  # some servers say "stop" after tool calls
+        message = Message("assistant", "".join(self.text), tool_calls=calls, thinking="".join(self.thinking))
+        return ModelResponse(message, self.usage, stop, self.model)
+
+
+class OpenAIProvider(HTTPProvider):
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str = "https://api.openai.com/v1",
+        api_key: str | None = None,
+        api_key_env: str = "OPENAI_API_KEY",
+        name: str = "openai",
+        context_window: int = 128_000,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        reasoning_effort: str | None = None,
+        connect_timeout: float = 10,
+        read_timeout: float = 300,
+        max_retries: int = 3,
+        backoff_base: float = 0.5,
+        backoff_cap: float = 20.0,
+        headers: Mapping[str, str] | None = None,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        super().__init__(
+            base_url=base_url,
+            api_key=api_key,
+            api_key_env=api_key_env,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            max_retries=max_retries,
+            backoff_base=backoff_base,
+            backoff_cap=backoff_cap,
+            client=client,
+        )
+        self.name = name
+        self.model = model
+        self.context_window = context_window
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.reasoning_effort = reasoning_effort
+        self._extra_headers = dict(headers or {})
+
+    def build_body(self, request: ModelRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": request.model or self.model,
+            "messages": convert_messages(request.messages),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if request.tools:
+            body["tools"] = convert_tools(request.tools)
+            if request.tool_choice == "none":
+                body["tool_choice"] = "none"
+        if (max_tokens := request.max_tokens or self.max_tokens) is not None:
+            # OpenAI itself rejects max_tokens for reasoning models; local servers know only it
+            key = "max_completion_tokens" if "api.openai.com" in self.base_url else "max_tokens"
+            body[key] = max_tokens
+        if (temperature := request.temperature) is None:
+            temperature = self.temperature
+        if temperature is not None:
+            body["temperature"] = temperature
+        if effort := request.reasoning_effort or self.reasoning_effort:
+            body["reasoning_effort"] = effort
+        body.update(request.extra)
+        return body
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "text/event-stream", **self._extra_headers}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        return headers
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        self._require_key()
+        body = self.build_body(request)
+        async for event in stream_with_retries(lambda: self._attempt(body), self.retry, provider=self.name):
+            yield event
+
+    async def _attempt(self, body: Mapping[str, Any]) -> AsyncIterator[ModelEvent]:
+        state = _StreamState()
+        produced = False
+        decoder = SSEDecoder()
+        with map_http_errors(self.name, base_url=self.base_url):
+            async with self._post_stream(
+                f"{self.base_url}/chat/completions", body, self._headers()
+            ) as response:
+                done = False
+                async for line in response.aiter_lines():
+                    for sse in decoder.decode(line):
+                        if sse.data.strip() == "[DONE]":
+                            done = True
+                            break
+                        for event in state.feed(self._parse(sse.data)):
+                            produced = True
+                            yield event
+                    if done:
+                        break
+        if state.finish is None:
+            raise StreamCutError(f"{self.name}: stream ended before the model finished", partial=produced)
+        yield state.response()
+
+    def _parse(self, data: str) -> Mapping[str, Any]:
+        try:
+            chunk = json.loads(data)
+        except ValueError as exc:
+            raise ProviderError(f"{self.name}: malformed stream chunk: {data[:200]!r}") from exc
+        if not isinstance(chunk, dict):
+            raise ProviderError(f"{self.name}: malformed stream chunk: {data[:200]!r}")
+        if "error" in chunk:  # some servers report failures inside a 200 stream
+            raise error_from_status(self.name, 0, data, api_key_env=self.api_key_env, api_key=self._api_key)
+        return chunk

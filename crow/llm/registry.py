@@ -1,0 +1,177 @@
+"""Provider references (`provider:model`) to configured `Provider` objects.
+
+Import-cheap on purpose: the provider modules (and httpx) load only when a provider is
+created, so crow can answer ACP `initialize` without them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from crow.errors import ConfigError
+from crow.llm.base import Provider
+
+__all__ = [
+    "BUILTIN_PROVIDERS",
+    "ModelSettings",
+    "ProviderSettings",
+    "create_provider",
+    "default_context_window",
+    "list_known_providers",
+]
+
+ProviderKind = Literal["openai", "anthropic"]
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderSettings:
+    """One provider endpoint. `None` fields fall back to the built-in entry of the same name."""
+
+    kind: ProviderKind | None = None
+    base_url: str | None = None
+    base_url_env: str | None = None  # an environment variable that overrides base_url
+    api_key_env: str | None = None
+    api_key: str | None = None
+    connect_timeout: float | None = None
+    read_timeout: float | None = None
+    max_retries: int | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def merged(self, override: ProviderSettings) -> ProviderSettings:
+        changes = {
+            f.name: getattr(override, f.name)
+            for f in dataclasses.fields(override)
+            if getattr(override, f.name) not in (None, {})
+        }
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSettings:
+    context_window: int | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    reasoning_effort: str | None = None
+    thinking_budget: int | None = None
+
+
+BUILTIN_PROVIDERS: Mapping[str, ProviderSettings] = {
+    "openai": ProviderSettings("openai", "https://api.openai.com/v1", "OPENAI_BASE_URL", "OPENAI_API_KEY"),
+    "anthropic": ProviderSettings(
+        "anthropic", "https://api.anthropic.com", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"
+    ),
+    "openrouter": ProviderSettings("openai", "https://openrouter.ai/api/v1", None, "OPENROUTER_API_KEY"),
+    "ollama": ProviderSettings("openai", "http://localhost:11434/v1", "OLLAMA_BASE_URL", "OLLAMA_API_KEY"),
+    "llamacpp": ProviderSettings(
+        "openai", "http://localhost:8080/v1", "LLAMACPP_BASE_URL", "LLAMACPP_API_KEY"
+    ),
+    "vllm": ProviderSettings("openai", "http://localhost:8000/v1", "VLLM_BASE_URL", "VLLM_API_KEY"),
+    "lmstudio": ProviderSettings(
+        "openai", "http://localhost:1234/v1", "LMSTUDIO_BASE_URL", "LMSTUDIO_API_KEY"
+    ),
+}
+
+# First match wins, so more specific prefixes come first. Names are matched after any
+# "vendor/" prefix (OpenRouter) and lower-cased.
+_CONTEXT_WINDOWS: tuple[tuple[str, int], ...] = (
+    (r"gpt-4\.1", 1_047_576),
+    (r"gpt-4o|gpt-4-turbo|chatgpt-4o", 128_000),
+    (r"gpt-5", 400_000),
+    (r"o[134](-|$)", 200_000),
+    (r"gpt-3\.5", 16_385),
+    (r"claude", 200_000),
+    (r"gemini", 1_048_576),
+    (r"qwen3-coder", 262_144),
+    (r"qwen3", 40_960),
+    (r"qwen", 32_768),
+    (r"llama-?3\.[123]|llama-?4", 131_072),
+    (r"llama", 8_192),
+    (r"(mistral|ministral|devstral|codestral)-?(large|small|medium|nemo)?", 131_072),
+    (r"mixtral|mistral", 32_768),
+    (r"deepseek", 128_000),
+    (r"gemma-?3", 131_072),
+    (r"gemma", 8_192),
+    (r"phi-?4", 16_384),
+    (r"kimi|glm-4\.[56]|gpt-oss", 131_072),
+)
+
+
+def default_context_window(model: str) -> int:
+    name = model.lower().rsplit("/", 1)[-1]
+    for pattern, window in _CONTEXT_WINDOWS:
+        if re.match(pattern, name):
+            return window
+    return 128_000
+
+
+def list_known_providers(providers: Mapping[str, ProviderSettings] | None = None) -> list[str]:
+    return sorted({*BUILTIN_PROVIDERS, *(providers or {})})
+
+
+def _resolve(name: str, providers: Mapping[str, ProviderSettings] | None) -> ProviderSettings:
+    builtin = BUILTIN_PROVIDERS.get(name)
+    configured = (providers or {}).get(name)
+    if builtin is None and configured is None:
+        raise ConfigError(
+            f"unknown provider {name!r}; known providers: {', '.join(list_known_providers(providers))}"
+        )
+    if builtin is None:
+        assert configured is not None
+        return configured
+    return builtin.merged(configured) if configured is not None else builtin
+
+
+def create_provider(
+    ref: str,
+    *,
+    providers: Mapping[str, ProviderSettings] | None = None,
+    models: Mapping[str, ModelSettings] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Provider:
+    """Build the provider for `provider:model`, e.g. `ollama:qwen3:8b` (split at the first colon).
+
+    `models` is looked up by the whole ref first, then by the model name. A missing API key
+    is not an error here: the first call reports it, naming the variable to set.
+    """
+    env = os.environ if env is None else env
+    name, sep, model = ref.partition(":")
+    if not sep or not name or not model:
+        raise ConfigError(f"model reference {ref!r} must look like provider:model, e.g. openai:gpt-4.1-mini")
+    settings = _resolve(name, providers)
+    model_settings = (models or {}).get(ref) or (models or {}).get(model) or ModelSettings()
+    kind = settings.kind or "openai"
+    if kind not in ("openai", "anthropic"):
+        raise ConfigError(f"provider {name!r}: kind must be 'openai' or 'anthropic', not {kind!r}")
+    base_url = (settings.base_url_env and env.get(settings.base_url_env)) or settings.base_url
+    if not base_url:
+        raise ConfigError(f"provider {name!r} needs a base_url")
+    key_env = settings.api_key_env or f"{name.upper().replace('-', '_')}_API_KEY"
+    # "" tells the provider not to consult os.environ itself: `env` is the only source
+    api_key = settings.api_key or env.get(key_env) or ""
+    kwargs: dict[str, Any] = {
+        "base_url": base_url,
+        "api_key": api_key,
+        "api_key_env": key_env,
+        "name": name,
+        "context_window": model_settings.context_window or default_context_window(model),
+        "temperature": model_settings.temperature,
+        "reasoning_effort": model_settings.reasoning_effort,
+        "headers": dict(settings.headers),
+    }
+    for key in ("connect_timeout", "read_timeout", "max_retries"):
+        if (value := getattr(settings, key)) is not None:
+            kwargs[key] = value
+    if model_settings.max_tokens is not None:
+        kwargs["max_tokens"] = model_settings.max_tokens
+    if kind == "anthropic":
+        from crow.llm.anthropic import AnthropicProvider
+
+        return AnthropicProvider(model, thinking_budget=model_settings.thinking_budget, **kwargs)
+    from crow.llm.openai import OpenAIProvider
+
+    return OpenAIProvider(model, **kwargs)
