@@ -1,0 +1,415 @@
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import sqlite3
+import statistics
+import sys
+import textwrap
+import time
+import warnings
+from contextlib import closing
+from pathlib import Path
+
+import anyio
+import pytest
+
+from crow.errors import StoreError
+from crow.messages import (
+    Image,
+    Message,
+    ToolCall,
+    ai,
+    close_dangling_tool_calls,
+    human,
+    tool_msg,
+    validate,
+)
+from crow.store import SCHEMA_VERSION, SessionRecord, SQLiteStore, Store
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def store():
+    async with SQLiteStore(":memory:") as s:
+        await s.create_session(id="s1", cwd="/proj")
+        yield s
+
+
+def rich_messages() -> list[Message]:
+    call = ToolCall.from_raw("c1", "read", '{"path": "a.py", "n": [1, 2]}')
+    bad = ToolCall.from_raw("c2", "write", "{not json")
+    return [
+        Message("system", "be brief"),
+        human("look", Image("image/png", "aGVsbG8=")),
+        Message("assistant", "", (call, bad), thinking="hmm", thinking_signature="sig=="),
+        Message(
+            "tool",
+            "content",
+            tool_call_id="c1",
+            name="read",
+            meta={"diff": {"old": "a", "new": "b"}, "locations": [1, 2]},
+        ),
+        tool_msg("c2", "write", "Error: bad args", is_error=True),
+        ai("done é ✓"),
+    ]
+
+
+def conversation(n: int, size: int = 500) -> list[Message]:
+    """`n` messages of about `size` characters, a tool exchange every few turns."""
+    out: list[Message] = []
+    i = 0
+    while len(out) < n:
+        text = f"message {i} " + "x" * size
+        match i % 4:
+            case 0:
+                out.append(human(text))
+            case 1:
+                call = ToolCall.from_raw(f"c{i}", "read", f'{{"path": "f{i}.py"}}')
+                out.append(ai(text[:100], call))
+            case 2:
+                out.append(tool_msg(f"c{i - 1}", "read", text))
+            case _:
+                out.append(ai(text))
+        i += 1
+    return out[:n]
+
+
+async def test_round_trip_every_field(store: SQLiteStore) -> None:
+    msgs = rich_messages()
+    await store.append("s1", msgs)
+    assert await store.load_transcript("s1") == msgs
+    assert await store.load_context("s1") == msgs
+    loaded = await store.load_transcript("s1")
+    assert loaded[2].tool_calls[1].parse_error
+    assert loaded[1].images[0].data == "aGVsbG8="
+    assert loaded[4].is_error
+    assert (await store.get_session("s1")).message_count == len(msgs)
+
+
+async def test_satisfies_protocol(store: SQLiteStore) -> None:
+    assert isinstance(store, Store)
+
+
+async def test_durable_across_reopen(tmp_path: Path) -> None:
+    db = tmp_path / "nested" / "dir" / "crow.db"
+    async with SQLiteStore(db) as s:
+        await s.create_session(
+            id="a",
+            cwd="/p",
+            title="first",
+            model="m1",
+            todos=[{"content": "x", "status": "pending"}],
+            files={"a.py": "modified"},
+            config={"k": 1},
+        )
+        await s.append("a", rich_messages())
+        await s.append("a", [ai("note")], in_context=False)
+    async with SQLiteStore(db) as s:
+        rec = await s.get_session("a")
+        assert rec is not None
+        assert (rec.title, rec.model, rec.todos, rec.files, rec.config) == (
+            "first",
+            "m1",
+            [{"content": "x", "status": "pending"}],
+            {"a.py": "modified"},
+            {"k": 1},
+        )
+        assert rec.message_count == 7
+        assert rec.created_at.endswith("+00:00")
+        assert await s.load_transcript("a") == [*rich_messages(), ai("note")]
+        assert await s.load_context("a") == rich_messages()
+    with closing(sqlite3.connect(db)) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+async def test_survives_sigkill_right_after_append(tmp_path: Path) -> None:
+    db = tmp_path / "crow.db"
+    async with SQLiteStore(db) as s:
+        await s.create_session(id="k", cwd="/p")
+    child = textwrap.dedent(f"""
+        import asyncio, os, signal
+        from crow.messages import ai, human
+        from crow.store import SQLiteStore
+
+        async def main():
+            store = SQLiteStore({str(db)!r})
+            await store.open()
+            for i in range(3):
+                await store.append("k", [human(f"q{{i}}"), ai(f"a{{i}}")])
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        asyncio.run(main())
+    """)
+    proc = await anyio.run_process([sys.executable, "-c", child], check=False)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+    async with SQLiteStore(db) as s:
+        texts = [m.content for m in await s.load_transcript("k")]
+        assert texts == ["q0", "a0", "q1", "a1", "q2", "a2"]
+
+
+async def test_compaction_keeps_transcript(store: SQLiteStore) -> None:
+    convo = conversation(12, size=20)
+    await store.append("s1", convo)
+    summary = human("summary of turns 1-8")
+    compacted = [convo[0], summary, *convo[8:]]
+    await store.set_context("s1", compacted)
+    assert await store.load_context("s1") == compacted
+    assert await store.load_transcript("s1") == convo
+
+    # New turns join the context after the kept tail.
+    more = conversation(16, size=20)[12:]
+    await store.append("s1", more)
+    assert await store.load_context("s1") == [*compacted, *more]
+
+    # A second compaction replaces the head; the transcript stays whole.
+    second = [convo[0], human("summary 2"), *more[2:]]
+    await store.set_context("s1", second)
+    assert await store.load_context("s1") == second
+    assert await store.load_transcript("s1") == [*convo, *more]
+
+    # Nothing kept: the whole context becomes the head; later appends still follow it.
+    await store.set_context("s1", [human("fresh start")])
+    assert await store.load_context("s1") == [human("fresh start")]
+    await store.append("s1", [ai("ok")])
+    assert await store.load_context("s1") == [human("fresh start"), ai("ok")]
+    assert len(await store.load_transcript("s1")) == 17
+
+
+async def test_set_context_unchanged_is_a_no_op(store: SQLiteStore) -> None:
+    convo = conversation(6, size=10)
+    await store.append("s1", convo)
+    await store.set_context("s1", convo)
+    assert await store.load_context("s1") == convo
+    await store.append("s1", [ai("x")])
+    assert await store.load_context("s1") == [*convo, ai("x")]
+
+
+async def test_transcript_only_entries_stay_out_of_context(store: SQLiteStore) -> None:
+    await store.append("s1", [human("hi"), ai("hello")])
+    await store.append(
+        "s1", [Message("assistant", "[compacted]", meta={"notice": True})], in_context=False
+    )
+    await store.append("s1", [human("again")])
+    assert [m.content for m in await store.load_context("s1")] == ["hi", "hello", "again"]
+    assert len(await store.load_transcript("s1")) == 4
+    # set_context skips over the notice when matching the tail.
+    await store.set_context("s1", [human("sum"), human("again")])
+    assert [m.content for m in await store.load_context("s1")] == ["sum", "again"]
+
+
+async def test_crash_mid_turn_context_can_be_repaired(store: SQLiteStore) -> None:
+    call = ToolCall("t1", "bash", {"cmd": "make"})
+    await store.append("s1", [human("build it"), ai("", call)])  # killed before the result
+    context = await store.load_context("s1")
+    with pytest.raises(ValueError):
+        validate(context)
+    repaired = close_dangling_tool_calls(context)
+    validate(repaired)
+    assert repaired[-1].tool_call_id == "t1" and repaired[-1].is_error
+
+
+async def test_list_filters_and_paginates_while_inserting() -> None:
+    async with SQLiteStore(":memory:") as s:
+        for i in range(25):
+            await s.create_session(id=f"s{i:02}", cwd="/a" if i % 2 else "/b")
+        await s.create_session(
+            id="same-time", cwd="/a", updated_at=(await s.get_session("s05")).updated_at
+        )
+        expected = {f"s{i:02}" for i in range(25)} | {"same-time"}
+        seen: list[str] = []
+        cursor = None
+        page_no = 0
+        while True:
+            page, cursor = await s.list_sessions(limit=4, cursor=cursor)
+            seen += [r.id for r in page]
+            await s.create_session(id=f"new{page_no}", cwd="/a")
+            page_no += 1
+            if cursor is None:
+                break
+        assert len(seen) == len(set(seen))
+        assert expected <= set(seen)
+
+        only_b, nxt = await s.list_sessions(cwd="/b", limit=100)
+        assert nxt is None
+        assert {r.id for r in only_b} == {f"s{i:02}" for i in range(0, 25, 2)}
+        stamps = [r.updated_at for r in only_b]
+        assert stamps == sorted(stamps, reverse=True)
+
+        await s.append("s00", [human("bump")])
+        top, _ = await s.list_sessions(cwd="/b", limit=1)
+        assert top[0].id == "s00"
+        with pytest.raises(StoreError, match="cursor"):
+            await s.list_sessions(cursor="garbage!")
+
+
+async def test_update_session(store: SQLiteStore) -> None:
+    before = await store.get_session("s1")
+    await anyio.sleep(0.002)
+    rec = await store.update_session(
+        "s1", title="T", mode="plan", todos=[{"a": 1}], files={"x": "y"}, config={"c": True}
+    )
+    assert (rec.title, rec.mode, rec.todos, rec.files, rec.config) == (
+        "T",
+        "plan",
+        [{"a": 1}],
+        {"x": "y"},
+        {"c": True},
+    )
+    assert rec.updated_at > before.updated_at and rec.created_at == before.created_at
+    assert await store.get_session("s1") == rec
+    with pytest.raises(TypeError):
+        await store.update_session("s1", message_count=3)
+    with pytest.raises(StoreError, match="nope"):
+        await store.update_session("nope", title="x")
+
+
+async def test_fork_is_independent(store: SQLiteStore) -> None:
+    convo = conversation(8, size=10)
+    await store.append("s1", convo)
+    await store.set_context("s1", [human("sum"), *convo[4:]])
+    await store.update_session("s1", title="orig", todos=[{"t": 1}])
+    fork = await store.fork_session("s1", "f1")
+    assert (fork.id, fork.title, fork.todos, fork.message_count) == ("f1", "orig", [{"t": 1}], 8)
+    assert await store.load_context("f1") == await store.load_context("s1")
+    await store.append("f1", [human("only in fork")])
+    await store.update_session("f1", title="fork")
+    assert await store.load_transcript("s1") == convo
+    assert (await store.get_session("s1")).title == "orig"
+    assert len(await store.load_transcript("f1")) == 9
+    with pytest.raises(StoreError, match="f1"):
+        await store.fork_session("s1", "f1")
+    with pytest.raises(StoreError, match="ghost"):
+        await store.fork_session("ghost", "f2")
+
+
+async def test_delete(store: SQLiteStore) -> None:
+    await store.append("s1", [human("x")])
+    await store.create_session(SessionRecord(id="keep", cwd="/p"))
+    await store.delete_session("s1")
+    assert await store.get_session("s1") is None
+    for call in (store.load_transcript, store.load_context, store.delete_session):
+        with pytest.raises(StoreError, match="s1"):
+            await call("s1")
+    with pytest.raises(StoreError, match="s1"):
+        await store.append("s1", [human("x")])
+    # The id is free again and starts empty (entries were cascaded away).
+    await store.create_session(id="s1", cwd="/p")
+    assert await store.load_transcript("s1") == []
+    assert await store.get_session("keep") is not None
+
+
+async def test_errors_are_store_errors(store: SQLiteStore) -> None:
+    with pytest.raises(StoreError, match="already exists"):
+        await store.create_session(id="s1", cwd="/x")
+    with pytest.raises(StoreError, match="JSON"):
+        await store.append("s1", [Message("user", "x", meta={"bad": object()})])
+    assert await store.load_transcript("s1") == []
+
+
+async def test_use_after_close_and_leak_warning(tmp_path: Path) -> None:
+    s = SQLiteStore(tmp_path / "c.db")
+    with pytest.raises(StoreError, match="not open"):
+        await s.get_session("x")
+    await s.open()
+    await s.aclose()
+    await s.aclose()  # idempotent
+    with pytest.raises(StoreError, match="store closed"):
+        await s.append("x", [human("hi")])
+    with pytest.raises(StoreError, match="store closed"):
+        await s.open()
+
+    leaked = SQLiteStore(tmp_path / "leak.db")
+    await leaked.open()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del leaked
+        gc.collect()
+    assert any(issubclass(w.category, ResourceWarning) for w in caught)
+
+
+async def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "future.db"
+    with closing(sqlite3.connect(db)) as raw:
+        raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    with pytest.raises(StoreError, match="schema version"):
+        await SQLiteStore(db).open()
+
+
+async def test_two_stores_share_a_file(tmp_path: Path) -> None:
+    db = tmp_path / "shared.db"
+    async with SQLiteStore(db) as a, SQLiteStore(db) as b:
+        await a.create_session(id="x", cwd="/p")
+        await b.append("x", [human("from b")])
+        await a.append("x", [ai("from a")])
+        assert [m.content for m in await b.load_transcript("x")] == ["from b", "from a"]
+
+
+async def test_append_cost_is_flat(tmp_path: Path) -> None:
+    """Prints timings (asserting them would be flaky); the report quotes them."""
+    async with SQLiteStore(tmp_path / "perf.db") as s:
+        history = conversation(5000)
+        await s.create_session(id="big", cwd="/p")
+        await s.create_session(id="small", cwd="/p")
+        await s.append("big", history)
+        await s.append("small", history[:10])
+        batch = conversation(20)
+
+        async def per_append(sid: str) -> float:
+            start = time.perf_counter()
+            for m in batch:
+                await s.append(sid, [m])
+            return (time.perf_counter() - start) / len(batch)
+
+        await per_append("small")  # warm up (and let the first WAL checkpoint happen)
+        smalls, bigs = [], []
+        for _ in range(3):  # interleaved, medians: checkpoints and noise hit both sides
+            smalls.append(await per_append("small"))
+            bigs.append(await per_append("big"))
+        small, big = statistics.median(smalls), statistics.median(bigs)
+        start = time.perf_counter()
+        loaded = await s.load_transcript("big")
+        load_ms = (time.perf_counter() - start) * 1000
+        assert len(loaded) == 5060
+        print(
+            f"\nappend: small {small * 1e3:.3f} ms, big {big * 1e3:.3f} ms, "
+            f"ratio {big / small:.2f}; load_transcript(5060) {load_ms:.1f} ms"
+        )
+        if os.environ.get("CROW_STORE_STRICT_PERF"):
+            assert big / small < 3
+
+
+async def test_cancelled_append_still_lands(store: SQLiteStore) -> None:
+    with anyio.move_on_after(0):
+        await store.append("s1", [human("queued before the cancel")])
+    assert [m.content for m in await store.load_transcript("s1")] == ["queued before the cancel"]
+
+
+async def test_ties_in_updated_at_paginate_by_id() -> None:
+    async with SQLiteStore(":memory:") as s:
+        for i in range(5):
+            await s.create_session(id=f"t{i}", cwd="/p", updated_at="2024-01-01T00:00:00Z")
+        ids, cursor = [], None
+        while True:
+            page, cursor = await s.list_sessions(limit=2, cursor=cursor)
+            ids += [r.id for r in page]
+            if cursor is None:
+                break
+        assert ids == ["t0", "t1", "t2", "t3", "t4"]
+        assert page[0].updated_at == "2024-01-01T00:00:00.000+00:00"
+
+
+async def test_sqlite_errors_become_store_errors(tmp_path: Path) -> None:
+    db = tmp_path / "garbage.db"
+    db.write_bytes(b"not a database" * 100)
+    with pytest.raises(StoreError, match="connect failed") as info:
+        await SQLiteStore(db).open()
+    assert isinstance(info.value.__cause__, sqlite3.Error)
