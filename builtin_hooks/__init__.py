@@ -1,0 +1,38 @@
+"""crow's builtin hooks. Each is an ordinary hook on crow's public API: anything one does,
+a hook installed from PyPI can do the same way.
+
+`install(agent)` registers the builtin hooks the config leaves on (`hooks.disable` names
+the ones to switch off), then hooks from config (`hooks.extra`, `hooks.commands`) and from
+entry points. Order matters for onions: the first registered is the outermost.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from crow.agent import Agent
+
+
+def install(agent: Agent) -> None:
+    from crow.plugins import load_entry_points, load_extra
+
+    config = agent.config.hooks
+    disabled = set(config.disable)
+    for name, factory in _builtins():
+        if name not in disabled:
+            agent.hooks.add(factory(agent), name=name)
+    if config.extra:
+        load_extra(agent.hooks, config.extra)
+    if config.commands:
+        from crow.command_hooks import command_hook
+
+        for i, entry in enumerate(config.commands):
+            agent.hooks.add(command_hook(entry), name=entry.name or f"command-{i + 1}")
+    if config.entry_points:
+        load_entry_points(agent.hooks, blocked=disabled)
+
+
+def _builtins() -> list[tuple[str, object]]:
+    """(name, factory(agent) -> Hook), outermost first."""
+    return []

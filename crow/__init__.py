@@ -1,0 +1,47 @@
+"""crow: an ACP-native coding-agent server with hooks and MCP tools.
+
+The public surface is listed in `__all__`; names load lazily so `import crow` stays cheap
+on the path to the ACP `initialize` answer.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "Agent": "crow.agent",
+    "Hook": "crow.hooks",
+    "HookRegistry": "crow.hooks",
+    "Continue": "crow.hooks",
+    "Compact": "crow.hooks",
+    "Replace": "crow.hooks",
+    "Stop": "crow.hooks",
+    "PHASES": "crow.hooks",
+    "HookContext": "crow.context",
+    "Session": "crow.session",
+    "Message": "crow.messages",
+    "Messages": "crow.messages",
+    "ToolCall": "crow.messages",
+    "ToolResult": "crow.messages",
+    "ModelRequest": "crow.llm.base",
+    "ModelResponse": "crow.llm.base",
+    "ToolSpec": "crow.llm.base",
+    "Usage": "crow.llm.base",
+    "Config": "crow.config",
+    "load_config": "crow.config",
+    "serve": "crow.acp_server",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'crow' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

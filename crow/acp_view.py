@@ -1,0 +1,204 @@
+"""How tool calls and history look in an ACP editor: titles, kinds, locations, diffs.
+
+Pure functions from crow's types to ACP schema objects, shared by live turns and by the
+`session/load` replay so both show the same thing.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from acp import (
+    plan_entry,
+    start_tool_call,
+    text_block,
+    tool_content,
+    tool_diff_content,
+    update_agent_message_text,
+    update_agent_thought_text,
+    update_plan,
+    update_tool_call,
+    update_user_message_text,
+)
+from acp.schema import ToolCallLocation
+
+from crow.messages import Message, ToolCall, ToolResult
+
+_KINDS = {
+    "read_file": "read",
+    "ls": "read",
+    "glob": "search",
+    "grep": "search",
+    "write_file": "edit",
+    "edit_file": "edit",
+    "execute": "execute",
+    "write_todos": "think",
+}
+_MAX_SHOWN = 20_000  # characters of tool output shown in the editor
+
+
+def tool_kind(name: str, read_only: bool = False) -> str:
+    return _KINDS.get(name, "read" if read_only else "other")
+
+
+def _path_arg(args: Mapping[str, Any]) -> str | None:
+    for key in ("path", "file_path", "file"):
+        value = args.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def tool_title(call: ToolCall) -> str:
+    a = call.args
+    path = _path_arg(a)
+    if call.name == "read_file" and path:
+        return f"Read {path}"
+    if call.name == "write_file" and path:
+        return f"Write {path}"
+    if call.name == "edit_file" and path:
+        return f"Edit {path}"
+    if call.name == "ls":
+        return f"List {path or '.'}"
+    if call.name == "glob":
+        return f"Find {a.get('pattern', '')}" + (f" in {path}" if path and path != "." else "")
+    if call.name == "grep":
+        return f"Search {a.get('pattern', '')!r}" + (f" in {path}" if path and path != "." else "")
+    if call.name == "execute":
+        command = str(a.get("command", ""))
+        return f"Run {command if len(command) <= 80 else command[:77] + '...'}"
+    if call.name == "write_todos":
+        return "Update plan"
+    if path:
+        return f"{call.name} {path}"
+    return call.name
+
+
+def tool_locations(call: ToolCall, cwd: Path) -> list[ToolCallLocation] | None:
+    path = _path_arg(call.args)
+    if path is None or call.name in ("glob", "grep", "execute"):
+        return None
+    full = Path(path) if Path(path).is_absolute() else cwd / path
+    line = call.args.get("offset")
+    return [ToolCallLocation(path=str(full), line=int(line) + 1 if isinstance(line, int) else None)]
+
+
+def start_update(call: ToolCall, cwd: Path, read_only: bool = False) -> Any:
+    return start_tool_call(
+        call.id,
+        tool_title(call),
+        kind=tool_kind(call.name, read_only),
+        status="pending",
+        locations=tool_locations(call, cwd),
+        raw_input=dict(call.args) if call.parse_error is None else call.raw_args,
+    )
+
+
+def running_update(call: ToolCall) -> Any:
+    return update_tool_call(call.id, status="in_progress")
+
+
+def _diff(meta: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    if not meta:
+        return None
+    for candidate in (meta.get("crow/diff"), meta.get("diff"), meta.get("structured")):
+        if isinstance(candidate, Mapping) and "new_text" in candidate and "path" in candidate:
+            return candidate
+    return None
+
+
+def end_update(call: ToolCall, result: ToolResult) -> Any:
+    content: list[Any] = []
+    diff = _diff(result.meta)
+    if diff is not None and not result.is_error:
+        content.append(tool_diff_content(str(diff["path"]), str(diff["new_text"]), diff.get("old_text")))
+    text = result.text
+    if text and diff is None:
+        shown = text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN] + "\n… (truncated)"
+        content.append(tool_content(text_block(shown)))
+    terminal = (result.meta or {}).get("terminal_id")
+    if terminal:
+        from acp import tool_terminal_ref
+
+        content.insert(0, tool_terminal_ref(str(terminal)))
+    return update_tool_call(
+        call.id,
+        status="failed" if result.is_error else "completed",
+        content=content or None,
+        raw_output=_raw_output(result),
+    )
+
+
+def _raw_output(result: ToolResult) -> Any:
+    if result.is_error:
+        return {"error": result.error}
+    structured = (result.meta or {}).get("structured")
+    return structured if structured is not None else {"output": result.output[:_MAX_SHOWN]}
+
+
+def plan_update(todos: list[Mapping[str, Any]]) -> Any:
+    status = {
+        "pending": "pending",
+        "in_progress": "in_progress",
+        "done": "completed",
+        "completed": "completed",
+    }
+    return update_plan(
+        [
+            plan_entry(
+                str(t.get("title") or t.get("content") or ""),
+                status=status.get(str(t.get("status")), "pending"),
+            )  # type: ignore[arg-type]
+            for t in todos
+        ]
+    )
+
+
+def replay(messages: list[Message], cwd: Path) -> Iterator[Any]:
+    """The updates that show a stored transcript again, in order."""
+    calls: dict[str, ToolCall] = {}
+    for m in messages:
+        if m.role == "user":
+            text = m.content
+            if m.images:
+                text += "".join("\n[image]" for _ in m.images)
+            yield update_user_message_text(text)
+        elif m.role == "assistant":
+            if m.thinking:
+                yield update_agent_thought_text(m.thinking)
+            if m.content:
+                yield update_agent_message_text(m.content)
+            for call in m.tool_calls:
+                calls[call.id] = call
+                yield start_update(call, cwd)
+        elif m.role == "tool":
+            call = calls.get(m.tool_call_id) or ToolCall(m.tool_call_id, m.name)
+            result = ToolResult(
+                m.tool_call_id,
+                m.name,
+                output="" if m.is_error else m.content,
+                error=m.content.removeprefix("Error: ") if m.is_error else None,
+                meta=m.meta,
+            )
+            yield end_update(call, result)
+        elif m.role == "system" and (m.meta or {}).get("notice"):
+            yield update_agent_message_text(m.content)
+
+
+def command_line(text: str) -> tuple[str, str] | None:
+    """`/compact keep the API notes` -> ("compact", "keep the API notes")."""
+    if not text.startswith("/"):
+        return None
+    name, _, rest = text[1:].partition(" ")
+    return (name, rest.strip()) if name else None
+
+
+def describe_args(args: Mapping[str, Any]) -> str:
+    try:
+        return json.dumps(dict(args), ensure_ascii=False)[:200]
+    except (TypeError, ValueError):
+        return shlex.quote(str(args))[:200]

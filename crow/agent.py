@@ -1,0 +1,246 @@
+"""Agent: the runtime behind every front end (ACP, `crow run`, scripts).
+
+It owns the configuration, the hook registry, programmatic tools, model providers, the
+store and the live sessions. Heavy work (importing MCP, loading hooks, opening the store)
+starts in the background with `warm_up()` and is awaited only where it is needed, so the
+ACP `initialize` and `session/new` answers never wait for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from crow.config import NO_MODEL_MESSAGE, Config, load_config
+from crow.errors import ConfigError, SessionError
+from crow.events import Emit
+from crow.hooks import HookRegistry
+from crow.llm.base import Provider
+from crow.loop import LoopSettings, Turn, TurnResult
+from crow.messages import Message, Messages, close_dangling_tool_calls
+from crow.session import Session
+from crow.tools import ServerSpec, ToolHub, function_server, import_mcp
+
+log = logging.getLogger("crow.agent")
+
+
+class Agent:
+    """`Agent()` reads crow.yaml and the environment; pass `config=` or `provider=` to
+    override. Register hooks on `agent.hooks` and tools with `@agent.tool` before the
+    first turn."""
+
+    def __init__(
+        self,
+        config: Config | None = None,
+        *,
+        provider: Provider | None = None,
+        builtin_hooks: bool = True,
+        store: Any = None,
+    ) -> None:
+        self.config = config if config is not None else load_config()
+        self.hooks = HookRegistry()
+        self.sessions: dict[str, Session] = {}
+        self._functions: list[Callable[..., Any]] = []
+        self._function_server: Any = None
+        self._provider = provider
+        self._providers: dict[str, Provider] = {}
+        self._builtin_hooks = builtin_hooks
+        self._store = store
+        self._store_given = store is not None
+        self._ready: asyncio.Task[None] | None = None
+        self._session_ready: dict[str, asyncio.Task[None]] = {}
+        self.compactor: Any = None
+
+    # ------------------------------------------------------------ extension points
+    def tool(self, fn: Callable[..., Any] | None = None) -> Any:
+        """Serve a Python function as a tool (decorator or call). Its signature and
+        docstring become the tool's schema and description."""
+
+        def add(f: Callable[..., Any]) -> Callable[..., Any]:
+            if self._function_server is not None:
+                raise ConfigError("tools must be added before the first session starts")
+            self._functions.append(f)
+            return f
+
+        return add(fn) if fn is not None else add
+
+    # ------------------------------------------------------------ lifecycle
+    def warm_up(self) -> asyncio.Task[None]:
+        """Start the slow setup in the background (idempotent)."""
+        if self._ready is None:
+            self._ready = asyncio.create_task(self._setup(), name="crow.warm_up")
+        return self._ready
+
+    async def _setup(self) -> None:
+        await anyio.to_thread.run_sync(import_mcp)
+        if self._builtin_hooks:
+            from builtin_hooks import install
+
+            install(self)
+        if self._functions:
+            self._function_server = function_server(self._functions)
+        if self._store is None:
+            from crow.store import SQLiteStore
+
+            self._store = SQLiteStore(self.config.db_path)
+            await self._store.open()
+
+    async def ready(self) -> None:
+        await self.warm_up()
+
+    @property
+    def store(self) -> Any:
+        return self._store
+
+    async def aclose(self) -> None:
+        for task in self._session_ready.values():
+            task.cancel()
+        for session in list(self.sessions.values()):
+            if session.tools is not None:
+                await session.tools.aclose()
+        for provider in self._providers.values():
+            await provider.aclose()
+        if self._store is not None and not self._store_given:
+            await self._store.aclose()
+
+    # ------------------------------------------------------------ models
+    def model_ref(self, session: Session | None = None) -> str | None:
+        if session is not None and session.model:
+            return session.model
+        return self.config.model
+
+    def provider_for(self, ref: str | None) -> Provider | None:
+        if self._provider is not None:
+            return self._provider
+        if not ref:
+            return None
+        if ref not in self._providers:
+            from crow.llm.registry import create_provider
+
+            self._providers[ref] = create_provider(
+                ref, providers=self.config.providers_settings(), models=self.config.models_settings()
+            )
+        return self._providers[ref]
+
+    # ------------------------------------------------------------ sessions
+    def create_session(
+        self, cwd: str | Path, mcp_servers: Sequence[ServerSpec] = (), session_id: str | None = None
+    ) -> Session:
+        """Create a session now and connect its tools in the background."""
+        path = Path(cwd)
+        if not path.is_absolute():
+            raise SessionError(f"cwd must be an absolute path, got {str(cwd)!r}")
+        session = Session(
+            id=session_id or uuid.uuid4().hex, cwd=path, mode=self.config.mode, model=self.config.model or ""
+        )
+        self.sessions[session.id] = session
+        self._session_ready[session.id] = asyncio.create_task(
+            self._prepare(session, list(mcp_servers), new=True), name=f"crow.session:{session.id}"
+        )
+        return session
+
+    async def _prepare(self, session: Session, servers: list[ServerSpec], *, new: bool) -> None:
+        await self.ready()
+        session.store = self._store
+        if new and self._store is not None:
+            await self._store.create_session(
+                id=session.id, cwd=str(session.cwd), mode=session.mode, model=session.model
+            )
+        hub = ToolHub()
+        session.tools = hub
+        specs: list[ServerSpec] = []
+        for hook in self.hooks.hooks:
+            provide = getattr(hook, "tool_servers", None)
+            if provide is not None:
+                specs.extend(provide(session))
+        if self._function_server is not None:
+            specs.append(ServerSpec("crow-tools", "inprocess", server=self._function_server))
+        await hub.connect([*specs, *servers])
+
+    async def session_ready(self, session: Session) -> None:
+        task = self._session_ready.get(session.id)
+        if task is not None:
+            await task
+
+    async def resume_session(
+        self, session_id: str, mcp_servers: Sequence[ServerSpec] = (), cwd: str | None = None
+    ) -> Session:
+        """Bring a stored session back into memory (no replay)."""
+        if session_id in self.sessions:
+            return self.sessions[session_id]
+        await self.ready()
+        record = await self._store.get_session(session_id) if self._store else None
+        if record is None:
+            raise SessionError(f"unknown session {session_id!r}")
+        stored = await self._store.load_context(session_id)
+        messages = close_dangling_tool_calls(stored)
+        session = Session(
+            id=session_id,
+            cwd=Path(cwd or record.cwd),
+            mode=record.mode or "ask",
+            model=record.model or "",
+            title=record.title or "",
+            todos=list(record.todos or []),
+            files=dict(record.files or {}),
+        )
+
+        session.messages = Messages(messages)
+        self.sessions[session_id] = session
+        self._session_ready[session_id] = asyncio.create_task(
+            self._prepare(session, list(mcp_servers), new=False)
+        )
+        await self._session_ready[session_id]
+        if len(messages) != len(await self._store.load_context(session_id)):
+            # the crash left tool calls without results: persist the repair
+            await session.set_messages(messages)
+        return session
+
+    def get(self, session_id: str) -> Session:
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise SessionError(f"unknown session {session_id!r}")
+        return session
+
+    async def close_session(self, session_id: str) -> None:
+        session = self.sessions.pop(session_id, None)
+        task = self._session_ready.pop(session_id, None)
+        if task is not None and not task.done():
+            task.cancel()
+        if session is not None and session.tools is not None:
+            await session.tools.aclose()
+
+    # ------------------------------------------------------------ turns
+    def loop_settings(self, session: Session) -> LoopSettings:
+        c = self.config
+        return LoopSettings(
+            system_prompt=c.system_prompt.replace("{cwd}", str(session.cwd)),
+            max_iterations=c.max_iterations,
+            max_continues=c.max_continues,
+            compact_threshold=c.compact_threshold,
+            hook_settings=c.hooks.settings,
+        )
+
+    async def run_turn(self, session: Session, prompt: Message, emit: Emit) -> TurnResult:
+        await self.session_ready(session)
+        try:
+            provider = self.provider_for(self.model_ref(session))
+        except ConfigError as exc:
+            provider, no_model = None, str(exc)
+        else:
+            no_model = NO_MODEL_MESSAGE
+        turn = Turn(
+            session,
+            hooks=self.hooks,
+            provider=provider,
+            emit=emit,
+            settings=self.loop_settings(session),
+            compactor=self.compactor,
+            no_model_message=no_model,
+        )
+        return await turn.run(prompt)

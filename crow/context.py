@@ -1,0 +1,84 @@
+"""HookContext: what a hook can see and do during one prompt turn."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from crow.events import Emit, Event, Notice
+from crow.llm.base import ModelRequest, ModelResponse, Provider, Usage, complete
+from crow.messages import Messages
+
+if TYPE_CHECKING:
+    from crow.session import Session
+
+
+@dataclass(eq=False)
+class HookContext:
+    session: Session
+    prompt: str
+    provider: Provider | None
+    emit: Emit
+    settings: dict[str, Any] = field(default_factory=dict)  # the agent's hook settings
+    compact_threshold: float = 0.85
+    iteration: int = 0
+    request: ModelRequest | None = None  # the last request sent to the model
+    response: ModelResponse | None = None  # the last model response
+    usage: Usage = field(default_factory=Usage)  # summed over this turn's model calls
+    injected: list[str] = field(default_factory=list)
+    compactor: Any = None  # the CompactService, when the agent has one
+
+    # -------- the session, as seed 004 promises
+    @property
+    def messages(self) -> Messages:
+        return self.session.messages
+
+    @property
+    def todos(self) -> list[dict[str, Any]]:
+        return self.session.todos
+
+    @property
+    def files(self) -> dict[str, str]:
+        return self.session.files
+
+    @property
+    def cwd(self) -> str:
+        return str(self.session.cwd)
+
+    # -------- usage and compaction
+    @property
+    def context_window(self) -> int:
+        return self.provider.context_window if self.provider else 128_000
+
+    @property
+    def context_tokens(self) -> int:
+        return self.session.context_tokens()
+
+    def should_compact(self) -> bool:
+        return self.context_tokens > self.compact_threshold * self.context_window
+
+    async def compact(self, instructions: str | None = None) -> Any:
+        """Compact the session now through the one CompactService."""
+        if self.compactor is None:
+            raise RuntimeError("this agent has no compaction service")
+        return await self.compactor.compact(
+            self.session, self.provider, instructions=instructions, emit=self.emit
+        )
+
+    # -------- talking to the model and the user
+    def inject_context(self, text: str) -> None:
+        """Add text to the system prompt of every model call for the rest of this turn."""
+        self.injected.append(text)
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """Call the session's model directly (no hooks, nothing streamed to the user)."""
+        if self.provider is None:
+            raise RuntimeError("no model is configured")
+        return await complete(self.provider, request)
+
+    async def notify(self, text: str) -> None:
+        """Tell the user something; it shows as agent text."""
+        await self.emit(Notice(text))
+
+    async def send(self, event: Event) -> None:
+        await self.emit(event)

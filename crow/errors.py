@@ -1,0 +1,78 @@
+"""crow's exceptions, one tree for the whole runtime.
+
+    CrowError
+     ├── ConfigError          bad or missing configuration (names the setting to fix)
+     ├── ProviderError        a model call failed (status, retryable)
+     │    ├── AuthError        401/403: names the variable to set
+     │    ├── RateLimitError   429/529, retryable, carries retry_after
+     │    ├── ContextLengthError  the prompt is over the model's window
+     │    └── StreamCutError   the stream ended before the model finished
+     ├── ToolError            a tool could not run (unknown tool, bad arguments, server down)
+     ├── StoreError           the session store failed
+     ├── HookError            a hook is invalid (at load) or failed (at run)
+     └── SessionError         unknown session, busy session, bad request from a client
+
+Each layer translates its library's exceptions at its boundary (`map_http_errors` in
+`crow.llm`, the store, the tool hub): no httpx, sqlite3 or MCP exception escapes.
+"""
+
+from __future__ import annotations
+
+
+class CrowError(Exception):
+    """Base of every error crow raises on purpose."""
+
+
+class ConfigError(CrowError):
+    pass
+
+
+class ProviderError(CrowError):
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        retryable: bool = False,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+class AuthError(ProviderError):
+    pass
+
+
+class RateLimitError(ProviderError):
+    pass
+
+
+class ContextLengthError(ProviderError):
+    pass
+
+
+class StreamCutError(ProviderError):
+    """The stream broke. `partial` says whether any output had already been produced."""
+
+    def __init__(self, message: str, *, partial: bool) -> None:
+        super().__init__(message, retryable=not partial)
+        self.partial = partial
+
+
+class ToolError(CrowError):
+    pass
+
+
+class StoreError(CrowError):
+    pass
+
+
+class HookError(CrowError):
+    pass
+
+
+class SessionError(CrowError):
+    pass

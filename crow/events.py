@@ -1,0 +1,78 @@
+"""What the loop emits while a turn runs.
+
+The loop never imports ACP: it hands these to a sink (`Emit`). The ACP adapter turns them
+into `session/update` notifications, `crow run` prints them, tests collect them. The sink
+is awaited, so a slow client slows the loop instead of growing a buffer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from crow.llm.base import TextDelta, ThoughtDelta
+from crow.messages import ToolCall, ToolResult
+
+__all__ = [
+    "Emit",
+    "Event",
+    "Notice",
+    "PlanUpdated",
+    "TextDelta",
+    "ThoughtDelta",
+    "ToolCallEnd",
+    "ToolCallRunning",
+    "ToolCallStart",
+    "UsageUpdated",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallStart:
+    """The model asked for a tool; it has not run yet (status pending)."""
+
+    call: ToolCall
+    read_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallRunning:
+    call: ToolCall
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallEnd:
+    call: ToolCall
+    result: ToolResult
+
+
+@dataclass(frozen=True, slots=True)
+class PlanUpdated:
+    todos: Sequence[Mapping[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class UsageUpdated:
+    used: int  # tokens the context occupies now
+    size: int  # the model's context window
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """Something crow or a hook tells the user (shown as agent text)."""
+
+    text: str
+
+
+Event = (
+    TextDelta
+    | ThoughtDelta
+    | ToolCallStart
+    | ToolCallRunning
+    | ToolCallEnd
+    | PlanUpdated
+    | UsageUpdated
+    | Notice
+)
+Emit = Callable[[Event], Awaitable[None]]

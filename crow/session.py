@@ -1,0 +1,61 @@
+"""A session's live state: the model context, todos, files, and where it is persisted."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from crow.llm.base import Usage
+from crow.messages import Message, Messages
+
+if TYPE_CHECKING:
+    from crow.store import Store
+    from crow.tools import ToolHub
+
+
+@dataclass(eq=False)
+class Session:
+    id: str
+    cwd: Path
+    messages: Messages = field(default_factory=Messages)  # model context, no system prompt
+    todos: list[dict[str, Any]] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)  # path -> "written" | "edited"
+    state: dict[str, Any] = field(default_factory=dict)  # scratch space for hooks
+    mode: str = "ask"
+    model: str = ""
+    title: str = ""
+    store: Store | None = None
+    tools: ToolHub | None = None
+    # Provider-reported usage of the last model call and the history length it covered:
+    # the context estimate is that plus chars/4 of what came after.
+    last_usage: Usage | None = None
+    usage_covers: int = 0
+
+    def context_tokens(self) -> int:
+        if self.last_usage is None or self.usage_covers > len(self.messages):
+            return self.messages.estimate_tokens()
+        tail = Messages(self.messages[self.usage_covers :])
+        return self.last_usage.context_tokens + tail.estimate_tokens()
+
+    async def add(self, *messages: Message, in_context: bool = True) -> None:
+        """Append and persist at once: every message is durable when it is produced."""
+        if in_context:
+            self.messages.extend(messages)
+        if self.store is not None:
+            await self.store.append(self.id, list(messages), in_context=in_context)
+
+    async def set_messages(self, messages: Sequence[Message]) -> None:
+        """Rewrite the model context (compaction, replace); the transcript is untouched."""
+        self.messages = Messages(messages)
+        self.last_usage, self.usage_covers = None, 0
+        if self.store is not None:
+            await self.store.set_context(self.id, list(messages))
+
+    async def save(self, **fields: Any) -> None:
+        """Persist metadata fields (todos, files, title, mode, model) that changed."""
+        for key, value in fields.items():
+            setattr(self, key, value)
+        if self.store is not None:
+            await self.store.update_session(self.id, **fields)

@@ -1,0 +1,245 @@
+"""ToolHub: every tool crow offers the model comes from an MCP server.
+
+In-process servers (the filesystem and todos servers, programmatic Python tools) connect
+through `mcp.Client(server)` in about 2 ms; the servers an editor passes in `session/new`
+(stdio, http, sse) connect as ordinary MCP clients. The hub routes a tool name to its
+server, keeps names unique, and turns MCP results and failures into `ToolResult`s.
+
+`mcp` costs about a second to import, so nothing here imports it at module load: the ACP
+adapter warms it in a thread after `initialize`, and sessions connect lazily.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from crow.llm.base import ToolSpec
+from crow.messages import ToolCall, ToolResult
+
+log = logging.getLogger("crow.tools")
+
+_NAME_OK = re.compile(r"[^a-zA-Z0-9_-]")
+
+
+def import_mcp() -> None:
+    """Import the heavy MCP modules (run it in a thread to warm them up)."""
+    import mcp
+    import mcp.server.mcpserver  # noqa: F401
+
+
+@dataclass
+class ServerSpec:
+    """How to reach one MCP server."""
+
+    name: str
+    transport: str  # "inprocess" | "stdio" | "http" | "sse"
+    server: Any = None  # an MCPServer, for in-process
+    command: str = ""
+    args: Sequence[str] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    url: str = ""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    timeout: float = 600.0  # per call, for servers outside this process
+
+
+@dataclass(eq=False)
+class _Connection:
+    spec: ServerSpec
+    client: Any = None
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    closing: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    error: str | None = None
+
+
+class ToolHub:
+    """The tools of one session."""
+
+    def __init__(self) -> None:
+        self._conns: dict[str, _Connection] = {}
+        self._routes: dict[str, tuple[_Connection, str]] = {}
+        self._specs: list[ToolSpec] = []
+        self.failures: list[str] = []  # what to tell the user about servers that failed
+
+    async def connect(self, specs: Sequence[ServerSpec], *, connect_timeout: float = 30.0) -> None:
+        """Connect servers concurrently; a server that fails is reported, not fatal."""
+        conns = [self._start(spec) for spec in specs]
+        await asyncio.gather(*(self._await_ready(c, connect_timeout) for c in conns))
+        for conn in conns:
+            if conn.error is None:
+                await self._index(conn)
+
+    def _start(self, spec: ServerSpec) -> _Connection:
+        if spec.name in self._conns:
+            raise ValueError(f"an MCP server named {spec.name!r} is already connected")
+        conn = _Connection(spec)
+        self._conns[spec.name] = conn
+        # Each connection lives in its own task: MCP clients must be exited by the task
+        # that entered them.
+        conn.task = asyncio.create_task(self._serve(conn), name=f"mcp:{spec.name}")
+        return conn
+
+    async def _serve(self, conn: _Connection) -> None:
+        try:
+            async with _open_client(conn.spec) as client:
+                conn.client = client
+                conn.ready.set()
+                await conn.closing.wait()
+        except BaseException as exc:
+            if not conn.ready.is_set():
+                conn.error = _describe(exc)
+                conn.ready.set()
+            elif not isinstance(exc, asyncio.CancelledError):
+                log.warning("MCP server %s stopped: %s", conn.spec.name, _describe(exc))
+            conn.client = None
+
+    async def _await_ready(self, conn: _Connection, timeout: float) -> None:
+        try:
+            await asyncio.wait_for(conn.ready.wait(), timeout)
+        except TimeoutError:
+            conn.error = f"did not answer within {timeout:.0f} s"
+            if conn.task:
+                conn.task.cancel()
+        if conn.error is not None:
+            msg = f"MCP server {conn.spec.name!r} failed to start: {conn.error}"
+            log.warning(msg)
+            self.failures.append(msg)
+
+    async def _index(self, conn: _Connection) -> None:
+        try:
+            listed = await conn.client.list_tools()
+        except Exception as exc:
+            self.failures.append(f"MCP server {conn.spec.name!r} did not list its tools: {_describe(exc)}")
+            return
+        for tool in listed.tools:
+            name = tool.name
+            if name in self._routes:  # keep names unique: qualify the newcomer
+                name = _NAME_OK.sub("_", f"{conn.spec.name}_{tool.name}")[:64]
+                log.info("tool %s of %s renamed %s (name taken)", tool.name, conn.spec.name, name)
+            read_only = bool(tool.annotations and tool.annotations.read_only_hint)
+            self._routes[name] = (conn, tool.name)
+            self._specs.append(
+                ToolSpec(
+                    name,
+                    tool.description or "",
+                    tool.input_schema or {"type": "object", "properties": {}},
+                    read_only,
+                )
+            )
+
+    def specs(self) -> list[ToolSpec]:
+        return list(self._specs)
+
+    def has(self, name: str) -> bool:
+        return name in self._routes
+
+    def spec(self, name: str) -> ToolSpec | None:
+        return next((s for s in self._specs if s.name == name), None)
+
+    def server_of(self, name: str) -> str | None:
+        route = self._routes.get(name)
+        return route[0].spec.name if route else None
+
+    async def call(self, call: ToolCall) -> ToolResult:
+        route = self._routes.get(call.name)
+        if route is None:
+            return ToolResult(call.id, call.name, error=f"unknown tool {call.name!r}")
+        conn, remote_name = route
+        if conn.client is None:
+            return ToolResult(call.id, call.name, error=f"the MCP server {conn.spec.name!r} is not running")
+        timeout = None if conn.spec.transport == "inprocess" else conn.spec.timeout
+        try:
+            result = await conn.client.call_tool(remote_name, dict(call.args), read_timeout_seconds=timeout)
+        except Exception as exc:  # MCP and transport errors stop here
+            return ToolResult(call.id, call.name, error=f"tool {call.name} failed: {_describe(exc)}")
+        return to_tool_result(call, result)
+
+    async def aclose(self) -> None:
+        for conn in self._conns.values():
+            conn.closing.set()
+        tasks = [c.task for c in self._conns.values() if c.task is not None]
+        if tasks:
+            _done, pending = await asyncio.wait(tasks, timeout=5)
+            for task in pending:
+                task.cancel()
+        self._conns.clear()
+        self._routes.clear()
+        self._specs.clear()
+
+
+def to_tool_result(call: ToolCall, result: Any) -> ToolResult:
+    """Text content is what the model reads; structured content and _meta go to the editor."""
+    parts: list[str] = []
+    for block in result.content or ():
+        kind = getattr(block, "type", "")
+        if kind == "text":
+            parts.append(block.text)
+        elif kind == "resource":
+            resource = block.resource
+            parts.append(getattr(resource, "text", None) or f"[resource {resource.uri}]")
+        elif kind == "resource_link":
+            parts.append(f"[resource {block.uri}]")
+        else:
+            parts.append(f"[{kind} content]")
+    text = "\n".join(parts)
+    meta: dict[str, Any] = {}
+    if result.structured_content:
+        meta["structured"] = result.structured_content
+    if result.meta:
+        meta.update({k: v for k, v in result.meta.items() if not k.startswith("io.modelcontextprotocol")})
+    if result.is_error:
+        return ToolResult(call.id, call.name, error=text or "the tool failed", meta=meta or None)
+    return ToolResult(call.id, call.name, output=text, meta=meta or None)
+
+
+@contextlib.asynccontextmanager
+async def _open_client(spec: ServerSpec):  # type: ignore[no-untyped-def]
+    from mcp import Client, StdioServerParameters
+
+    if spec.transport == "inprocess":
+        target: Any = spec.server
+        mode = "auto"
+    elif spec.transport == "stdio":
+        from mcp.client.stdio import get_default_environment
+
+        env = {**get_default_environment(), **spec.env}
+        target = StdioServerParameters(command=spec.command, args=list(spec.args), env=env)
+        mode = "legacy"  # the probe of "auto" can wait 10 s on servers that ignore it
+    elif spec.transport == "sse":
+        from mcp.client.sse import sse_client
+
+        target = sse_client(spec.url, headers=dict(spec.headers))
+        mode = "legacy"
+    elif spec.transport == "http":
+        import httpx2
+        from mcp.client.streamable_http import streamable_http_client
+
+        http = httpx2.AsyncClient(headers=dict(spec.headers), timeout=httpx2.Timeout(30, read=300))
+        target = streamable_http_client(spec.url, http_client=http)
+        mode = "legacy"
+    else:
+        raise ValueError(f"unknown MCP transport {spec.transport!r}")
+    async with Client(target, mode=mode) as client:
+        yield client
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_describe(e) for e in exc.exceptions)
+    return str(exc) or type(exc).__name__
+
+
+def function_server(functions: Sequence[Callable[..., Any]], name: str = "crow-tools") -> Any:
+    """An in-process MCP server serving plain Python functions (the seed's FuncTool)."""
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer(name)
+    for fn in functions:
+        server.add_tool(fn, structured_output=False)
+    return server
