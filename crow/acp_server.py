@@ -14,6 +14,7 @@ from typing import Any
 import acp
 import anyio
 from acp import RequestError
+from acp.helpers import update_available_commands
 from acp.schema import (
     AgentCapabilities,
     AvailableCommand,
@@ -126,7 +127,7 @@ class AcpServer:
         task.add_done_callback(self._background.discard)
 
     async def _send_commands(self, session_id: str) -> None:
-        await self._update(session_id, acp.update_available_commands(COMMANDS))
+        await self._update(session_id, update_available_commands(COMMANDS))
 
     def _session(self, session_id: str) -> Session:
         try:

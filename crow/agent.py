@@ -83,6 +83,10 @@ class Agent:
             from builtin_hooks import install
 
             install(self)
+        if self.config.tools:
+            from crow.plugins import load_object
+
+            self._functions.extend(load_object(spec) for spec in self.config.tools)
         if self._functions:
             self._function_server = function_server(self._functions)
         if self._store is None:

@@ -75,6 +75,7 @@ class Config(_Model):
     sandbox: Literal["bwrap"] | None = None
     trace: str | None = None
     hooks: HooksConfig = Field(default_factory=HooksConfig)
+    tools: list[str] = Field(default_factory=list)  # "module:function" served as tools
     home: Path = Field(default_factory=lambda: Path("~/.crow").expanduser())
 
     @property

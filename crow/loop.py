@@ -232,6 +232,7 @@ class Turn:
             log.exception("model call failed inside a wrap_model_call hook")
             raise ProviderError(f"a hook around the model call failed: {exc!r}") from exc
         ctx.request = request
+        self.session.last_request = request
         return response
 
     async def _stream_model(self, request: ModelRequest) -> ModelResponse:

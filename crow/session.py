@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from crow.llm.base import Usage
+from crow.llm.base import ModelRequest, Usage
 from crow.messages import Message, Messages
 
 if TYPE_CHECKING:
@@ -32,6 +32,9 @@ class Session:
     # the context estimate is that plus chars/4 of what came after.
     last_usage: Usage | None = None
     usage_covers: int = 0
+    # The last request sent to the model: cache-preserving compaction repeats its prefix.
+    last_request: ModelRequest | None = None
+    client: Any = None  # the front end's client interface (ACP: permissions, fs, terminals)
 
     def context_tokens(self) -> int:
         if self.last_usage is None or self.usage_covers > len(self.messages):

@@ -1,0 +1,107 @@
+"""Shared fixtures: the scripted model server and crow spawned as a real ACP subprocess."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.llm_server import ScriptedLLM
+
+CROW = [sys.executable, "-m", "crow"]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def llm() -> Iterator[ScriptedLLM]:
+    with ScriptedLLM() as server:
+        yield server
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    return ws
+
+
+def crow_env(llm: ScriptedLLM | None, home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CROW_", "OPENAI_", "ANTHROPIC_"))}
+    env.update(CROW_HOME=str(home), PYTHONUNBUFFERED="1")
+    if llm is not None:
+        env.update(CROW_MODEL="openai:scripted", OPENAI_BASE_URL=llm.base_url, OPENAI_API_KEY="test-key")
+    env.update(extra)
+    return env
+
+
+class RecordingClient:
+    """An ACP client that records every session/update and answers permission prompts."""
+
+    def __init__(self) -> None:
+        self.updates: list[tuple[str, Any]] = []
+        self.permission_answer: str | None = "allow_once"  # option kind to pick; None = cancel
+        self.permission_requests: list[Any] = []
+        self.files: dict[str, str] = {}
+
+    def on_connect(self, conn: Any) -> None:
+        self.conn = conn
+
+    async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
+        self.updates.append((session_id, update))
+
+    async def request_permission(self, session_id: str, tool_call: Any, options: list[Any],
+                                 **kwargs: Any) -> Any:
+        from acp.schema import (
+            AllowedOutcome,
+            DeniedOutcome,
+            RequestPermissionResponse,
+        )
+
+        self.permission_requests.append((tool_call, options))
+        if self.permission_answer is None:
+            return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
+        option = next(o for o in options if o.kind == self.permission_answer)
+        return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected",
+                                                                option_id=option.option_id))
+
+    def of_type(self, name: str, session_id: str | None = None) -> list[Any]:
+        return [u for s, u in self.updates
+                if type(u).__name__ == name and (session_id is None or s == session_id)]
+
+    def text(self, session_id: str | None = None) -> str:
+        return "".join(u.content.text for u in self.of_type("AgentMessageChunk", session_id))
+
+    def kinds(self) -> list[str]:
+        return [getattr(u, "session_update", type(u).__name__) for _, u in self.updates]
+
+
+@contextlib.asynccontextmanager
+async def spawn_crow(env: dict[str, str], *args: str, client: RecordingClient | None = None,
+                     stderr_path: Path | None = None) -> AsyncIterator[tuple[Any, Any, RecordingClient]]:
+    """Spawn `python -m crow` and connect an ACP client to it. stderr goes to a file so a
+    chatty agent can never block on a full pipe."""
+    import acp
+
+    client = client or RecordingClient()
+    err_path = stderr_path or Path(env["CROW_HOME"]) / "stderr.log"
+    err_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(err_path, "ab") as err:
+        async with acp.spawn_agent_process(client, *CROW, *args, env=env,
+                                           transport_kwargs={"stderr": err}) as (conn, proc):
+            yield conn, proc, client
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    h = tmp_path / "crow-home"
+    h.mkdir()
+    return h
