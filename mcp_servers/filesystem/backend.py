@@ -1,0 +1,119 @@
+"""The seam between the file tools and where files and commands actually live.
+
+``read_file``, ``write_file``, ``edit_file`` and ``execute`` go through a
+:class:`Backend`; ``ls``, ``glob`` and ``grep`` always use the local disk. crow can
+swap in a backend that reads through the editor (ACP ``fs/read_text_file``, which
+sees unsaved buffers) and runs commands in an editor terminal.
+
+Paths handed to a backend are absolute and already confined to the workspace.
+Backends signal failure with ordinary exceptions: ``FileNotFoundError``,
+``IsADirectoryError``, ``PermissionError`` (any ``OSError``), :class:`BinaryFileError`
+for content that is not UTF-8 text, or a ``ToolError`` with their own message.
+The server turns these into messages the model reads.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import anyio
+from mcp.server.mcpserver.exceptions import ToolError
+
+from mcp_servers.filesystem.execute import ExecResult, default_shell, run_command
+
+__all__ = ["MAX_READ_BYTES", "Backend", "BinaryFileError", "ExecResult", "LocalBackend"]
+
+MAX_READ_BYTES = 20 * 1024 * 1024  # whole-file reads beyond this are refused, not paged
+SANDBOXES = ("bwrap",)
+
+
+class BinaryFileError(ValueError):
+    """The file holds NUL bytes or is not valid UTF-8."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    async def read_text(self, path: Path) -> str:
+        """The whole file as text, line endings untouched (CRLF stays CRLF)."""
+        ...
+
+    async def write_text(self, path: Path, text: str) -> None:
+        """Replace the file's content, creating parent folders as needed."""
+        ...
+
+    async def run(self, command: str, cwd: Path, timeout: float) -> ExecResult:
+        """Run a shell command; return merged output and exit code, never raise on failure."""
+        ...
+
+
+def _read_local(path: Path) -> str:
+    with path.open("rb") as f:
+        data = f.read(MAX_READ_BYTES + 1)
+    if len(data) > MAX_READ_BYTES:
+        raise ToolError(
+            f"{path} is larger than {MAX_READ_BYTES // (1024 * 1024)} MB; "
+            "use grep or execute (head/tail/sed) to look at parts of it"
+        )
+    if b"\x00" in data[:8192]:
+        raise BinaryFileError(str(path))
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BinaryFileError(str(path)) from None
+
+
+def _write_local(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # newline="" so "\r\n" in ``text`` reaches the disk unchanged.
+    with path.open("w", encoding="utf-8", newline="") as f:
+        f.write(text)
+
+
+class LocalBackend:
+    """Reads and writes the local disk; runs commands as local subprocesses.
+
+    ``sandbox="bwrap"`` runs each command under bubblewrap: ``/`` read-only, the
+    workspace root writable, a private ``/tmp``, no network, killed with its parent.
+    """
+
+    def __init__(self, root: Path, sandbox: str | None = None) -> None:
+        if sandbox is not None and sandbox not in SANDBOXES:
+            raise ValueError(f"unknown sandbox {sandbox!r}; choose one of {', '.join(SANDBOXES)}")
+        self.root = root
+        self.sandbox = sandbox
+
+    async def read_text(self, path: Path) -> str:
+        return await anyio.to_thread.run_sync(_read_local, path, abandon_on_cancel=True)
+
+    async def write_text(self, path: Path, text: str) -> None:
+        # Not abandoned on cancel: a half-finished write must not race the next call.
+        await anyio.to_thread.run_sync(_write_local, path, text)
+
+    async def run(self, command: str, cwd: Path, timeout: float) -> ExecResult:
+        return await run_command(self.argv(command, cwd), cwd, timeout)
+
+    def argv(self, command: str, cwd: Path) -> list[str]:
+        shell = default_shell()
+        if self.sandbox is None:
+            return [shell, "-c", command]
+        bwrap = shutil.which("bwrap")
+        if bwrap is None:
+            raise ToolError(
+                "sandbox 'bwrap' was requested but bubblewrap is not installed "
+                "(install the 'bubblewrap' package, or start the server without --sandbox)"
+            )
+        root = str(self.root)
+        return [
+            bwrap,
+            "--ro-bind", "/", "/",
+            "--dev", "/dev",
+            "--proc", "/proc",
+            "--tmpfs", "/tmp",
+            "--bind", root, root,  # after --tmpfs, so a root under /tmp stays visible
+            "--unshare-net",
+            "--die-with-parent",
+            "--chdir", str(cwd),
+            shell, "-c", command,
+        ]  # fmt: skip

@@ -1,0 +1,71 @@
+"""Workspace confinement: every path a tool touches resolves inside one root.
+
+This is the filesystem server's security boundary. A path is accepted when,
+after resolving every symlink that exists (``os.path.realpath`` with
+``strict=False``) and collapsing ``..``, it is the root or lies under it. The
+root itself is resolved once, so a root reached through a symlink still works.
+
+What is refused, always with a :class:`ToolError` the model can read:
+NUL bytes, strings the OS cannot encode (lone surrogates), names longer than
+255 bytes or paths longer than 4096 bytes, ``..`` that climbs out, absolute
+paths outside the root (``/etc``, ``/proc/self/root/...``) and symlinks whose
+target lies outside.
+
+The check is made before each operation; a process that swaps a directory for
+a symlink between the check and the use can still race it. The ``execute`` tool
+is not confined by this module at all (use the ``bwrap`` sandbox for that).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from mcp.server.mcpserver.exceptions import ToolError
+
+# Linux limits: NAME_MAX and PATH_MAX, in bytes.
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 4096
+
+
+class Workspace:
+    """A root directory and the rules for resolving paths against it."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        resolved = Path(os.path.realpath(root))
+        if not resolved.is_dir():
+            raise ValueError(f"workspace root {root!s} is not a directory")
+        self.root = resolved
+
+    def __repr__(self) -> str:
+        return f"Workspace({str(self.root)!r})"
+
+    def resolve(self, path: str) -> Path:
+        """Return the absolute, symlink-free form of ``path``; raise if it leaves the root.
+
+        Relative paths are taken from the root; absolute ones must already lie inside it.
+        """
+        if not isinstance(path, str):
+            raise ToolError(f"path must be a string, not {type(path).__name__}")
+        if "\x00" in path:
+            raise ToolError(f"path {path!r} contains a NUL byte")
+        try:
+            raw = os.fsencode(path)
+        except UnicodeEncodeError:
+            raise ToolError(f"path {path!r} contains characters that cannot be encoded") from None
+        if len(raw) > MAX_PATH_BYTES:
+            raise ToolError(f"path is too long ({len(raw)} bytes; the limit is {MAX_PATH_BYTES})")
+        if any(len(part) > MAX_NAME_BYTES for part in raw.split(b"/")):
+            raise ToolError(f"a name in path {path[:80]!r}... exceeds {MAX_NAME_BYTES} bytes")
+        candidate = Path(path) if os.path.isabs(path) else self.root / path
+        try:
+            resolved = Path(os.path.realpath(candidate))
+        except (OSError, ValueError) as exc:
+            raise ToolError(f"cannot resolve path {path!r}: {exc}") from None
+        if resolved != self.root and not resolved.is_relative_to(self.root):
+            raise ToolError(f"path {path!r} is outside the workspace {self.root}")
+        return resolved
+
+    def relative(self, path: Path) -> str:
+        """Display form of a resolved path: POSIX, relative to the root, ``.`` for the root."""
+        return path.relative_to(self.root).as_posix() or "."

@@ -1,0 +1,288 @@
+"""The filesystem MCP server: seven tools over one workspace root.
+
+``build_server(root)`` returns an ``MCPServer``; crow connects to it in-process with
+``mcp.Client(server)``, and ``python -m mcp_servers.filesystem --root DIR`` serves it
+over stdio.
+
+Results. Every tool's text content is what the model reads and stays short. Tools
+with data worth keeping also return ``structured_content``:
+
+- ``ls``: ``{"path", "entries": [{"name", "type": "file"|"dir"|"symlink"|"other", "size"}],
+  "truncated"}`` (``size`` is None for folders)
+- ``glob``: ``{"files": [str], "truncated"}``
+- ``grep``: ``{"mode", "matches": [{"file", "line", "text"}] | "files": [str] |
+  "counts": [{"file", "count"}], "truncated"}`` (one list, by mode)
+- ``execute``: ``{"exit_code": int | None, "timed_out", "truncated"}``
+
+``write_file`` and ``edit_file`` put the full before/after text for the editor's diff
+view in the result's ``_meta`` (which is not model-readable content)::
+
+    result.meta["crow/diff"] == {
+        "path": "/abs/path/inside/root",   # absolute, symlink-free
+        "old_text": str | None,            # None: the file was new (or was not text)
+        "new_text": str,                   # exactly what was written
+    }
+
+File paths in every result are relative to the root (POSIX separators).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import CallToolResult, TextContent, ToolAnnotations
+
+from mcp_servers.filesystem import search, textops
+from mcp_servers.filesystem.backend import Backend, BinaryFileError, LocalBackend
+from mcp_servers.filesystem.paths import Workspace
+
+DIFF_META_KEY = "crow/diff"
+MAX_TIMEOUT = 600.0
+MAX_LS_ENTRIES = 1000
+
+_READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+_WRITE = ToolAnnotations(
+    read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False
+)
+_EDIT = ToolAnnotations(
+    read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=False
+)
+_EXEC = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False)
+
+
+@contextmanager
+def _os_errors(display: str) -> Iterator[None]:
+    """Turn filesystem exceptions (from any backend) into messages the model can act on."""
+    try:
+        yield
+    except ToolError:
+        raise
+    except FileNotFoundError:
+        raise ToolError(f"{display} does not exist") from None
+    except IsADirectoryError:
+        raise ToolError(f"{display} is a directory, not a file; use ls to list it") from None
+    except NotADirectoryError:
+        raise ToolError(f"a parent of {display} is a file, not a directory") from None
+    except PermissionError:
+        raise ToolError(f"permission denied: {display}") from None
+    except BinaryFileError:
+        raise ToolError(f"{display} is a binary file (not UTF-8 text); it cannot be shown as text") from None
+    except OSError as exc:
+        raise ToolError(f"cannot access {display}: {exc.strerror or exc}") from None
+
+
+def _text(
+    text: str, structured: dict[str, Any] | None = None, meta: dict[str, Any] | None = None
+) -> CallToolResult:
+    return CallToolResult(
+        content=[TextContent(type="text", text=text)], structured_content=structured, _meta=meta
+    )
+
+
+def _list_dir(directory: Path) -> list[dict[str, Any]]:
+    entries = []
+    with os.scandir(directory) as it:
+        for entry in it:
+            if entry.is_symlink():
+                kind, size = "symlink", None
+            elif entry.is_dir():
+                kind, size = "dir", None
+            elif entry.is_file():
+                kind, size = "file", entry.stat().st_size
+            else:
+                kind, size = "other", None
+            entries.append({"name": entry.name, "type": kind, "size": size})
+    return sorted(entries, key=lambda e: e["name"])
+
+
+def build_server(
+    root: str | os.PathLike[str], *, backend: Backend | None = None, sandbox: str | None = None
+) -> MCPServer:
+    """A filesystem server confined to ``root``.
+
+    ``backend`` serves read_file/write_file/edit_file/execute (default: local disk and
+    subprocesses). ``sandbox="bwrap"`` runs execute under bubblewrap; it applies to the
+    default backend only.
+    """
+    ws = Workspace(root)
+    if backend is not None and sandbox is not None:
+        raise ValueError("sandbox applies to the default LocalBackend; configure your backend instead")
+    io: Backend = backend if backend is not None else LocalBackend(ws.root, sandbox=sandbox)
+    server: MCPServer = MCPServer(
+        "crow-filesystem",
+        instructions=f"File tools for the workspace {ws.root}. Paths are relative to it.",
+    )
+
+    @server.tool(annotations=_READ_ONLY)
+    async def ls(path: str = ".") -> CallToolResult:
+        """List a directory: one entry per line, folders end with "/", files show their size
+        in bytes, symlinks are marked "@". Entries are sorted by name and include hidden
+        files. Paths are relative to the workspace root."""
+        target = ws.resolve(path)
+        display = ws.relative(target)
+        if target.exists() and not target.is_dir():
+            raise ToolError(f"{display} is a file, not a directory; use read_file to read it")
+        with _os_errors(display):
+            entries = await anyio.to_thread.run_sync(_list_dir, target, abandon_on_cancel=True)
+        truncated = len(entries) > MAX_LS_ENTRIES
+        entries = entries[:MAX_LS_ENTRIES]
+        lines = [f"[{display}: {len(entries)} entries{' (truncated)' if truncated else ''}]"]
+        suffix = {"dir": "/", "symlink": "@", "other": ""}
+        for e in entries:
+            lines.append(
+                f"{e['name']}  {e['size']}" if e["type"] == "file" else e["name"] + suffix[e["type"]]
+            )
+        structured = {"path": display, "entries": entries, "truncated": truncated}
+        return _text("\n".join(lines), structured)
+
+    @server.tool(annotations=_READ_ONLY)
+    async def read_file(path: str, offset: int = 0, limit: int = 2000) -> CallToolResult:
+        """Read a text file. Lines come numbered like `cat -n` (1-based); a header says
+        which lines of how many are shown. `offset` is the 0-based index of the first line
+        to show and `limit` how many lines (at most 2000); when more remains, the header
+        gives the next offset. Lines over 2000 characters are cut. Binary files are
+        refused."""
+        if offset < 0:
+            raise ToolError("offset must be 0 or more (it is a 0-based line index)")
+        if not 1 <= limit <= 2000:
+            raise ToolError("limit must be between 1 and 2000 lines")
+        target = ws.resolve(path)
+        display = ws.relative(target)
+        with _os_errors(display):
+            text = await io.read_text(target)
+        return _text(textops.number_lines(text, display, offset, limit))
+
+    @server.tool(annotations=_WRITE)
+    async def write_file(path: str, content: str) -> CallToolResult:
+        """Create or overwrite a file with `content` (UTF-8), creating missing parent
+        folders. Prefer edit_file for changing part of an existing file."""
+        target = ws.resolve(path)
+        display = ws.relative(target)
+        if target.is_dir():
+            raise ToolError(f"{display} is a directory; give a file path")
+        old: str | None = None
+        try:
+            old = await io.read_text(target)
+        except (OSError, BinaryFileError, ToolError):
+            old = None  # new, or not text: nothing to diff against
+        with _os_errors(display):
+            await io.write_text(target, content)
+        size = len(content.encode("utf-8"))
+        what = "created" if old is None else "overwrote"
+        meta = {DIFF_META_KEY: {"path": str(target), "old_text": old, "new_text": content}}
+        return _text(f"Wrote {size} bytes to {display} ({what}).", meta=meta)
+
+    @server.tool(annotations=_EDIT)
+    async def edit_file(path: str, old_text: str, new_text: str, replace_all: bool = False) -> CallToolResult:
+        """Replace `old_text` with `new_text` in a file. `old_text` must match the file
+        exactly, whitespace and indentation included, and occur exactly once; include a
+        few surrounding lines to make it unique, or set replace_all=true to replace every
+        occurrence. Line endings (CRLF) and the final newline are kept. Read the file
+        first. Returns a unified diff of the change."""
+        target = ws.resolve(path)
+        display = ws.relative(target)
+        with _os_errors(display):
+            old = await io.read_text(target)
+        new, count = await anyio.to_thread.run_sync(
+            textops.apply_edit, old, old_text, new_text, replace_all, abandon_on_cancel=True
+        )
+        with _os_errors(display):
+            await io.write_text(target, new)
+        diff = textops.unified_diff(old, new, display)
+        plural = "s" if count != 1 else ""
+        meta = {DIFF_META_KEY: {"path": str(target), "old_text": old, "new_text": new}}
+        return _text(f"Edited {display}: {count} replacement{plural}.\n{diff}", meta=meta)
+
+    @server.tool(annotations=_READ_ONLY)
+    async def glob(pattern: str, path: str = ".", max_results: int = 1000) -> CallToolResult:
+        """Find files by name pattern under `path`, sorted. `*` and `?` stay within one
+        folder, `**` spans folders (`**/*.py` is every Python file at any depth, `*.py`
+        only those directly in `path`), `{a,b}` gives alternatives, `[abc]` a class.
+        Files ignored by .gitignore and the .git folder are skipped."""
+        if max_results < 1:
+            raise ToolError("max_results must be at least 1")
+        start = ws.resolve(path)
+        display = ws.relative(start)
+        if not start.is_dir():
+            raise ToolError(f"{display} is not a directory")
+        files, truncated = await anyio.to_thread.run_sync(
+            search.glob_files, ws.root, start, pattern, max_results, abandon_on_cancel=True
+        )
+        text = "\n".join(files) if files else f"No files match {pattern!r} under {display}."
+        if truncated:
+            text += f"\n[truncated at {max_results} results; narrow the pattern or path]"
+        return _text(text, {"files": files, "truncated": truncated})
+
+    @server.tool(annotations=_READ_ONLY)
+    async def grep(
+        pattern: str,
+        path: str = ".",
+        glob: str | None = None,
+        ignore_case: bool = False,
+        output_mode: Literal["content", "files_with_matches", "count"] = "content",
+        max_results: int = 500,
+    ) -> CallToolResult:
+        """Search file contents with a regular expression (ripgrep syntax) under `path`
+        (a folder or one file). `glob` limits the files searched (e.g. "*.py",
+        "src/**/*.ts"). output_mode "content" gives file:line:text for each matching
+        line, "files_with_matches" only the file names, "count" matching lines per file.
+        At most `max_results` results; the output says when it was truncated. Respects
+        .gitignore and skips .git; hidden files are searched."""
+        if max_results < 1:
+            raise ToolError("max_results must be at least 1")
+        if not pattern:
+            raise ToolError("pattern is empty")
+        start = ws.resolve(path)
+        display = ws.relative(start)
+        if not start.exists():
+            raise ToolError(f"{display} does not exist")
+        result = await search.grep(
+            ws.root, start, pattern, glob=glob, ignore_case=ignore_case,
+            mode=output_mode, cap=max_results,
+        )  # fmt: skip
+        if output_mode == "content":
+            lines = [f"{m['file']}:{m['line']}:{m['text']}" for m in result.matches]
+            structured: dict[str, Any] = {"matches": result.matches}
+        elif output_mode == "files_with_matches":
+            lines = list(result.files)
+            structured = {"files": result.files}
+        else:
+            lines = [f"{c['file']}:{c['count']}" for c in result.counts]
+            structured = {"counts": result.counts}
+        text = "\n".join(lines) if lines else f"No matches for {pattern!r} under {display}."
+        if result.truncated:
+            text += f"\n[truncated at {max_results} results; narrow the pattern, path or glob]"
+        return _text(text, {"mode": output_mode, **structured, "truncated": result.truncated})
+
+    @server.tool(annotations=_EXEC)
+    async def execute(command: str, timeout: float = 120) -> CallToolResult:
+        """Run a shell command (bash -c) in the workspace root and return its combined
+        stdout and stderr plus the exit code. `timeout` is in seconds (max 600); on
+        timeout the command and everything it started are killed. Background jobs do not
+        outlive the command. Output beyond 100 KB is cut in the middle. No input is
+        available on stdin."""
+        if not 0 < timeout <= MAX_TIMEOUT:
+            raise ToolError(f"timeout must be more than 0 and at most {MAX_TIMEOUT:g} seconds")
+        if not command.strip():
+            raise ToolError("command is empty")
+        result = await io.run(command, ws.root, timeout)
+        output = result.output if result.output else "(no output)"
+        if result.timed_out:
+            status = f"[timed out after {timeout:g} s; the command and its children were killed]"
+        else:
+            status = f"[exit code {result.exit_code}]"
+        structured = {
+            "exit_code": result.exit_code,
+            "timed_out": result.timed_out,
+            "truncated": result.truncated,
+        }
+        return _text(f"{output.rstrip()}\n{status}", structured)
+
+    return server
