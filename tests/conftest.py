@@ -58,8 +58,9 @@ class RecordingClient:
     async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
         self.updates.append((session_id, update))
 
-    async def request_permission(self, session_id: str, tool_call: Any, options: list[Any],
-                                 **kwargs: Any) -> Any:
+    async def request_permission(
+        self, session_id: str, tool_call: Any, options: list[Any], **kwargs: Any
+    ) -> Any:
         from acp.schema import (
             AllowedOutcome,
             DeniedOutcome,
@@ -70,12 +71,14 @@ class RecordingClient:
         if self.permission_answer is None:
             return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
         option = next(o for o in options if o.kind == self.permission_answer)
-        return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected",
-                                                                option_id=option.option_id))
+        return RequestPermissionResponse(
+            outcome=AllowedOutcome(outcome="selected", option_id=option.option_id)
+        )
 
     def of_type(self, name: str, session_id: str | None = None) -> list[Any]:
-        return [u for s, u in self.updates
-                if type(u).__name__ == name and (session_id is None or s == session_id)]
+        return [
+            u for s, u in self.updates if type(u).__name__ == name and (session_id is None or s == session_id)
+        ]
 
     def text(self, session_id: str | None = None) -> str:
         return "".join(u.content.text for u in self.of_type("AgentMessageChunk", session_id))
@@ -85,8 +88,9 @@ class RecordingClient:
 
 
 @contextlib.asynccontextmanager
-async def spawn_crow(env: dict[str, str], *args: str, client: RecordingClient | None = None,
-                     stderr_path: Path | None = None) -> AsyncIterator[tuple[Any, Any, RecordingClient]]:
+async def spawn_crow(
+    env: dict[str, str], *args: str, client: RecordingClient | None = None, stderr_path: Path | None = None
+) -> AsyncIterator[tuple[Any, Any, RecordingClient]]:
     """Spawn `python -m crow` and connect an ACP client to it. stderr goes to a file so a
     chatty agent can never block on a full pipe."""
     import acp
@@ -95,8 +99,9 @@ async def spawn_crow(env: dict[str, str], *args: str, client: RecordingClient | 
     err_path = stderr_path or Path(env["CROW_HOME"]) / "stderr.log"
     err_path.parent.mkdir(parents=True, exist_ok=True)
     with open(err_path, "ab") as err:
-        async with acp.spawn_agent_process(client, *CROW, *args, env=env,
-                                           transport_kwargs={"stderr": err}) as (conn, proc):
+        async with acp.spawn_agent_process(
+            client, *CROW, *args, env=env, transport_kwargs={"stderr": err}
+        ) as (conn, proc):
             yield conn, proc, client
 
 
