@@ -8,6 +8,7 @@ entry points. Order matters for onions: the first registered is the outermost.
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -19,9 +20,13 @@ def install(agent: Agent) -> None:
 
     config = agent.config.hooks
     disabled = set(config.disable)
-    for name, factory in _builtins():
-        if name not in disabled:
-            agent.hooks.add(factory(agent), name=name)
+    for name, path in BUILTINS:
+        if name in disabled:
+            continue
+        module, _, attr = path.partition(":")
+        hook = getattr(importlib.import_module(module), attr)(agent)
+        if hook is not None:  # a factory returns None when its hook has nothing to do
+            agent.hooks.add(hook, name=name)
     if config.extra:
         load_extra(agent.hooks, config.extra)
     if config.commands:
@@ -33,6 +38,10 @@ def install(agent: Agent) -> None:
         load_entry_points(agent.hooks, blocked=disabled)
 
 
-def _builtins() -> list[tuple[str, object]]:
-    """(name, factory(agent) -> Hook), outermost first."""
-    return []
+# (name, "module:factory"), outermost first: tracing sees everything, permissions decide
+# before the filesystem runs anything.
+BUILTINS: list[tuple[str, str]] = [
+    ("permissions", "builtin_hooks.permissions:factory"),
+    ("filesystem", "builtin_hooks.filesystem:factory"),
+    ("todolist", "builtin_hooks.todolist:factory"),
+]

@@ -111,6 +111,26 @@ def _diff(meta: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     return None
 
 
+def preview(call: ToolCall) -> list[Any] | None:
+    """What a permission prompt shows before the tool runs: the proposed change."""
+    path, a = _path_arg(call.args), call.args
+    if call.name == "write_file" and path and isinstance(a.get("content"), str):
+        return [tool_diff_content(path, a["content"])]
+    if call.name == "edit_file" and path and isinstance(a.get("new_text"), str):
+        return [tool_diff_content(path, a["new_text"], str(a.get("old_text") or ""))]
+    if call.name == "execute" and a.get("command"):
+        return [tool_content(text_block(f"$ {a['command']}"))]
+    return None
+
+
+def terminal_id(result: ToolResult) -> str | None:
+    meta = result.meta or {}
+    structured = meta.get("structured")
+    tid = meta.get("terminal_id") or (structured.get("terminal_id") if isinstance(structured, Mapping)
+                                      else None)
+    return str(tid) if tid else None
+
+
 def end_update(call: ToolCall, result: ToolResult) -> Any:
     content: list[Any] = []
     diff = _diff(result.meta)
@@ -120,7 +140,7 @@ def end_update(call: ToolCall, result: ToolResult) -> Any:
     if text and diff is None:
         shown = text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN] + "\n… (truncated)"
         content.append(tool_content(text_block(shown)))
-    terminal = (result.meta or {}).get("terminal_id")
+    terminal = terminal_id(result)
     if terminal:
         from acp import tool_terminal_ref
 

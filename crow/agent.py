@@ -18,8 +18,8 @@ from typing import Any
 import anyio
 
 from crow.config import NO_MODEL_MESSAGE, Config, load_config
-from crow.errors import ConfigError, SessionError
-from crow.events import Emit
+from crow.errors import ConfigError, SessionError, StoreError
+from crow.events import Emit, Notice
 from crow.hooks import HookRegistry
 from crow.llm.base import Provider
 from crow.loop import LoopSettings, Turn, TurnResult
@@ -180,7 +180,9 @@ class Agent:
             return self.sessions[session_id]
         await self.ready()
         record = await self._store.get_session(session_id) if self._store else None
-        if record is None:
+        if record is None or session_id in self.sessions:
+            if session_id in self.sessions:  # restored meanwhile by a concurrent call
+                return self.sessions[session_id]
             raise SessionError(f"unknown session {session_id!r}")
         stored = await self._store.load_context(session_id)
         messages = close_dangling_tool_calls(stored)
@@ -204,6 +206,29 @@ class Agent:
             # the crash left tool calls without results: persist the repair
             await session.set_messages(messages)
         return session
+
+    async def fork_session(self, session_id: str) -> str:
+        """Copy a stored session (both records) under a new id; returns the id."""
+        await self.ready()
+        new_id = uuid.uuid4().hex
+        try:
+            await self._store.fork_session(session_id, new_id)
+        except StoreError as exc:
+            raise SessionError(str(exc)) from exc
+        return new_id
+
+    async def compact(self, session: Session, instructions: str | None = None,
+                      emit: Emit | None = None) -> Any:
+        """Compact a session through the one CompactService."""
+        await self.session_ready(session)
+        if self.compactor is None:
+            from crow.compact import CompactService
+
+            self.compactor = CompactService()
+        provider = self.provider_for(self.model_ref(session))
+        if provider is None:
+            raise ConfigError(NO_MODEL_MESSAGE)
+        return await self.compactor.compact(session, provider, instructions=instructions, emit=emit)
 
     def get(self, session_id: str) -> Session:
         session = self.sessions.get(session_id)
@@ -232,6 +257,10 @@ class Agent:
 
     async def run_turn(self, session: Session, prompt: Message, emit: Emit) -> TurnResult:
         await self.session_ready(session)
+        if session.tools is not None and session.tools.failures:
+            for failure in session.tools.failures:  # told once, at the first prompt
+                await emit(Notice(failure))
+            session.tools.failures.clear()
         try:
             provider = self.provider_for(self.model_ref(session))
         except ConfigError as exc:

@@ -51,6 +51,8 @@ class RecordingClient:
         self.permission_answer: str | None = "allow_once"  # option kind to pick; None = cancel
         self.permission_requests: list[Any] = []
         self.files: dict[str, str] = {}
+        self.terminals: dict[str, Any] = {}
+        self.released: list[str] = []
 
     def on_connect(self, conn: Any) -> None:
         self.conn = conn
@@ -74,6 +76,58 @@ class RecordingClient:
         return RequestPermissionResponse(
             outcome=AllowedOutcome(outcome="selected", option_id=option.option_id)
         )
+
+    # fs/* and terminal/*: used only when a test advertises them in initialize
+    async def read_text_file(self, path: str, session_id: str, **kwargs: Any) -> Any:
+        from acp.schema import ReadTextFileResponse
+
+        if path in self.files:
+            return ReadTextFileResponse(content=self.files[path])
+        return ReadTextFileResponse(content=Path(path).read_text())
+
+    async def write_text_file(self, content: str, path: str, session_id: str, **kwargs: Any) -> Any:
+        self.files[path] = content
+        return None
+
+    async def create_terminal(self, command: str, session_id: str, args: list[str] | None = None,
+                              cwd: str | None = None, **kwargs: Any) -> Any:
+        import asyncio
+
+        from acp.schema import CreateTerminalResponse
+
+        proc = await asyncio.create_subprocess_exec(
+            command, *(args or []), cwd=cwd, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        tid = f"term-{len(self.terminals) + 1}"
+        self.terminals[tid] = proc
+        return CreateTerminalResponse(terminal_id=tid)
+
+    async def wait_for_terminal_exit(self, session_id: str, terminal_id: str, **kwargs: Any) -> Any:
+        from acp.schema import WaitForTerminalExitResponse
+
+        code = await self.terminals[terminal_id].wait()
+        return WaitForTerminalExitResponse(exit_code=code)
+
+    async def terminal_output(self, session_id: str, terminal_id: str, **kwargs: Any) -> Any:
+        from acp.schema import TerminalOutputResponse
+
+        proc = self.terminals[terminal_id]
+        data = await proc.stdout.read() if proc.returncode is not None else b""
+        return TerminalOutputResponse(output=data.decode(), truncated=False)
+
+    async def kill_terminal(self, session_id: str, terminal_id: str, **kwargs: Any) -> Any:
+        import os
+        import signal
+
+        proc = self.terminals[terminal_id]
+        if proc.returncode is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+        return None
+
+    async def release_terminal(self, session_id: str, terminal_id: str, **kwargs: Any) -> Any:
+        self.released.append(terminal_id)
+        return None
 
     def of_type(self, name: str, session_id: str | None = None) -> list[Any]:
         return [

@@ -34,6 +34,7 @@ class ExecResult:
     exit_code: int | None
     timed_out: bool = False
     truncated: bool = False
+    terminal_id: str | None = None  # set when the command ran in an editor terminal
 
 
 def default_shell() -> str:

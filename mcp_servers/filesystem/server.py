@@ -283,6 +283,8 @@ def build_server(
             "timed_out": result.timed_out,
             "truncated": result.truncated,
         }
+        if result.terminal_id:
+            structured["terminal_id"] = result.terminal_id
         return _text(f"{output.rstrip()}\n{status}", structured)
 
     return server
