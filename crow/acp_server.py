@@ -255,10 +255,14 @@ class AcpServer:
                 BUSY, f"session {session_id} is busy with another prompt; wait for it to finish or cancel it"
             )
         message = prompt_message(prompt)
+        command = acp_view.command_line(message.content)
         scope = anyio.CancelScope()
         self._running[session_id] = scope
         try:
             with scope:
+                if command is not None and command[0] == "compact":
+                    await self._compact_command(session, message, command[1])
+                    return PromptResponse(stop_reason="end_turn")
                 if not session.title:
                     await self._set_title(session, message.content)
                 result = await self.agent.run_turn(session, message, lambda e: self._emit(session, e))

@@ -173,38 +173,47 @@ class Agent:
             await task
 
     async def resume_session(
-        self, session_id: str, mcp_servers: Sequence[ServerSpec] = (), cwd: str | None = None
+        self,
+        session_id: str,
+        mcp_servers: Sequence[ServerSpec] = (),
+        cwd: str | None = None,
+        prepare: Callable[[Session], None] | None = None,
     ) -> Session:
-        """Bring a stored session back into memory (no replay)."""
+        """Bring a stored session back into memory (no replay). `prepare` runs before its
+        tools connect (the ACP adapter binds the editor client there)."""
         if session_id in self.sessions:
             return self.sessions[session_id]
         await self.ready()
         record = await self._store.get_session(session_id) if self._store else None
-        if record is None or session_id in self.sessions:
-            if session_id in self.sessions:  # restored meanwhile by a concurrent call
-                return self.sessions[session_id]
+        if session_id in self.sessions:  # restored meanwhile by a concurrent call
+            return self.sessions[session_id]
+        if record is None:
             raise SessionError(f"unknown session {session_id!r}")
         stored = await self._store.load_context(session_id)
-        messages = close_dangling_tool_calls(stored)
+        repaired = close_dangling_tool_calls(stored)
         session = Session(
             id=session_id,
             cwd=Path(cwd or record.cwd),
-            mode=record.mode or "ask",
+            mode=record.mode or self.config.mode,
             model=record.model or "",
             title=record.title or "",
             todos=list(record.todos or []),
             files=dict(record.files or {}),
+            messages=Messages(stored),
         )
-
-        session.messages = Messages(messages)
+        if prepare is not None:
+            prepare(session)
         self.sessions[session_id] = session
         self._session_ready[session_id] = asyncio.create_task(
             self._prepare(session, list(mcp_servers), new=False)
         )
         await self._session_ready[session_id]
-        if len(messages) != len(await self._store.load_context(session_id)):
-            # the crash left tool calls without results: persist the repair
-            await session.set_messages(messages)
+        if len(repaired) != len(stored):
+            # A crash left tool calls without results: answer them, durably.
+            if repaired[: len(stored)] == stored:
+                await session.add(*repaired[len(stored) :])
+            else:
+                await session.set_messages(repaired)
         return session
 
     async def fork_session(self, session_id: str) -> str:

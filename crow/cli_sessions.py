@@ -1,0 +1,71 @@
+"""`crow sessions list|show|delete|export` and `crow compact SESSION_ID`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from crow.errors import ConfigError, SessionError
+
+
+async def main(args: argparse.Namespace) -> int:
+    from crow.agent import Agent
+    from crow.config import load_config
+
+    agent = Agent(load_config(args.config), builtin_hooks=args.command == "compact")
+    try:
+        await agent.ready()
+        if args.command == "compact":
+            return await _compact(agent, args.session_id, " ".join(args.instructions) or None)
+        return await _sessions(agent, args.action, args.session_id, args.cwd)
+    finally:
+        await agent.aclose()
+
+
+async def _sessions(agent: Any, action: str, session_id: str | None, cwd: str | None) -> int:
+    store = agent.store
+    if action == "list":
+        cursor = None
+        while True:
+            records, cursor = await store.list_sessions(cwd=cwd, cursor=cursor)
+            for r in records:
+                print(f"{r.id}  {r.updated_at}  {r.message_count:>5} msgs  {r.cwd}  {r.title}")
+            if cursor is None:
+                return 0
+    if session_id is None:
+        raise ConfigError(f"crow sessions {action} needs a SESSION_ID")
+    record = await store.get_session(session_id)
+    if record is None:
+        raise SessionError(f"unknown session {session_id!r}")
+    if action == "delete":
+        await store.delete_session(session_id)
+        print(f"deleted {session_id}", file=sys.stderr)
+        return 0
+    transcript = await store.load_transcript(session_id)
+    if action == "export":
+        data = {"session": {k: getattr(record, k) for k in (
+                    "id", "cwd", "title", "created_at", "updated_at", "model", "mode", "todos",
+                    "files")},
+                "transcript": [m.to_dict() for m in transcript],
+                "context": [m.to_dict() for m in await store.load_context(session_id)]}
+        json.dump(data, sys.stdout, ensure_ascii=False, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    from crow.messages import pretty
+
+    print(f"# {record.title or '(untitled)'}\n{record.id} · {record.cwd} · {record.updated_at}\n")
+    print(pretty(m for m in transcript if m.role != "system"))
+    return 0
+
+
+async def _compact(agent: Any, session_id: str, instructions: str | None) -> int:
+    from crow.acp_server import describe_compaction
+
+    session = await agent.resume_session(session_id)
+    result = await agent.compact(session, instructions)
+    print(describe_compaction(result), file=sys.stderr)
+    json.dump(result.to_dict(), sys.stdout)
+    sys.stdout.write("\n")
+    return 0 if result.compacted or not result.error else 1
