@@ -41,7 +41,11 @@ def install(agent: Agent) -> None:
 # (name, "module:factory"), outermost first: tracing sees everything, permissions decide
 # before the filesystem runs anything.
 BUILTINS: list[tuple[str, str]] = [
+    ("tracing", "builtin_hooks.tracing:factory"),  # None unless CROW_TRACE / trace is set
     ("permissions", "builtin_hooks.permissions:factory"),
     ("filesystem", "builtin_hooks.filesystem:factory"),
     ("todolist", "builtin_hooks.todolist:factory"),
+    ("skills", "builtin_hooks.skills:factory"),
+    ("memory", "builtin_hooks.memory:factory"),
+    ("summarization", "builtin_hooks.summarization:factory"),
 ]

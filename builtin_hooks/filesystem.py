@@ -24,8 +24,10 @@ def evict(text: str, limit: int = EVICT_OVER) -> str:
     if len(text) <= limit:
         return text
     dropped = len(text) - KEEP_HEAD - KEEP_TAIL
-    return (f"{text[:KEEP_HEAD]}\n\n[... {dropped:,} characters omitted: the result was "
-            f"{len(text):,} characters long ...]\n\n{text[-KEEP_TAIL:]}")
+    return (
+        f"{text[:KEEP_HEAD]}\n\n[... {dropped:,} characters omitted: the result was "
+        f"{len(text):,} characters long ...]\n\n{text[-KEEP_TAIL:]}"
+    )
 
 
 class EditorBackend:
@@ -53,8 +55,9 @@ class EditorBackend:
         from mcp_servers.filesystem import ExecResult
 
         out = await self.client.run_in_terminal(command, cwd, timeout)
-        return ExecResult(out["output"], out["exit_code"], out["timed_out"], out["truncated"],
-                          out["terminal_id"])
+        return ExecResult(
+            out["output"], out["exit_code"], out["timed_out"], out["truncated"], out["terminal_id"]
+        )
 
 
 class FilesystemHook(Hook):
@@ -71,8 +74,9 @@ class FilesystemHook(Hook):
         backend = None
         if client is not None and (client.can_read or client.can_write or client.can_terminal):
             backend = EditorBackend(client, LocalBackend(session.cwd, self.sandbox))
-        server = build_server(session.cwd, backend=backend,
-                              sandbox=None if backend is not None else self.sandbox)
+        server = build_server(
+            session.cwd, backend=backend, sandbox=None if backend is not None else self.sandbox
+        )
         return [ServerSpec("filesystem", "inprocess", server=server)]
 
     async def wrap_tool_call(self, ctx: HookContext, call: ToolCall, call_next: Any) -> ToolResult:
@@ -91,5 +95,6 @@ class FilesystemHook(Hook):
 
 def factory(agent: Any) -> FilesystemHook:
     settings = agent.config.hooks.settings.get("filesystem", {})
-    return FilesystemHook(sandbox=agent.config.sandbox,
-                          evict_over=int(settings.get("evict_over", EVICT_OVER)))
+    return FilesystemHook(
+        sandbox=agent.config.sandbox, evict_over=int(settings.get("evict_over", EVICT_OVER))
+    )

@@ -46,16 +46,20 @@ class PermissionsHook(Hook):
         if mode == "yolo" or (mode == "accept_edits" and call.name in EDIT_TOOLS):
             return None
         if mode == "read_only":
-            return (f"{call.name} is not allowed: the session is in read-only mode. "
-                    "Only read-only tools may run; ask the user to change the mode.")
+            return (
+                f"{call.name} is not allowed: the session is in read-only mode. "
+                "Only read-only tools may run; ask the user to change the mode."
+            )
         always: dict[str, str] = session.state.setdefault("permissions.always", {})
         if always.get(call.name) == "allow":
             return None
         if always.get(call.name) == "reject":
             return f"The user rejected all {call.name} calls for this session."
         if session.client is None:
-            return (f"{call.name} needs the user's permission, and no editor is attached to "
-                    "ask. Run with --yolo (or mode: yolo) to allow it.")
+            return (
+                f"{call.name} needs the user's permission, and no editor is attached to "
+                "ask. Run with --yolo (or mode: yolo) to allow it."
+            )
         choice = await session.client.ask_permission(call, read_only=read_only, timeout=self.timeout)
         if choice == "allow_always":
             always[call.name] = "allow"

@@ -1,0 +1,113 @@
+"""MemoryHook: AGENTS.md files as the agent's memory, in the system prompt.
+
+Files, in this order (missing ones skipped, each path once):
+
+1. `$CROW_HOME/AGENTS.md`                       global memory
+2. `AGENTS.md` in every folder from the repository root down to the session's cwd
+   (the root is the nearest parent holding `.git`; with none, only the cwd)
+3. `hooks.settings.memory.paths`                 extra files (relative to the cwd)
+
+They are joined with a `---` rule and injected as `<agent_memory>...</agent_memory>`
+followed by short guidelines telling the model it may edit the files. Files are re-read
+at the start of each prompt only when their modification time or size changed.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio
+
+from builtin_hooks.skills import add_to_system_prompt
+from crow import Hook, HookContext, ModelRequest
+
+if TYPE_CHECKING:
+    from crow import Agent
+
+log = logging.getLogger("crow.hooks.memory")
+
+FILENAME = "AGENTS.md"
+SEPARATOR = "\n\n---\n\n"  # blank lines around the rule: `text\n---` would make `text` a heading
+GUIDELINES = """Guidelines for agent memory:
+- This memory persists across conversations; it is read from: {files}
+- You can update it by editing the AGENTS.md file (use edit_file, or write_file to create one)
+- Use it to record important context, decisions, conventions and patterns worth keeping
+- Keep entries concise and organized; do not store secrets or one-off details"""
+_STATE_KEY = "memory.block"
+
+
+def repo_root(cwd: Path) -> Path | None:
+    """The nearest folder at or above cwd holding `.git` (a folder or a worktree file)."""
+    for folder in (cwd, *cwd.parents):
+        if (folder / ".git").exists():
+            return folder
+    return None
+
+
+def memory_files(cwd: Path, home: Path, extra: list[str]) -> list[Path]:
+    root = repo_root(cwd)
+    chain = [cwd] if root is None else [*reversed(cwd.relative_to(root).parents), cwd.relative_to(root)]
+    local = [cwd / FILENAME] if root is None else [root / part / FILENAME for part in chain]
+    configured = [cwd / Path(p).expanduser() for p in extra]
+    out: list[Path] = []
+    seen: set[Path] = set()
+    for path in [home / FILENAME, *local, *configured]:
+        key = path.resolve()
+        if key not in seen:
+            seen.add(key)
+            out.append(path)
+    return out
+
+
+class MemoryHook(Hook):
+    """Loads AGENTS.md memory each prompt (mtime-cached) and adds it to the system prompt."""
+
+    name = "memory"
+
+    def __init__(self, paths: list[str] | tuple[str, ...] = (), *, home: Path | str | None = None) -> None:
+        self.paths = [str(p) for p in paths]
+        self.home = Path(home).expanduser() if home is not None else Path("~/.crow").expanduser()
+        self._cache: dict[Path, tuple[int, int, str]] = {}  # path -> (mtime_ns, size, text)
+
+    def _read(self, path: Path) -> str | None:
+        try:
+            st = path.stat()
+        except OSError:
+            self._cache.pop(path, None)
+            return None
+        cached = self._cache.get(path)
+        if cached is not None and cached[:2] == (st.st_mtime_ns, st.st_size):
+            return cached[2]
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace").strip()
+        except OSError as exc:  # a folder named AGENTS.md, no permission, ...
+            log.warning("memory file %s skipped: %s", path, exc)
+            return None
+        self._cache[path] = (st.st_mtime_ns, st.st_size, text)
+        return text
+
+    def load(self, cwd: Path) -> str:
+        """The `<agent_memory>` block for a session in `cwd`, or "" when there is no memory."""
+        found = [(p, t) for p in memory_files(cwd, self.home, self.paths) if (t := self._read(p))]
+        if not found:
+            return ""
+        body = SEPARATOR.join(text for _, text in found)
+        files = ", ".join(str(p.absolute()) for p, _ in found)
+        return f"<agent_memory>\n{body}\n</agent_memory>\n\n{GUIDELINES.format(files=files)}"
+
+    async def before_agent(self, ctx: HookContext) -> None:
+        ctx.session.state[_STATE_KEY] = await anyio.to_thread.run_sync(self.load, Path(ctx.cwd))
+
+    async def modify_request(self, ctx: HookContext, request: ModelRequest) -> ModelRequest | None:
+        block = ctx.session.state.get(_STATE_KEY)
+        if not block:
+            return None
+        return add_to_system_prompt(request, block)
+
+
+def factory(agent: Agent) -> MemoryHook:
+    """Factory for `builtin_hooks.install`: extra files from `hooks.settings.memory.paths`."""
+    settings = agent.config.hooks.settings.get("memory", {})
+    return MemoryHook(settings.get("paths", []), home=agent.config.home)

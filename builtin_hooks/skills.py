@@ -1,0 +1,190 @@
+"""SkillsHook: a catalog of SKILL.md skills in the system prompt (progressive loading).
+
+A skill is a folder holding a `SKILL.md` whose YAML frontmatter names and describes it:
+
+    ---
+    name: csv-analyzer
+    description: Analyze CSV files and generate charts
+    ---
+    (instructions the model reads only when the skill is relevant)
+
+Roots searched, one level deep (`<root>/<skill>/SKILL.md`), first hit of a name wins:
+`hooks.settings.skills.paths` (relative to the session's cwd), `<cwd>/.crow/skills`,
+`<cwd>/.agents/skills`, `<cwd>/.claude/skills`, `$CROW_HOME/skills`.
+
+Only each skill's name, description and path go into the prompt; the model reads the file
+when it needs it. `name` falls back to the folder name. A name over 64 characters, a
+missing description, or frontmatter that is not a YAML mapping skips that skill with a
+warning; a description over 1,024 characters is cut to 1,024 with a warning. Discovery
+runs once per session (cached in `session.state`); each request then costs one string
+join.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from crow import Hook, HookContext, Message, ModelRequest
+
+if TYPE_CHECKING:
+    from crow import Agent
+
+log = logging.getLogger("crow.hooks.skills")
+
+MAX_NAME = 64
+MAX_DESCRIPTION = 1024
+CONVENTIONAL_ROOTS = (".crow/skills", ".agents/skills", ".claude/skills")
+HEADER = (
+    "## Skills\n"
+    "Skills are folders of instructions for specialised tasks. Each line below names a "
+    "skill, says what it is for and where its SKILL.md is. When a skill is relevant to the "
+    "task, read its SKILL.md first and follow it; read other files it mentions only when "
+    "you need them."
+)
+_STATE_KEY = "skills.catalog"
+
+
+@dataclass(frozen=True, slots=True)
+class Skill:
+    name: str
+    description: str
+    path: Path  # absolute path of SKILL.md
+
+
+def parse_frontmatter(text: str) -> dict[str, Any] | None:
+    """The YAML mapping between the leading `---` lines, or None when there is none.
+    Raises ValueError when the block is there but is not a valid YAML mapping."""
+    import yaml
+
+    lines = text.lstrip("\ufeff").splitlines()
+    if not lines or lines[0].strip() != "---":
+        return None
+    for end in range(1, len(lines)):
+        if lines[end].strip() in ("---", "..."):
+            break
+    else:
+        raise ValueError("frontmatter has no closing '---'")
+    try:
+        data = yaml.safe_load("\n".join(lines[1:end]))
+    except yaml.YAMLError as exc:
+        raise ValueError(f"invalid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a mapping, got {type(data).__name__}")
+    return data
+
+
+def load_skill(path: Path) -> Skill | None:
+    """One SKILL.md -> Skill, or None (with a warning) when it cannot be used."""
+    try:
+        meta = parse_frontmatter(path.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, ValueError) as exc:
+        log.warning("skill %s skipped: %s", path, exc)
+        return None
+    if meta is None:
+        log.warning("skill %s skipped: no YAML frontmatter (---, name, description, ---)", path)
+        return None
+    name = meta.get("name") or path.parent.name
+    description = meta.get("description")
+    if not isinstance(name, str | int | float) or not isinstance(description, str) or not description.strip():
+        log.warning("skill %s skipped: frontmatter needs a text 'description' (and 'name')", path)
+        return None
+    name = " ".join(str(name).split())
+    if len(name) > MAX_NAME:
+        log.warning("skill %s skipped: name %r is over %d characters", path, name[:80], MAX_NAME)
+        return None
+    description = " ".join(description.split())
+    if len(description) > MAX_DESCRIPTION:
+        log.warning("skill %s: description over %d characters; cut", path, MAX_DESCRIPTION)
+        description = description[: MAX_DESCRIPTION - 1] + "…"
+    return Skill(name, description, path.absolute())
+
+
+def discover(roots: list[Path]) -> list[Skill]:
+    """Every usable skill under `roots`, one level deep, first of each name kept."""
+    found: dict[str, Skill] = {}
+    seen: set[Path] = set()
+    for root in roots:
+        try:
+            if not root.is_dir():
+                continue
+            folders = sorted(p for p in root.iterdir() if p.is_dir())
+        except OSError as exc:
+            log.warning("cannot list skills in %s: %s", root, exc)
+            continue
+        for folder in folders:
+            skill_md = folder / "SKILL.md"
+            if not skill_md.is_file():
+                continue
+            real = skill_md.resolve()
+            if real in seen:
+                continue
+            seen.add(real)
+            skill = load_skill(skill_md)
+            if skill is None:
+                continue
+            if skill.name in found:
+                log.info("skill %s at %s shadowed by %s", skill.name, skill.path, found[skill.name].path)
+                continue
+            found[skill.name] = skill
+    return list(found.values())
+
+
+def render_catalog(skills: list[Skill]) -> str:
+    if not skills:
+        return ""
+    lines = [f"- {s.name}: {s.description} (read {s.path})" for s in skills]
+    return "\n".join([HEADER, *lines])
+
+
+def add_to_system_prompt(request: ModelRequest, text: str) -> ModelRequest:
+    """A copy of `request` with `text` appended to its system message (inserted if none)."""
+    messages = list(request.messages)
+    if messages and messages[0].role == "system":
+        first = messages[0]
+        messages[0] = first.replace(content=f"{first.content}\n\n{text}" if first.content else text)
+    else:
+        messages.insert(0, Message("system", text))
+    return request.replace(messages=messages)
+
+
+class SkillsHook(Hook):
+    """Finds SKILL.md skills once per session and lists them in the system prompt."""
+
+    name = "skills"
+
+    def __init__(self, paths: list[str] | tuple[str, ...] = (), *, home: Path | str | None = None) -> None:
+        self.paths = [str(p) for p in paths]
+        self.home = Path(home).expanduser() if home is not None else Path("~/.crow").expanduser()
+
+    def roots(self, cwd: Path) -> list[Path]:
+        configured = [cwd / Path(p).expanduser() for p in self.paths]  # absolute paths stay absolute
+        return [*configured, *(cwd / r for r in CONVENTIONAL_ROOTS), self.home / "skills"]
+
+    async def before_agent(self, ctx: HookContext) -> None:
+        state = ctx.session.state
+        if _STATE_KEY in state:
+            return
+        skills = await anyio.to_thread.run_sync(discover, self.roots(Path(ctx.cwd)))
+        state["skills"] = skills
+        state[_STATE_KEY] = render_catalog(skills)
+        if skills:
+            log.info("session %s: %d skills: %s", ctx.session.id, len(skills), [s.name for s in skills])
+
+    async def modify_request(self, ctx: HookContext, request: ModelRequest) -> ModelRequest | None:
+        catalog = ctx.session.state.get(_STATE_KEY)
+        if not catalog:
+            return None
+        return add_to_system_prompt(request, catalog)
+
+
+def factory(agent: Agent) -> SkillsHook:
+    """Factory for `builtin_hooks.install`: paths from `hooks.settings.skills.paths`."""
+    settings = agent.config.hooks.settings.get("skills", {})
+    return SkillsHook(settings.get("paths", []), home=agent.config.home)
