@@ -38,25 +38,31 @@ class AcpSessionClient:
         self.can_write = bool(fs and fs.write_text_file)
         self.can_terminal = bool(caps and caps.terminal)
 
-    async def ask_permission(self, call: ToolCall, *, read_only: bool = False,
-                             timeout: float = 600.0) -> str | None:
+    async def ask_permission(
+        self, call: ToolCall, *, read_only: bool = False, timeout: float = 600.0
+    ) -> str | None:
         """Ask the user; returns the chosen option kind, or None (cancelled or no answer)."""
         start = acp_view.start_update(call, self.cwd, read_only)
-        update = ToolCallUpdate(tool_call_id=call.id, title=start.title, kind=start.kind,
-                                status="pending", locations=start.locations,
-                                raw_input=start.raw_input, content=acp_view.preview(call))
+        update = ToolCallUpdate(
+            tool_call_id=call.id,
+            title=start.title,
+            kind=start.kind,
+            status="pending",
+            locations=start.locations,
+            raw_input=start.raw_input,
+            content=acp_view.preview(call),
+        )
         with anyio.move_on_after(timeout):
             try:
-                response = await self.conn.request_permission(session_id=self.session_id,
-                                                              tool_call=update,
-                                                              options=PERMISSION_OPTIONS)
+                response = await self.conn.request_permission(
+                    session_id=self.session_id, tool_call=update, options=PERMISSION_OPTIONS
+                )
             except RequestError as exc:
                 log.warning("permission request failed: %s", exc)
                 return None
             outcome = response.outcome
             if getattr(outcome, "outcome", None) == "selected":
-                return next((o.kind for o in PERMISSION_OPTIONS if o.option_id == outcome.option_id),
-                            None)
+                return next((o.kind for o in PERMISSION_OPTIONS if o.option_id == outcome.option_id), None)
             return None
         log.info("permission request for %s unanswered after %.0f s: rejected", call.name, timeout)
         return None
@@ -68,19 +74,25 @@ class AcpSessionClient:
     async def write_text(self, path: Path, text: str) -> None:
         await self.conn.write_text_file(session_id=self.session_id, path=str(path), content=text)
 
-    async def run_in_terminal(self, command: str, cwd: Path, timeout: float,
-                              env: dict[str, str] | None = None) -> dict[str, Any]:
+    async def run_in_terminal(
+        self, command: str, cwd: Path, timeout: float, env: dict[str, str] | None = None
+    ) -> dict[str, Any]:
         """Run in an editor terminal; returns output, exit_code, timed_out, truncated, terminal_id."""
         terminal = await self.conn.create_terminal(
-            session_id=self.session_id, command="/bin/sh", args=["-c", command], cwd=str(cwd),
+            session_id=self.session_id,
+            command="/bin/sh",
+            args=["-c", command],
+            cwd=str(cwd),
             env=[EnvVariable(name=k, value=v) for k, v in (env or {}).items()],
-            output_byte_limit=_OUTPUT_LIMIT)
+            output_byte_limit=_OUTPUT_LIMIT,
+        )
         tid = terminal.terminal_id
         timed_out = False
         try:
             with anyio.move_on_after(timeout) as scope:
-                exit_status = await self.conn.wait_for_terminal_exit(session_id=self.session_id,
-                                                                     terminal_id=tid)
+                exit_status = await self.conn.wait_for_terminal_exit(
+                    session_id=self.session_id, terminal_id=tid
+                )
             if scope.cancelled_caught:
                 timed_out = True
                 await self.conn.kill_terminal(session_id=self.session_id, terminal_id=tid)
@@ -94,5 +106,10 @@ class AcpSessionClient:
                     log.debug("kill_terminal failed", exc_info=True)
             raise
         code = getattr(exit_status, "exit_code", None) if exit_status is not None else None
-        return {"output": out.output, "exit_code": code, "timed_out": timed_out,
-                "truncated": bool(out.truncated), "terminal_id": tid}
+        return {
+            "output": out.output,
+            "exit_code": code,
+            "timed_out": timed_out,
+            "truncated": bool(out.truncated),
+            "terminal_id": tid,
+        }

@@ -112,66 +112,77 @@ class AcpServer:
                 prompt_capabilities=PromptCapabilities(image=True, embedded_context=True),
                 mcp_capabilities=McpCapabilities(http=True, sse=True),
                 session_capabilities=SessionCapabilities(
-                    list=SessionListCapabilities(), resume=SessionResumeCapabilities(),
-                    fork=SessionForkCapabilities(), close=SessionCloseCapabilities()),
+                    list=SessionListCapabilities(),
+                    resume=SessionResumeCapabilities(),
+                    fork=SessionForkCapabilities(),
+                    close=SessionCloseCapabilities(),
+                ),
                 field_meta={"crow": {"version": __version__, "extensions": ["crow.compact"]}},
             ),
             auth_methods=[],
         )
 
     # ------------------------------------------------------------ sessions
-    async def new_session(self, cwd: str, mcp_servers: list[Any] | None = None,
-                          **kwargs: Any) -> NewSessionResponse:
+    async def new_session(
+        self, cwd: str, mcp_servers: list[Any] | None = None, **kwargs: Any
+    ) -> NewSessionResponse:
         try:
             session = self.agent.create_session(cwd, server_specs(mcp_servers))
         except CrowError as exc:
             raise RequestError.invalid_params({"cwd": str(exc)}) from exc
         self._bind(session)
         self._after_response(self._send_commands(session.id))
-        return NewSessionResponse(session_id=session.id, modes=acp_sessions.mode_state(session),
-                                  config_options=self._options(session))
+        return NewSessionResponse(
+            session_id=session.id,
+            modes=acp_sessions.mode_state(session),
+            config_options=self._options(session),
+        )
 
     def _bind(self, session: Session) -> None:
         if self.conn is not None and session.client is None:
-            session.client = AcpSessionClient(self.conn, session.id, self.client_capabilities,
-                                              session.cwd)
+            session.client = AcpSessionClient(self.conn, session.id, self.client_capabilities, session.cwd)
 
     def _options(self, session: Session) -> list[Any]:
         return acp_sessions.config_options(session, self.agent.config.model_choices())
 
-    async def _restore(self, session_id: str, cwd: str | None, mcp_servers: list[Any] | None
-                       ) -> Session:
+    async def _restore(self, session_id: str, cwd: str | None, mcp_servers: list[Any] | None) -> Session:
         try:
-            session = await self.agent.resume_session(session_id, server_specs(mcp_servers), cwd,
-                                                      prepare=self._bind)
+            session = await self.agent.resume_session(
+                session_id, server_specs(mcp_servers), cwd, prepare=self._bind
+            )
         except CrowError as exc:
             raise session_error(exc) from exc
         return session
 
-    async def load_session(self, cwd: str, session_id: str, mcp_servers: list[Any] | None = None,
-                           **kwargs: Any) -> LoadSessionResponse:
+    async def load_session(
+        self, cwd: str, session_id: str, mcp_servers: list[Any] | None = None, **kwargs: Any
+    ) -> LoadSessionResponse:
         session = await self._restore(session_id, cwd, mcp_servers)
-        for update in acp_view.replay(await self.agent.store.load_transcript(session_id),
-                                      session.cwd):
+        for update in acp_view.replay(await self.agent.store.load_transcript(session_id), session.cwd):
             await self._update(session_id, update)
         if session.todos:
             await self._update(session_id, acp_view.plan_update(session.todos))
         if session.title:
-            await self._update(session_id, SessionInfoUpdate(session_update="session_info_update",
-                                                             title=session.title))
+            await self._update(
+                session_id, SessionInfoUpdate(session_update="session_info_update", title=session.title)
+            )
         self._after_response(self._send_commands(session_id))
-        return LoadSessionResponse(modes=acp_sessions.mode_state(session),
-                                   config_options=self._options(session))
+        return LoadSessionResponse(
+            modes=acp_sessions.mode_state(session), config_options=self._options(session)
+        )
 
-    async def resume_session(self, session_id: str, cwd: str, mcp_servers: list[Any] | None = None,
-                             **kwargs: Any) -> ResumeSessionResponse:
+    async def resume_session(
+        self, session_id: str, cwd: str, mcp_servers: list[Any] | None = None, **kwargs: Any
+    ) -> ResumeSessionResponse:
         session = await self._restore(session_id, cwd, mcp_servers)
         self._after_response(self._send_commands(session_id))
-        return ResumeSessionResponse(modes=acp_sessions.mode_state(session),
-                                     config_options=self._options(session))
+        return ResumeSessionResponse(
+            modes=acp_sessions.mode_state(session), config_options=self._options(session)
+        )
 
-    async def fork_session(self, session_id: str, cwd: str, mcp_servers: list[Any] | None = None,
-                           **kwargs: Any) -> ForkSessionResponse:
+    async def fork_session(
+        self, session_id: str, cwd: str, mcp_servers: list[Any] | None = None, **kwargs: Any
+    ) -> ForkSessionResponse:
         await self.agent.ready()
         try:
             new_id = await self.agent.fork_session(session_id)
@@ -179,8 +190,9 @@ class AcpServer:
             raise session_error(exc) from exc
         session = await self._restore(new_id, cwd, mcp_servers)
         self._after_response(self._send_commands(new_id))
-        return ForkSessionResponse(session_id=new_id, modes=acp_sessions.mode_state(session),
-                                   config_options=self._options(session))
+        return ForkSessionResponse(
+            session_id=new_id, modes=acp_sessions.mode_state(session), config_options=self._options(session)
+        )
 
     async def close_session(self, session_id: str, **kwargs: Any) -> CloseSessionResponse:
         scope = self._running.get(session_id)
@@ -189,18 +201,19 @@ class AcpServer:
         await self.agent.close_session(session_id)
         return CloseSessionResponse()
 
-    async def list_sessions(self, cwd: str | None = None, cursor: str | None = None,
-                            **kwargs: Any) -> ListSessionsResponse:
+    async def list_sessions(
+        self, cwd: str | None = None, cursor: str | None = None, **kwargs: Any
+    ) -> ListSessionsResponse:
         await self.agent.ready()
         try:
             records, next_cursor = await self.agent.store.list_sessions(cwd=cwd, cursor=cursor)
         except CrowError as exc:
             raise RequestError.invalid_params({"cursor": str(exc)}) from exc
-        return ListSessionsResponse(sessions=[acp_sessions.session_info(r) for r in records],
-                                    next_cursor=next_cursor)
+        return ListSessionsResponse(
+            sessions=[acp_sessions.session_info(r) for r in records], next_cursor=next_cursor
+        )
 
-    async def set_session_mode(self, session_id: str, mode_id: str, **kwargs: Any
-                               ) -> SetSessionModeResponse:
+    async def set_session_mode(self, session_id: str, mode_id: str, **kwargs: Any) -> SetSessionModeResponse:
         session = self._session(session_id)
         await self._set_mode(session, mode_id)
         return SetSessionModeResponse()
@@ -208,21 +221,22 @@ class AcpServer:
     async def _set_mode(self, session: Session, mode_id: str) -> None:
         if mode_id not in acp_sessions.MODE_IDS:
             raise RequestError.invalid_params(
-                {"modeId": f"unknown mode {mode_id!r}; one of {acp_sessions.MODE_IDS}"})
+                {"modeId": f"unknown mode {mode_id!r}; one of {acp_sessions.MODE_IDS}"}
+            )
         await self.agent.session_ready(session)
         await session.save(mode=mode_id)
         await self._update(session.id, update_current_mode(mode_id))
 
-    async def set_config_option(self, config_id: str, session_id: str, value: str | bool,
-                                **kwargs: Any) -> SetSessionConfigOptionResponse:
+    async def set_config_option(
+        self, config_id: str, session_id: str, value: str | bool, **kwargs: Any
+    ) -> SetSessionConfigOptionResponse:
         session = self._session(session_id)
         if config_id == "mode":
             await self._set_mode(session, str(value))
         elif config_id == "model":
             choices = acp_sessions.model_choices(self.agent.config.model_choices(), session)
             if value not in choices:
-                raise RequestError.invalid_params(
-                    {"value": f"unknown model {value!r}; one of {choices}"})
+                raise RequestError.invalid_params({"value": f"unknown model {value!r}; one of {choices}"})
             await self.agent.session_ready(session)
             await session.save(model=str(value))
         else:
@@ -290,8 +304,7 @@ class AcpServer:
 
     async def _compact(self, session: Session, instructions: str | None) -> Any:
         try:
-            return await self.agent.compact(session, instructions,
-                                            emit=lambda e: self._emit(session, e))
+            return await self.agent.compact(session, instructions, emit=lambda e: self._emit(session, e))
         except CrowError as exc:
             raise RequestError(-32000, f"compaction failed: {exc}") from exc
 
@@ -351,8 +364,9 @@ class AcpServer:
             await self._restore(session_id, None, None)
         session = self._session(session_id)
         if session_id in self._running:
-            raise RequestError(BUSY, f"session {session_id} is busy with a prompt; "
-                               "cancel it or wait before compacting")
+            raise RequestError(
+                BUSY, f"session {session_id} is busy with a prompt; cancel it or wait before compacting"
+            )
         scope = anyio.CancelScope()
         self._running[session_id] = scope
         try:
@@ -369,8 +383,10 @@ class AcpServer:
 def describe_compaction(result: Any) -> str:
     if not result.compacted:
         return f"Nothing compacted: {result.error or 'the conversation is already short'}."
-    return (f"Compacted the conversation: {result.messages_before} → {result.messages_after} "
-            f"messages, about {result.tokens_before:,} → {result.tokens_after:,} tokens.")
+    return (
+        f"Compacted the conversation: {result.messages_before} → {result.messages_after} "
+        f"messages, about {result.tokens_before:,} → {result.tokens_after:,} tokens."
+    )
 
 
 def server_specs(servers: list[Any] | None) -> list[ServerSpec]:

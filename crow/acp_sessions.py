@@ -16,8 +16,9 @@ from crow.session import Session
 
 MODES = [
     SessionMode(id="ask", name="Ask", description="Ask before edits, commands and other changes"),
-    SessionMode(id="accept_edits", name="Accept edits",
-                description="Edit files without asking; ask before commands"),
+    SessionMode(
+        id="accept_edits", name="Accept edits", description="Edit files without asking; ask before commands"
+    ),
     SessionMode(id="yolo", name="Yolo", description="Never ask"),
     SessionMode(id="read_only", name="Read only", description="Only read-only tools run"),
 ]
@@ -36,17 +37,32 @@ def config_options(session: Session, configured_models: list[str]) -> list[Any]:
     options: list[Any] = []
     models = model_choices(configured_models, session)
     if models:
-        options.append(SessionConfigOptionSelect(
-            id="model", name="Model", category="model", type="select",
-            current_value=session.model or models[0],
-            options=[SessionConfigSelectOption(value=m, name=m) for m in models]))
-    options.append(SessionConfigOptionSelect(
-        id="mode", name="Mode", category="mode", type="select", current_value=session.mode,
-        options=[SessionConfigSelectOption(value=m.id, name=m.name, description=m.description)
-                 for m in MODES]))
+        options.append(
+            SessionConfigOptionSelect(
+                id="model",
+                name="Model",
+                category="model",
+                type="select",
+                current_value=session.model or models[0],
+                options=[SessionConfigSelectOption(value=m, name=m) for m in models],
+            )
+        )
+    options.append(
+        SessionConfigOptionSelect(
+            id="mode",
+            name="Mode",
+            category="mode",
+            type="select",
+            current_value=session.mode,
+            options=[
+                SessionConfigSelectOption(value=m.id, name=m.name, description=m.description) for m in MODES
+            ],
+        )
+    )
     return options
 
 
 def session_info(record: Any) -> SessionInfo:
-    return SessionInfo(session_id=record.id, cwd=record.cwd, title=record.title or None,
-                       updated_at=record.updated_at or None)
+    return SessionInfo(
+        session_id=record.id, cwd=record.cwd, title=record.title or None, updated_at=record.updated_at or None
+    )

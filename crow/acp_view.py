@@ -126,8 +126,9 @@ def preview(call: ToolCall) -> list[Any] | None:
 def terminal_id(result: ToolResult) -> str | None:
     meta = result.meta or {}
     structured = meta.get("structured")
-    tid = meta.get("terminal_id") or (structured.get("terminal_id") if isinstance(structured, Mapping)
-                                      else None)
+    tid = meta.get("terminal_id") or (
+        structured.get("terminal_id") if isinstance(structured, Mapping) else None
+    )
     return str(tid) if tid else None
 
 

@@ -226,18 +226,24 @@ class Agent:
             raise SessionError(str(exc)) from exc
         return new_id
 
-    async def compact(self, session: Session, instructions: str | None = None,
-                      emit: Emit | None = None) -> Any:
+    async def compact(
+        self, session: Session, instructions: str | None = None, emit: Emit | None = None
+    ) -> Any:
         """Compact a session through the one CompactService."""
         await self.session_ready(session)
-        if self.compactor is None:
-            from crow.compact import CompactService
-
-            self.compactor = CompactService()
+        self._ensure_compactor()
         provider = self.provider_for(self.model_ref(session))
         if provider is None:
             raise ConfigError(NO_MODEL_MESSAGE)
         return await self.compactor.compact(session, provider, instructions=instructions, emit=emit)
+
+    def _ensure_compactor(self) -> Any:
+        """The one CompactService (the summarization hook may have configured it)."""
+        if self.compactor is None:
+            from crow.compact import CompactService
+
+            self.compactor = CompactService()
+        return self.compactor
 
     def get(self, session_id: str) -> Session:
         session = self.sessions.get(session_id)
@@ -282,7 +288,7 @@ class Agent:
             provider=provider,
             emit=emit,
             settings=self.loop_settings(session),
-            compactor=self.compactor,
+            compactor=self._ensure_compactor(),
             no_model_message=no_model,
         )
         return await turn.run(prompt)

@@ -45,11 +45,14 @@ async def _sessions(agent: Any, action: str, session_id: str | None, cwd: str | 
         return 0
     transcript = await store.load_transcript(session_id)
     if action == "export":
-        data = {"session": {k: getattr(record, k) for k in (
-                    "id", "cwd", "title", "created_at", "updated_at", "model", "mode", "todos",
-                    "files")},
-                "transcript": [m.to_dict() for m in transcript],
-                "context": [m.to_dict() for m in await store.load_context(session_id)]}
+        data = {
+            "session": {
+                k: getattr(record, k)
+                for k in ("id", "cwd", "title", "created_at", "updated_at", "model", "mode", "todos", "files")
+            },
+            "transcript": [m.to_dict() for m in transcript],
+            "context": [m.to_dict() for m in await store.load_context(session_id)],
+        }
         json.dump(data, sys.stdout, ensure_ascii=False, indent=2)
         sys.stdout.write("\n")
         return 0

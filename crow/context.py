@@ -55,7 +55,9 @@ class HookContext:
         return self.session.context_tokens()
 
     def should_compact(self) -> bool:
-        return self.context_tokens > self.compact_threshold * self.context_window
+        from crow.compact import should_compact
+
+        return should_compact(self.context_tokens, self.context_window, self.compact_threshold)
 
     async def compact(self, instructions: str | None = None) -> Any:
         """Compact the session now through the one CompactService."""

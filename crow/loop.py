@@ -34,7 +34,7 @@ from crow.events import (
     UsageUpdated,
 )
 from crow.hooks import ActionPicker, Compact, Continue, HookRegistry, Replace, Stop, build_chain
-from crow.llm.base import ModelRequest, ModelResponse, Provider, ToolCallDelta, ToolSpec
+from crow.llm.base import ModelRequest, ModelResponse, Provider, ToolSpec
 from crow.messages import (
     InvalidMessages,
     Message,
@@ -91,6 +91,7 @@ class Turn:
         self.compactor = compactor
         self.no_model_message = no_model_message
         self._tool_specs: dict[str, ToolSpec] = {}
+        self._partial: list[str] = []  # text of the model call in flight already shown
 
     async def run(self, prompt: Message) -> TurnResult:
         hooks, session = self.hooks, self.session
@@ -131,7 +132,9 @@ class Turn:
                 if compacted_for_length or self.compactor is None:
                     return await self._model_failed(ctx, exc)
                 compacted_for_length = True
-                await self.compactor.compact(self.session, self.provider, emit=self.emit)
+                result = await self.compactor.compact(self.session, self.provider, emit=self.emit)
+                if not result.compacted:
+                    return await self._model_failed(ctx, exc)
                 continue
             except ProviderError as exc:
                 return await self._model_failed(ctx, exc)
@@ -184,6 +187,12 @@ class Turn:
         if action is None:
             return None
         if isinstance(action, Stop):
+            # Tool calls the model asked for will not run: answer them so the history stays valid.
+            fixed = close_dangling_tool_calls(
+                list(self.session.messages), f"Not run: hook {picker.chosen_by} stopped the turn."
+            )
+            if len(fixed) != len(self.session.messages):
+                await self.session.add(*fixed[len(self.session.messages) :])
             return TurnResult(
                 action.reason if action.reason in ("end_turn", "max_tokens", "refusal") else "end_turn"
             )  # type: ignore[arg-type]
@@ -237,24 +246,32 @@ class Turn:
 
     async def _stream_model(self, request: ModelRequest) -> ModelResponse:
         assert self.provider is not None
-        shown = False
-        try:
-            async for event in self.provider.stream(request):
-                if isinstance(event, TextDelta | ThoughtDelta):
-                    shown = True
-                    await self.emit(event)
-                elif isinstance(event, ToolCallDelta):
-                    continue
-                else:
-                    return event
-        except StreamCutError as exc:
-            if shown:
-                # What the user saw stays in the history, marked, so the model knows.
-                raise ProviderError(f"the model's answer was cut off: {exc}") from exc
-            raise
+        if self._partial:
+            # A wrap hook retries after the user already saw text: say so, never replay silently.
+            await self.emit(Notice("\n[retrying the model call; the partial answer above is discarded]"))
+            self._partial = []
+        async for event in self.provider.stream(request):
+            if isinstance(event, TextDelta):
+                self._partial.append(event.text)
+                await self.emit(event)
+            elif isinstance(event, ThoughtDelta):
+                await self.emit(event)
+            elif isinstance(event, ModelResponse):
+                self._partial = []
+                return event
         raise ProviderError("the model ended its stream without a response")
 
+    async def _keep_partial(self, note: str) -> None:
+        """What the user saw of an unfinished answer stays in the history, marked."""
+        if self._partial:
+            text = "".join(self._partial)
+            self._partial = []
+            await self.session.add(Message("assistant", f"{text}\n\n[{note}]"))
+
     async def _model_failed(self, ctx: HookContext, exc: ProviderError) -> TurnResult:
+        if isinstance(exc, StreamCutError) and exc.partial:
+            await self._keep_partial("answer cut off: the connection to the model broke")
+        self._partial = []
         await self._observe("on_error", ctx, exc)
         text = f"Model call failed: {exc}"
         await self.emit(Notice(text))
@@ -315,7 +332,8 @@ class Turn:
             return None
 
     async def _settle_interrupted(self) -> None:
-        """After a cancel: answer open tool calls so the history stays valid."""
+        """After a cancel: keep what was shown, answer open tool calls: the history stays valid."""
+        await self._keep_partial("interrupted by the user")
         fixed = close_dangling_tool_calls(
             list(self.session.messages), "Cancelled by the user before this tool finished."
         )
