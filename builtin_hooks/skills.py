@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from crow import Hook, HookContext, Message, ModelRequest
+from crow import Hook, HookContext, Message, ModelRequest, ServerSpec, Session
 
 if TYPE_CHECKING:
     from crow import Agent
@@ -43,8 +43,8 @@ HEADER = (
     "## Skills\n"
     "Skills are folders of instructions for specialised tasks. Each line below names a "
     "skill, says what it is for and where its SKILL.md is. When a skill is relevant to the "
-    "task, read its SKILL.md first and follow it; read other files it mentions only when "
-    "you need them."
+    "task, call read_skill with its name first and follow it; read other files it mentions "
+    "(read_skill with `file`) only when you need them."
 )
 _STATE_KEY = "skills.catalog"
 
@@ -139,7 +139,7 @@ def discover(roots: list[Path]) -> list[Skill]:
 def render_catalog(skills: list[Skill]) -> str:
     if not skills:
         return ""
-    lines = [f"- {s.name}: {s.description} (read {s.path})" for s in skills]
+    lines = [f"- {s.name}: {s.description} ({s.path})" for s in skills]
     return "\n".join([HEADER, *lines])
 
 
@@ -166,6 +166,32 @@ class SkillsHook(Hook):
     def roots(self, cwd: Path) -> list[Path]:
         configured = [cwd / Path(p).expanduser() for p in self.paths]  # absolute paths stay absolute
         return [*configured, *(cwd / r for r in CONVENTIONAL_ROOTS), self.home / "skills"]
+
+    def tool_servers(self, session: Session) -> list[ServerSpec]:
+        """`read_skill`: skills often live outside the workspace the file tools are confined to."""
+        from mcp.server.mcpserver import MCPServer
+        from mcp.server.mcpserver.exceptions import ToolError
+        from mcp.types import ToolAnnotations
+
+        server = MCPServer("crow-skills")
+
+        async def read_skill(name: str, file: str = "SKILL.md") -> str:
+            """Read a skill's SKILL.md (or another file in the skill's folder) by skill name."""
+            skills = session.state.get("skills")
+            if skills is None:
+                skills = await anyio.to_thread.run_sync(discover, self.roots(session.cwd))
+            skill = next((s for s in skills if s.name == name), None)
+            if skill is None:
+                known = ", ".join(s.name for s in skills) or "none"
+                raise ToolError(f"no skill named {name!r}; skills: {known}")
+            folder = skill.path.parent.resolve()
+            target = (folder / file).resolve()
+            if not target.is_relative_to(folder) or not target.is_file():
+                raise ToolError(f"{file!r} is not a file in the folder of skill {name!r}")
+            return await anyio.Path(target).read_text(encoding="utf-8", errors="replace")
+
+        server.add_tool(read_skill, annotations=ToolAnnotations(read_only_hint=True), structured_output=False)
+        return [ServerSpec("skills", "inprocess", server=server)]
 
     async def before_agent(self, ctx: HookContext) -> None:
         state = ctx.session.state

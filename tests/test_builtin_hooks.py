@@ -118,6 +118,31 @@ def test_first_skill_of_a_name_wins(tmp_path: Path) -> None:
     assert (skill.description, skill.path) == ("first", first.absolute())
 
 
+async def test_read_skill_reads_skills_outside_the_workspace(
+    tmp_path: Path, workspace: Path, make_agent: Callable[..., Agent], model_env: ScriptedLLM
+) -> None:
+    home = tmp_path / "home"
+    write_skill(home / "skills", "g", "---\nname: global\ndescription: G\n---\n", body="Step one.\n")
+    (home / "skills" / "g" / "ref.md").write_text("reference text")
+    model_env.push(
+        Reply(
+            tool_calls=[
+                ToolCallSpec(name="read_skill", arguments={"name": "global"}),
+                ToolCallSpec(name="read_skill", arguments={"name": "global", "file": "ref.md"}),
+                ToolCallSpec(name="read_skill", arguments={"name": "global", "file": "../../x"}),
+                ToolCallSpec(name="read_skill", arguments={"name": "nope"}),
+            ]
+        ),
+        Reply(text="ok"),
+    )
+    await turn(agent=make_agent(SkillsHook([], home=home)), cwd=workspace)
+    calls = [c["id"] for m in model_env.requests[-1].messages for c in m.get("tool_calls") or ()]
+    by_id = {m["tool_call_id"]: m["content"] for m in model_env.requests[-1].messages if m["role"] == "tool"}
+    results = [by_id[c] for c in calls]  # results arrive in completion order; match by id
+    assert "Step one." in results[0] and results[1] == "reference text"
+    assert "not a file in the folder" in results[2] and "no skill named 'nope'" in results[3]
+
+
 def test_catalog_goes_into_the_system_message_without_mutating() -> None:
     request = ModelRequest(messages=[Message("system", "base"), human("hi")])
     changed = add_to_system_prompt(request, "CATALOG")
@@ -149,11 +174,11 @@ async def test_skills_catalog_reaches_the_model(
     session = await turn(agent, workspace)
     system = model_env.requests[-1].system
     assert skills_mod.HEADER.splitlines()[0] in system
-    assert f"- csv-analyzer: CSV (read {configured})" in system
-    assert f"- review: Reviews (read {local})" in system
-    assert f"- from-agents: A (read {agents})" in system
-    assert f"- from-claude: C (read {claude})" in system
-    assert f"- global: G (read {glob_})" in system
+    assert f"- csv-analyzer: CSV ({configured})" in system
+    assert f"- review: Reviews ({local})" in system
+    assert f"- from-agents: A ({agents})" in system
+    assert f"- from-claude: C ({claude})" in system
+    assert f"- global: G ({glob_})" in system
     assert system.index("csv-analyzer") < system.index("review") < system.index("global")
     assert "You are crow" in system  # appended to the configured system prompt
     assert [s.name for s in session.state["skills"]][0] == "csv-analyzer"

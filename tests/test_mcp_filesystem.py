@@ -583,7 +583,7 @@ async def test_stdio_server_lists_tools(root: Path) -> None:
     params = StdioServerParameters(
         command=sys.executable, args=["-m", "mcp_servers.filesystem", "--root", str(root)]
     )
-    with open(os.devnull, "w") as errlog:  # noqa: ASYNC230 - opening /dev/null cannot block
+    with open(os.devnull, "w") as errlog:
         async with stdio_client(params, errlog=errlog) as (read, write):
             async with ClientSession(read, write) as session:
                 await session.initialize()
