@@ -581,6 +581,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128  # many sessions connect at once in the concurrency drills
     llm: ScriptedLLM
 
     def handle_error(self, request: Any, client_address: Any) -> None:

@@ -1,0 +1,74 @@
+"""Startup: spawn -> `initialize` answered (crow vs the bare echo agent), `session/new`
+after `initialize`, and spawn -> initialize + session/new + first prompt answered."""
+
+from __future__ import annotations
+
+import time
+
+from bench.common import (
+    CROW_CMD,
+    ECHO_CMD,
+    Ctx,
+    Figure,
+    agent_env,
+    initialize,
+    median,
+    ms,
+    not_measured,
+    prompt_text,
+    spawn,
+    stderr_tail,
+)
+
+G = "startup"
+
+
+async def _one(ctx: Ctx, cmd: list[str], llm: object, *, full: bool) -> dict[str, float]:
+    home = ctx.home("home")
+    env = agent_env(home, llm)
+    t0 = time.perf_counter()
+    out: dict[str, float] = {}
+    async with spawn(cmd, env, home) as (conn, _proc, client):
+        await initialize(conn)
+        out["init"] = time.perf_counter() - t0
+        if full:
+            t1 = time.perf_counter()
+            session = await conn.new_session(cwd=str(home), mcp_servers=[])
+            out["new"] = time.perf_counter() - t1
+            out["to_new"] = time.perf_counter() - t0
+            reply = await prompt_text(conn, session.session_id, "hello")
+            out["to_prompt"] = time.perf_counter() - t0
+            if reply.stop_reason != "end_turn" or "ok" not in client.text():
+                raise RuntimeError(f"first prompt: stop_reason={reply.stop_reason}; {stderr_tail(home)}")
+    return out
+
+
+async def run(ctx: Ctx) -> list[Figure]:
+    from tests.llm_server import Reply, ScriptedLLM
+
+    n = ctx.reps(12, 3)
+    crow: list[dict[str, float]] = []
+    echo: list[dict[str, float]] = []
+    with ScriptedLLM(default=Reply(text="ok")) as llm:
+        await _one(ctx, ECHO_CMD, None, full=False)  # warm the page cache, .pyc files
+        try:
+            await _one(ctx, CROW_CMD, llm, full=True)
+        except Exception as exc:
+            return [not_measured(G, "spawn -> initialize", f"crow failed to start: {exc}")]
+        for i in range(n):  # interleaved, alternating who goes first
+            pair = [(ECHO_CMD, None, False, echo), (CROW_CMD, llm, True, crow)]
+            for cmd, model, full, sink in pair if i % 2 else pair[::-1]:
+                sink.append(await _one(ctx, cmd, model, full=full))
+    base = median([r["init"] for r in echo])
+    return [
+        Figure(G, "spawn -> initialize", ms(median([r["init"] for r in crow])), baseline=ms(base),
+               baseline_name="echo agent", target="ratio <= 1.15", check=("ratio", "<=", 1.15),
+               samples=n),
+        Figure(G, "session/new after initialize", ms(median([r["new"] for r in crow])),
+               target="< 10 ms", check=("value", "<", 10), samples=n),
+        Figure(G, "spawn -> session/new", ms(median([r["to_new"] for r in crow])),
+               baseline=ms(base), baseline_name="echo: initialize", samples=n),
+        Figure(G, "spawn -> first prompt answered", ms(median([r["to_prompt"] for r in crow])),
+               baseline=ms(base), baseline_name="echo: initialize", target="< 2000 ms",
+               check=("value", "<", 2000), samples=n),
+    ]

@@ -1,0 +1,108 @@
+"""Session store: loading a 5,000-message session (in process: SQLiteStore + replay
+conversion; end to end: ACP `session/load`), and appending to a long vs a short session."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from bench.common import (
+    CROW_CMD,
+    Ctx,
+    Figure,
+    agent_env,
+    describe,
+    initialize,
+    median,
+    ms,
+    not_measured,
+    prompt_text,
+    spawn,
+)
+from bench.loop import history
+
+G = "store"
+LONG = 5_000
+
+
+async def _fill(home: Path, sid: str, n: int) -> None:
+    from crow.store import SQLiteStore
+
+    messages = history(n)
+    async with SQLiteStore(home / "crow.db") as store:
+        await store.create_session(id=sid, cwd=str(home), title="bench")
+        for i in range(0, n, 500):
+            await store.append(sid, messages[i : i + 500])
+
+
+async def _in_process(ctx: Ctx, home: Path) -> list[Figure]:
+    from crow import acp_view
+    from crow.messages import human
+    from crow.store import SQLiteStore
+
+    n = ctx.reps(15, 4)
+    loads: list[float] = []
+    appends: dict[str, list[float]] = {"long": [], "short": []}
+    async with SQLiteStore(home / "crow.db") as store:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            updates = list(acp_view.replay(await store.load_transcript("long"), home))
+            loads.append(time.perf_counter() - t0)
+        assert len(updates) >= LONG - 1, len(updates)
+        for i in range(ctx.reps(300, 60)):  # interleaved; the long one grows by 0.1 % per call
+            for sid in ("long", "short") if i % 2 else ("short", "long"):
+                t0 = time.perf_counter()
+                await store.append(sid, [human(f"one more {i}")])
+                appends[sid].append(time.perf_counter() - t0)
+    return [
+        Figure(G, f"load {LONG:,} msgs: load_transcript + replay", ms(median(loads)),
+               target="< 300 ms", check=("value", "<", 300), samples=n),
+        Figure(G, f"append 1 msg to {LONG:,}-msg session", ms(median(appends["long"])),
+               baseline=ms(median(appends["short"])), baseline_name="10-msg session",
+               target="ratio <= 1.2", check=("ratio", "<=", 1.2), samples=len(appends["long"])),
+    ]
+
+
+async def _end_to_end(ctx: Ctx, home: Path) -> list[Figure]:
+    """`session/load` of the long session against a crow that has finished warming up."""
+    from tests.llm_server import Reply, ScriptedLLM
+
+    n = ctx.reps(5, 2)
+    warm, cold = [], []
+    with ScriptedLLM(default=Reply(text="ok")) as llm:
+        for _ in range(n):
+            async with spawn(CROW_CMD, agent_env(home, llm), home) as (conn, _proc, client):
+                t0 = time.perf_counter()
+                init = await initialize(conn)
+                if not init.agent_capabilities.load_session:
+                    return [not_measured(G, "session/load end to end", "crow does not advertise loadSession")]
+                # cold: what an editor does right after starting crow
+                await conn.load_session(cwd=str(home), session_id="long", mcp_servers=[])
+                cold.append(time.perf_counter() - t0)
+                fresh = await conn.new_session(cwd=str(home), mcp_servers=[])
+                await prompt_text(conn, fresh.session_id, "warm up")
+                # warm: the store open, everything imported; another copy of the session
+                before = client.updates
+                t0 = time.perf_counter()
+                await conn.load_session(cwd=str(home), session_id="long2", mcp_servers=[])
+                warm.append(time.perf_counter() - t0)
+                if client.updates - before < LONG - 1:
+                    raise RuntimeError(f"replay sent {client.updates - before} updates")
+    return [
+        Figure(G, f"session/load {LONG:,} msgs, warm crow", ms(median(warm)),
+               target="< 300 ms", check=("value", "<", 300), samples=n),
+        Figure(G, f"initialize + session/load {LONG:,} msgs, cold", ms(median(cold)), samples=n,
+               note="includes crow's background warm-up (MCP import, store open), which load awaits"),
+    ]
+
+
+async def run(ctx: Ctx) -> list[Figure]:
+    home = ctx.home("store")
+    await _fill(home, "long", LONG)
+    await _fill(home, "long2", LONG)
+    await _fill(home, "short", 10)
+    try:
+        figures = await _end_to_end(ctx, home)
+    except Exception as exc:
+        figures = [not_measured(G, "session/load end to end", describe(exc))]
+    return [*await _in_process(ctx, home), *figures]

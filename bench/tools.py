@@ -1,0 +1,136 @@
+"""Tools: a call through the ToolHub (in-process MCP) vs the tool function called directly,
+and the filesystem server's grep vs the rg binary run directly with the same arguments."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import Ctx, Figure, median, ms, not_measured
+
+G = "tools"
+STDLIB = Path("/root/.pyenv/versions/3.11.7/lib/python3.11")
+GREP_QUERIES = [  # (pattern, output_mode): few enough matches that no cap cuts the scan short
+    ("__init_subclass__", "content"),
+    ("lru_cache", "files_with_matches"),
+]
+
+
+async def echo(text: str) -> str:
+    """Return the text."""
+    return text
+
+
+async def _pair(n: int, direct: Any, via_hub: Any, warm: int = 10) -> tuple[float, float]:
+    """Median seconds of each, interleaved call by call, after `warm` unrecorded rounds."""
+    a: list[float] = []
+    b: list[float] = []
+    for i in range(n + warm):
+        for fn, sink in ((direct, a), (via_hub, b)) if i % 2 else ((via_hub, b), (direct, a)):
+            t0 = time.perf_counter()
+            await fn()
+            if i >= warm:
+                sink.append(time.perf_counter() - t0)
+    return median(a), median(b)
+
+
+async def _hub_figures(ctx: Ctx) -> list[Figure]:
+    from crow.messages import ToolCall
+    from crow.tools import ServerSpec, ToolHub, function_server
+
+    n = ctx.reps(400, 100)
+    ws = ctx.home("ws")
+    (ws / "small.txt").write_text("".join(f"line {i}\n" for i in range(40)))
+    specs = [ServerSpec("fn", "inprocess", server=function_server([echo]))]
+    fs_server = None
+    try:
+        from mcp_servers.filesystem.server import build_server
+
+        fs_server = build_server(ws)
+        specs.append(ServerSpec("fs", "inprocess", server=fs_server))
+    except ImportError as exc:
+        fs_missing = f"mcp_servers.filesystem: {exc}"
+    hub = ToolHub()
+    await hub.connect(specs)
+    figures = []
+    try:
+        if hub.failures:
+            raise RuntimeError("; ".join(hub.failures))
+
+        async def hub_echo() -> None:
+            result = await hub.call(ToolCall("c1", "echo", {"text": "hi"}))
+            assert result.output == "hi", result
+
+        direct, via = await _pair(n, lambda: echo("hi"), hub_echo)
+        figures.append(Figure(G, "ToolHub call, async function tool", ms(via), baseline=ms(direct),
+                              baseline_name="direct await", target="overhead < 0.5 ms",
+                              check=("diff", "<", 0.5), samples=n))
+        if fs_server is None:
+            figures.append(not_measured(G, "ToolHub call, read_file", fs_missing))
+            return figures
+        read_file = fs_server._tool_manager.get_tool("read_file").fn  # the undecorated tool
+
+        async def hub_read() -> None:
+            result = await hub.call(ToolCall("c2", "read_file", {"path": "small.txt"}))
+            assert not result.is_error and "line 39" in result.output, result
+
+        direct, via = await _pair(n, lambda: read_file(path="small.txt"), hub_read)
+        figures.append(Figure(G, "ToolHub call, read_file (40 lines)", ms(via), baseline=ms(direct),
+                              baseline_name="direct tool fn", target="overhead < 0.5 ms",
+                              check=("diff", "<", 0.5), samples=n))
+    finally:
+        await hub.aclose()
+    return figures
+
+
+def _rg_direct(argv: list[str]) -> None:
+    subprocess.run(argv, cwd=STDLIB, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=False)
+
+
+async def _grep_figures(ctx: Ctx) -> list[Figure]:
+    from crow.messages import ToolCall
+    from crow.tools import ServerSpec, ToolHub
+
+    try:
+        from mcp_servers.filesystem import search
+        from mcp_servers.filesystem.server import build_server
+    except ImportError as exc:
+        return [not_measured(G, "grep vs rg", f"mcp_servers.filesystem: {exc}")]
+    rg = search.find_rg()
+    if rg is None:
+        return [not_measured(G, "grep vs rg", "no rg binary")]
+    hub = ToolHub()
+    await hub.connect([ServerSpec("fs", "inprocess", server=build_server(STDLIB))])
+    n = ctx.reps(7, 2)
+    figures = []
+    try:
+        for pattern, mode in GREP_QUERIES:
+            # the argv search._grep_rg builds for this query
+            flag = {"content": ["--json"], "files_with_matches": ["-l", "--null"]}[mode]
+            argv = [rg, "--no-config", "--no-messages", "--hidden", "--no-require-git", "--color=never",
+                    "--glob", "!.git", *flag, "-e", pattern, "--", "."]
+            call = ToolCall("g", "grep", {"pattern": pattern, "output_mode": mode, "max_results": 10_000})
+            _rg_direct(argv)  # warm the page cache
+            first = await hub.call(call)
+            if first.is_error or (first.meta or {}).get("structured", {}).get("truncated"):
+                raise RuntimeError(f"grep failed: {first.text[:200]}")
+
+            async def via_hub(call: ToolCall = call) -> None:
+                await hub.call(call)
+
+            async def direct(argv: list[str] = argv) -> None:
+                _rg_direct(argv)
+
+            base, tool = await _pair(n, direct, via_hub, warm=0)
+            figures.append(Figure(G, f"grep {mode} {pattern!r} over stdlib", ms(tool), baseline=ms(base),
+                                  baseline_name="rg direct", target="ratio <= 1.2",
+                                  check=("ratio", "<=", 1.2), samples=n))
+    finally:
+        await hub.aclose()
+    return figures
+
+
+async def run(ctx: Ctx) -> list[Figure]:
+    return [*await _hub_figures(ctx), *await _grep_figures(ctx)]
