@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import acp
@@ -158,8 +159,8 @@ class AcpServer:
         self, cwd: str, session_id: str, mcp_servers: list[Any] | None = None, **kwargs: Any
     ) -> LoadSessionResponse:
         session = await self._restore(session_id, cwd, mcp_servers)
-        for update in acp_view.replay(await self.agent.store.load_transcript(session_id), session.cwd):
-            await self._update(session_id, update)
+        transcript = await self.agent.store.load_transcript(session_id)
+        await self._update_many(session_id, acp_view.replay(transcript, session.cwd))
         if session.todos:
             await self._update(session_id, acp_view.plan_update(session.todos))
         if session.title:
@@ -341,6 +342,20 @@ class AcpServer:
                 await self.conn.release_terminal(session_id=session.id, terminal_id=tid)
             except Exception:
                 log.debug("release_terminal failed", exc_info=True)
+
+    async def _update_many(self, session_id: str, updates: Iterable[Any], batch: int = 256) -> None:
+        """Send many updates in order without a round trip to the writer for each one:
+        queued together, a 5,000-message replay costs a few writes instead of 5,000 waits."""
+        if self.conn is None:
+            return
+        pending: list[Any] = []
+        for update in updates:
+            pending.append(self.conn.session_update(session_id, update))
+            if len(pending) >= batch:
+                await asyncio.gather(*pending)
+                pending = []
+        if pending:
+            await asyncio.gather(*pending)
 
     async def _update(self, session_id: str, update: Any) -> None:
         if self.conn is None:

@@ -250,6 +250,9 @@ class Turn:
             # A wrap hook retries after the user already saw text: say so, never replay silently.
             await self.emit(Notice("\n[retrying the model call; the partial answer above is discarded]"))
             self._partial = []
+        response: ModelResponse | None = None
+        # Read the stream to its end even after the response: leaving early closes the
+        # HTTP connection instead of returning it to the keep-alive pool.
         async for event in self.provider.stream(request):
             if isinstance(event, TextDelta):
                 self._partial.append(event.text)
@@ -257,9 +260,11 @@ class Turn:
             elif isinstance(event, ThoughtDelta):
                 await self.emit(event)
             elif isinstance(event, ModelResponse):
-                self._partial = []
-                return event
-        raise ProviderError("the model ended its stream without a response")
+                response = event
+        if response is None:
+            raise ProviderError("the model ended its stream without a response")
+        self._partial = []
+        return response
 
     async def _keep_partial(self, note: str) -> None:
         """What the user saw of an unfinished answer stays in the history, marked."""

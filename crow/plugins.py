@@ -49,7 +49,8 @@ def _provenance(ep: EntryPoint) -> str:
 def load_entry_points(registry: HookRegistry, *, blocked: set[str] | frozenset[str] = frozenset()) -> int:
     """Register every installed crow hook not blocked by name. Returns how many."""
     staged: list[tuple[str, str | None, Any]] = []  # (name, phase or None, hook or fn)
-    for ep in sorted(entry_points(group=GROUP), key=lambda e: e.name):
+    installed = entry_points()  # one scan of the installed distributions, then cheap selects
+    for ep in sorted(installed.select(group=GROUP), key=lambda e: e.name):
         if ep.name in blocked or ep.name in registry:
             continue
         where = _provenance(ep)
@@ -60,7 +61,7 @@ def load_entry_points(registry: HookRegistry, *, blocked: set[str] | frozenset[s
         except Exception as exc:
             raise HookError(f"{where}: failed to load: {exc!r}") from exc
     for phase in _PHASE_GROUPS:
-        for ep in sorted(entry_points(group=f"{GROUP}.{phase}"), key=lambda e: e.name):
+        for ep in sorted(installed.select(group=f"{GROUP}.{phase}"), key=lambda e: e.name):
             if ep.name in blocked or ep.name in registry:
                 continue
             try:

@@ -301,13 +301,14 @@ class AnthropicProvider(HTTPProvider):
         decoder = SSEDecoder()
         with map_http_errors(self.name, base_url=self.base_url):
             async with self._post_stream(f"{self.base_url}/v1/messages", body, self._headers()) as response:
+                # Read to the end of the body after message_stop so the connection is kept alive.
                 async for line in response.aiter_lines():
                     for sse in decoder.decode(line):
+                        if state.stopped:
+                            continue
                         for event in state.feed(self._parse(sse.data)):
                             produced = True
                             yield event
-                    if state.stopped:
-                        break
         if not state.stopped and state.stop is None:
             raise StreamCutError(f"{self.name}: stream ended before the model finished", partial=produced)
         yield state.response()

@@ -244,16 +244,16 @@ class OpenAIProvider(HTTPProvider):
                 f"{self.base_url}/chat/completions", body, self._headers()
             ) as response:
                 done = False
+                # Read to the end of the body even after [DONE]: leaving early makes httpx
+                # drop the connection instead of keeping it alive for the next call.
                 async for line in response.aiter_lines():
                     for sse in decoder.decode(line):
-                        if sse.data.strip() == "[DONE]":
+                        if done or sse.data.strip() == "[DONE]":
                             done = True
-                            break
+                            continue
                         for event in state.feed(self._parse(sse.data)):
                             produced = True
                             yield event
-                    if done:
-                        break
         if state.finish is None:
             raise StreamCutError(f"{self.name}: stream ended before the model finished", partial=produced)
         yield state.response()
