@@ -71,7 +71,7 @@ def scripted(clock: Clock) -> Any:
 
 
 def make_tool(clock: Clock) -> Any:
-    def bump(n: int) -> str:
+    async def bump(n: int) -> str:  # async like every builtin tool: a sync one runs in a thread
         """Add one."""
         t0 = time.perf_counter()
         out = str(n + 1)
@@ -156,7 +156,7 @@ async def bare_loop(size: int, turns: int) -> float:
             if not response.message.tool_calls:
                 break
             for call in response.message.tool_calls:
-                messages.append(system(tool(**call.args)))
+                messages.append(system(await tool(**call.args)))
         dt = time.perf_counter() - t0
         if i:
             per_iter.append((dt - clock.provider - clock.tool) / (clock.calls - calls0))

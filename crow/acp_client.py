@@ -26,6 +26,7 @@ PERMISSION_OPTIONS = [
     PermissionOption(option_id="reject_always", name="Always reject", kind="reject_always"),
 ]
 _OUTPUT_LIMIT = 100_000
+RESOURCE_NOT_FOUND = -32002  # what editors answer fs/read_text_file for a missing file
 
 
 class AcpSessionClient:
@@ -68,11 +69,17 @@ class AcpSessionClient:
         return None
 
     async def read_text(self, path: Path) -> str:
-        response = await self.conn.read_text_file(session_id=self.session_id, path=str(path))
+        try:
+            response = await self.conn.read_text_file(session_id=self.session_id, path=str(path))
+        except RequestError as exc:
+            raise _os_error(exc, "read", path) from exc
         return response.content
 
     async def write_text(self, path: Path, text: str) -> None:
-        await self.conn.write_text_file(session_id=self.session_id, path=str(path), content=text)
+        try:
+            await self.conn.write_text_file(session_id=self.session_id, path=str(path), content=text)
+        except RequestError as exc:
+            raise _os_error(exc, "write", path) from exc
 
     async def run_in_terminal(
         self, command: str, cwd: Path, timeout: float, env: dict[str, str] | None = None
@@ -113,3 +120,11 @@ class AcpSessionClient:
             "truncated": bool(out.truncated),
             "terminal_id": tid,
         }
+
+
+def _os_error(exc: RequestError, verb: str, path: Path) -> OSError:
+    """The editor's JSON-RPC error as the OSError the file tools already explain to the model."""
+    if exc.code == RESOURCE_NOT_FOUND:
+        return FileNotFoundError(2, "No such file or directory", str(path))
+    detail = exc.data.get("details") if isinstance(exc.data, dict) else None
+    return OSError(f"the editor could not {verb} {path}: {detail or exc}")

@@ -83,21 +83,36 @@ class RecordingClient:
 
         if path in self.files:
             return ReadTextFileResponse(content=self.files[path])
+        if not Path(path).is_file():  # as editors answer for a missing file
+            from acp import RequestError
+
+            raise RequestError.resource_not_found(Path(path).as_uri())
         return ReadTextFileResponse(content=Path(path).read_text())
 
     async def write_text_file(self, content: str, path: str, session_id: str, **kwargs: Any) -> Any:
         self.files[path] = content
         return None
 
-    async def create_terminal(self, command: str, session_id: str, args: list[str] | None = None,
-                              cwd: str | None = None, **kwargs: Any) -> Any:
+    async def create_terminal(
+        self,
+        command: str,
+        session_id: str,
+        args: list[str] | None = None,
+        cwd: str | None = None,
+        **kwargs: Any,
+    ) -> Any:
         import asyncio
 
         from acp.schema import CreateTerminalResponse
 
         proc = await asyncio.create_subprocess_exec(
-            command, *(args or []), cwd=cwd, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+            command,
+            *(args or []),
+            cwd=cwd,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
         tid = f"term-{len(self.terminals) + 1}"
         self.terminals[tid] = proc
         return CreateTerminalResponse(terminal_id=tid)

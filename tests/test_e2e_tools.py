@@ -24,18 +24,26 @@ SUPPORT = Path(__file__).parent / "support"
 
 
 def edit(path: str, old: str, new: str) -> Reply:
-    return Reply(tool_calls=[ToolCallSpec(name="edit_file",
-                                          arguments={"path": path, "old_text": old, "new_text": new})])
+    return Reply(
+        tool_calls=[
+            ToolCallSpec(name="edit_file", arguments={"path": path, "old_text": old, "new_text": new})
+        ]
+    )
 
 
-async def start(conn, workspace: Path, caps: ClientCapabilities | None = None,  # type: ignore[no-untyped-def]
-                mcp_servers: list | None = None) -> str:
+async def start(
+    conn,
+    workspace: Path,
+    caps: ClientCapabilities | None = None,  # type: ignore[no-untyped-def]
+    mcp_servers: list | None = None,
+) -> str:
     await conn.initialize(protocol_version=1, client_capabilities=caps)
     return (await conn.new_session(cwd=str(workspace), mcp_servers=mcp_servers or [])).session_id
 
 
-async def test_edit_asks_permission_and_arrives_as_a_diff(llm: ScriptedLLM, home: Path,
-                                                          workspace: Path) -> None:
+async def test_edit_asks_permission_and_arrives_as_a_diff(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
     (workspace / "app.py").write_text("x = 1\nprint(x)\n")
     llm.push(edit("app.py", "x = 1", "x = 2"), Reply(text="done"))
     async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
@@ -44,7 +52,7 @@ async def test_edit_asks_permission_and_arrives_as_a_diff(llm: ScriptedLLM, home
     assert response.stop_reason == "end_turn"
     assert (workspace / "app.py").read_text() == "x = 2\nprint(x)\n"
     # the permission prompt showed the proposed change
-    (asked, options), = client.permission_requests
+    ((asked, options),) = client.permission_requests
     assert asked.title == "Edit app.py" and asked.kind == "edit"
     assert {o.kind for o in options} == {"allow_once", "allow_always", "reject_once", "reject_always"}
     assert asked.content[0].type == "diff"
@@ -55,15 +63,17 @@ async def test_edit_asks_permission_and_arrives_as_a_diff(llm: ScriptedLLM, home
     done = client.of_type("ToolCallProgress")[-1]
     assert done.status == "completed"
     diff = done.content[0]
-    assert diff.type == "diff" and diff.old_text == "x = 1\nprint(x)\n" and diff.new_text == "x = 2\nprint(x)\n"
+    assert (
+        diff.type == "diff" and diff.old_text == "x = 1\nprint(x)\n" and diff.new_text == "x = 2\nprint(x)\n"
+    )
     assert diff.path == str((workspace / "app.py").resolve())
 
 
-async def test_rejection_reaches_the_model_and_always_holds(llm: ScriptedLLM, home: Path,
-                                                            workspace: Path) -> None:
+async def test_rejection_reaches_the_model_and_always_holds(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
     (workspace / "a.txt").write_text("one\n")
-    llm.push(edit("a.txt", "one", "two"), Reply(text="ok"), edit("a.txt", "one", "three"),
-             Reply(text="ok"))
+    llm.push(edit("a.txt", "one", "two"), Reply(text="ok"), edit("a.txt", "one", "three"), Reply(text="ok"))
     async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
         sid = await start(conn, workspace)
         client.permission_answer = "reject_always"
@@ -78,10 +88,12 @@ async def test_rejection_reaches_the_model_and_always_holds(llm: ScriptedLLM, ho
 
 
 async def test_yolo_mode_and_read_only_mode(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
-    llm.push(Reply(tool_calls=[ToolCallSpec(name="write_file", arguments={"path": "n.txt", "content": "hi"})]),
-             Reply(text="ok"),
-             Reply(tool_calls=[ToolCallSpec(name="write_file", arguments={"path": "m.txt", "content": "x"})]),
-             Reply(text="ok"))
+    llm.push(
+        Reply(tool_calls=[ToolCallSpec(name="write_file", arguments={"path": "n.txt", "content": "hi"})]),
+        Reply(text="ok"),
+        Reply(tool_calls=[ToolCallSpec(name="write_file", arguments={"path": "m.txt", "content": "x"})]),
+        Reply(text="ok"),
+    )
     async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
         sid = await start(conn, workspace)
         await conn.set_session_mode(session_id=sid, mode_id="yolo")
@@ -97,27 +109,36 @@ async def test_yolo_mode_and_read_only_mode(llm: ScriptedLLM, home: Path, worksp
 
 
 async def test_write_todos_sends_a_plan(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
-    todos = [{"id": "1", "title": "Read code", "status": "done"},
-             {"id": "2", "title": "Fix bug", "status": "in_progress"},
-             {"id": "3", "title": "Test", "status": "pending"}]
-    llm.push(Reply(tool_calls=[ToolCallSpec(name="write_todos", arguments={"todos": todos})]),
-             Reply(text="planned"))
+    todos = [
+        {"id": "1", "title": "Read code", "status": "done"},
+        {"id": "2", "title": "Fix bug", "status": "in_progress"},
+        {"id": "3", "title": "Test", "status": "pending"},
+    ]
+    llm.push(
+        Reply(tool_calls=[ToolCallSpec(name="write_todos", arguments={"todos": todos})]),
+        Reply(text="planned"),
+    )
     async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
         sid = await start(conn, workspace)
         await conn.prompt(session_id=sid, prompt=[acp.text_block("plan")])
     plan = client.of_type("AgentPlanUpdate")[-1]
     assert [(e.content, e.status) for e in plan.entries] == [
-        ("Read code", "completed"), ("Fix bug", "in_progress"), ("Test", "pending")]
+        ("Read code", "completed"),
+        ("Fix bug", "in_progress"),
+        ("Test", "pending"),
+    ]
     assert client.permission_requests == [], "write_todos only changes the plan"
 
 
-async def test_client_stdio_mcp_server_tool_is_called(llm: ScriptedLLM, home: Path,
-                                                      workspace: Path) -> None:
-    llm.push(Reply(tool_calls=[ToolCallSpec(name="shout", arguments={"text": "hey"})]),
-             Reply(text="ok"))
+async def test_client_stdio_mcp_server_tool_is_called(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
+    llm.push(Reply(tool_calls=[ToolCallSpec(name="shout", arguments={"text": "hey"})]), Reply(text="ok"))
     servers = [
-        McpServerStdio(name="echo", command=sys.executable, args=[str(SUPPORT / "echo_mcp.py")],
-                       env=[EnvVariable(name="PYTHONPATH", value=str(SUPPORT))]),
+        McpServerStdio(
+            name="echo",
+            command=sys.executable,
+            args=[str(SUPPORT / "echo_mcp.py")],
+            env=[EnvVariable(name="PYTHONPATH", value=str(SUPPORT))],
+        ),
         McpServerStdio(name="broken", command="/nonexistent/server", args=[], env=[]),
     ]
     async with spawn_crow(crow_env(llm, home, CROW_MODE="yolo")) as (conn, _proc, client):
@@ -130,23 +151,31 @@ async def test_client_stdio_mcp_server_tool_is_called(llm: ScriptedLLM, home: Pa
     assert "'broken' failed to start" in client.text()
 
 
-async def test_escapes_are_refused(llm: ScriptedLLM, home: Path, workspace: Path,
-                                   tmp_path: Path) -> None:
+async def test_escapes_are_refused(llm: ScriptedLLM, home: Path, workspace: Path, tmp_path: Path) -> None:
     (tmp_path / "secret.txt").write_text("secret")
     (workspace / "link").symlink_to(tmp_path / "secret.txt")
-    attempts = ["../secret.txt", str(tmp_path / "secret.txt"), "link", "/proc/self/root/etc/passwd",
-                "/etc/passwd"]
-    llm.push(Reply(tool_calls=[ToolCallSpec(name="read_file", arguments={"path": p}) for p in attempts]),
-             Reply(tool_calls=[ToolCallSpec(name="write_file",
-                                            arguments={"path": "../evil.txt", "content": "x"})]),
-             Reply(text="ok"))
+    attempts = [
+        "../secret.txt",
+        str(tmp_path / "secret.txt"),
+        "link",
+        "/proc/self/root/etc/passwd",
+        "/etc/passwd",
+    ]
+    llm.push(
+        Reply(tool_calls=[ToolCallSpec(name="read_file", arguments={"path": p}) for p in attempts]),
+        Reply(
+            tool_calls=[ToolCallSpec(name="write_file", arguments={"path": "../evil.txt", "content": "x"})]
+        ),
+        Reply(text="ok"),
+    )
     async with spawn_crow(crow_env(llm, home, CROW_MODE="yolo")) as (conn, _proc, _client):
         sid = await start(conn, workspace)
         await conn.prompt(session_id=sid, prompt=[acp.text_block("read")])
     results = [m["content"] for m in llm.requests[1].messages if m["role"] == "tool"]
     assert len(results) == len(attempts)
-    assert all("outside the workspace" in r and "secret" not in r.replace("secret.txt", "")
-               for r in results), results
+    assert all(
+        "outside the workspace" in r and "secret" not in r.replace("secret.txt", "") for r in results
+    ), results
     assert not (tmp_path / "evil.txt").exists()
 
 
@@ -165,11 +194,18 @@ def _alive_with(marker: str) -> list[int]:
     return pids
 
 
-async def test_timed_out_command_leaves_no_process(llm: ScriptedLLM, home: Path,
-                                                   workspace: Path) -> None:
+async def test_timed_out_command_leaves_no_process(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
     marker = "1234.5"
-    llm.push(Reply(tool_calls=[ToolCallSpec(name="execute", arguments={
-        "command": f"sleep {marker} & sleep {marker}", "timeout": 1})]), Reply(text="ok"))
+    llm.push(
+        Reply(
+            tool_calls=[
+                ToolCallSpec(
+                    name="execute", arguments={"command": f"sleep {marker} & sleep {marker}", "timeout": 1}
+                )
+            ]
+        ),
+        Reply(text="ok"),
+    )
     async with spawn_crow(crow_env(llm, home, CROW_MODE="yolo")) as (conn, _proc, client):
         sid = await start(conn, workspace)
         await conn.prompt(session_id=sid, prompt=[acp.text_block("run")])
@@ -180,26 +216,40 @@ async def test_timed_out_command_leaves_no_process(llm: ScriptedLLM, home: Path,
     assert "timed out" in tool
 
 
-async def test_editor_fs_and_terminal_are_used_when_offered(llm: ScriptedLLM, home: Path,
-                                                            workspace: Path) -> None:
+async def test_editor_fs_and_terminal_are_used_when_offered(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
     path = str(workspace / "buf.py")
     (workspace / "buf.py").write_text("on disk\n")
-    llm.push(Reply(tool_calls=[ToolCallSpec(name="read_file", arguments={"path": "buf.py"})]),
-             edit("buf.py", "unsaved", "edited"),
-             Reply(tool_calls=[ToolCallSpec(name="execute", arguments={"command": "echo from-terminal"})]),
-             Reply(text="ok"))
-    caps = ClientCapabilities(fs=FileSystemCapabilities(read_text_file=True, write_text_file=True),
-                              terminal=True)
+    llm.push(
+        Reply(
+            tool_calls=[
+                ToolCallSpec(name="read_file", arguments={"path": "buf.py"}),
+                ToolCallSpec(name="write_file", arguments={"path": "new/made.txt", "content": "fresh"}),
+                ToolCallSpec(name="read_file", arguments={"path": "missing.txt"}),
+            ]
+        ),
+        edit("buf.py", "unsaved", "edited"),
+        Reply(tool_calls=[ToolCallSpec(name="execute", arguments={"command": "echo from-terminal"})]),
+        Reply(text="ok"),
+    )
+    caps = ClientCapabilities(
+        fs=FileSystemCapabilities(read_text_file=True, write_text_file=True), terminal=True
+    )
     async with spawn_crow(crow_env(llm, home, CROW_MODE="yolo")) as (conn, _proc, client):
         client.files[path] = "unsaved buffer\n"
         sid = await start(conn, workspace, caps)
         await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])
-    read = [m for m in llm.requests[1].messages if m["role"] == "tool"][-1]["content"]
+    results = {m["tool_call_id"]: m["content"] for m in llm.requests[1].messages if m["role"] == "tool"}
+    read, wrote, missing = (results[c["id"]] for c in llm.requests[1].messages[-4]["tool_calls"])
     assert "unsaved buffer" in read, "read_file sees the editor's buffer"
+    assert client.files[str(workspace / "new" / "made.txt")] == "fresh", wrote
+    assert "does not exist" in missing or "No such file" in missing, missing
     assert client.files[path] == "edited buffer\n"
     assert (workspace / "buf.py").read_text() == "on disk\n", "the edit went through the editor"
     ran = [m for m in llm.requests[3].messages if m["role"] == "tool"][-1]["content"]
     assert "from-terminal" in ran
-    terminal_updates = [c for u in client.of_type("ToolCallProgress") for c in (u.content or [])
-                        if c.type == "terminal"]
+    terminal_updates = [
+        c for u in client.of_type("ToolCallProgress") for c in (u.content or []) if c.type == "terminal"
+    ]
     assert terminal_updates and client.released == [terminal_updates[0].terminal_id]
