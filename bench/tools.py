@@ -43,7 +43,7 @@ async def _hub_figures(ctx: Ctx) -> list[Figure]:
     n = ctx.reps(400, 100)
     ws = ctx.home("ws")
     (ws / "small.txt").write_text("".join(f"line {i}\n" for i in range(40)))
-    specs = [ServerSpec("fn", "inprocess", server=function_server([echo]))]
+    specs = [ServerSpec("fn", "inprocess", server=function_server([(echo, True)]))]
     fs_server = None
     try:
         from mcp_servers.filesystem.server import build_server

@@ -448,8 +448,14 @@ def prompt_message(blocks: list[Any]) -> Message:
 
 async def serve(agent: Agent | None = None) -> None:
     """Serve ACP on stdin/stdout until the client hangs up."""
+    from crow.acp_wire import stdio_transport
+
     server = AcpServer(agent)
+    transport, supervisor = await stdio_transport()
+    conn = acp.AgentSideConnection(server, transport, listening=False, use_unstable_protocol=True)
     try:
-        await acp.run_agent(server, use_unstable_protocol=True)
+        await conn.listen()
     finally:
+        await asyncio.shield(conn.close())
+        await supervisor.shutdown()
         await server.agent.aclose()

@@ -46,7 +46,7 @@ class Agent:
         self.config = config if config is not None else load_config()
         self.hooks = HookRegistry()
         self.sessions: dict[str, Session] = {}
-        self._functions: list[Callable[..., Any]] = []
+        self._functions: list[tuple[Callable[..., Any], bool]] = []
         self._function_server: Any = None
         self._provider = provider
         self._providers: dict[str, Provider] = {}
@@ -58,14 +58,15 @@ class Agent:
         self.compactor: Any = None
 
     # ------------------------------------------------------------ extension points
-    def tool(self, fn: Callable[..., Any] | None = None) -> Any:
-        """Serve a Python function as a tool (decorator or call). Its signature and
-        docstring become the tool's schema and description."""
+    def tool(self, fn: Callable[..., Any] | None = None, *, read_only: bool = False) -> Any:
+        """Serve a Python function as a tool (`@agent.tool` or `@agent.tool(read_only=True)`).
+        Its signature and docstring become the schema and description; tools not marked
+        read-only ask the user's permission in `ask` mode, like edits do."""
 
         def add(f: Callable[..., Any]) -> Callable[..., Any]:
             if self._function_server is not None:
                 raise ConfigError("tools must be added before the first session starts")
-            self._functions.append(f)
+            self._functions.append((f, read_only))
             return f
 
         return add(fn) if fn is not None else add
@@ -86,7 +87,7 @@ class Agent:
         if self.config.tools:
             from crow.plugins import load_object
 
-            self._functions.extend(load_object(spec) for spec in self.config.tools)
+            self._functions.extend((load_object(spec), False) for spec in self.config.tools)
         if self._functions:
             self._function_server = function_server(self._functions)
         if self._store is None:

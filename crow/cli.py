@@ -16,6 +16,7 @@ import argparse
 import logging
 import os
 import sys
+from typing import Any
 
 
 def _setup_logging(level: str | None, log_file: str | None) -> None:
@@ -137,9 +138,44 @@ async def _run(args: argparse.Namespace) -> int:
 
     try:
         session = agent.create_session(args.cwd)
+        if sys.stdin.isatty():
+            session.client = TerminalClient()
         result = await agent.run_turn(session, human(" ".join(args.prompt)), emit)
         if wrote_text:
             sys.stdout.write("\n")
         return 1 if result.error else 0
     finally:
         await agent.aclose()
+
+
+class TerminalClient:
+    """`crow run`'s stand-in for an editor: permission prompts on the terminal."""
+
+    can_read = can_write = can_terminal = False
+
+    async def ask_permission(
+        self, call: Any, *, read_only: bool = False, timeout: float = 600.0
+    ) -> str | None:
+        import anyio
+
+        from crow.acp_view import describe_args, tool_title
+
+        question = (
+            f"\nAllow {tool_title(call)} {describe_args(call.args)}? [y]es / [a]lways / [n]o / ne[v]er: "
+        )
+
+        def ask() -> str:
+            print(question, end="", file=sys.stderr, flush=True)
+            return sys.stdin.readline().strip().lower()
+
+        with anyio.move_on_after(timeout):
+            answer = await anyio.to_thread.run_sync(ask, abandon_on_cancel=True)
+            return {
+                "y": "allow_once",
+                "yes": "allow_once",
+                "a": "allow_always",
+                "n": "reject_once",
+                "no": "reject_once",
+                "v": "reject_always",
+            }.get(answer, "reject_once")
+        return None

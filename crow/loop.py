@@ -139,8 +139,10 @@ class Turn:
             except ProviderError as exc:
                 return await self._model_failed(ctx, exc)
 
+            msg = self.session.unique_tool_ids(response.message)
+            if msg is not response.message:
+                response = ModelResponse(msg, response.usage, response.stop_reason, response.model)
             ctx.response = response
-            msg = response.message
             if msg.content or msg.tool_calls or msg.thinking:
                 await self.session.add(msg)
             if response.usage is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,21 @@ class Session:
     # The last request sent to the model: cache-preserving compaction repeats its prefix.
     last_request: ModelRequest | None = None
     client: Any = None  # the front end's client interface (ACP: permissions, fs, terminals)
+
+    def unique_tool_ids(self, message: Message) -> Message:
+        """Give tool calls whose id the session already used (local servers reuse `call_0`)
+        a fresh one: editors key tool calls by id, and Anthropic rejects duplicates."""
+        seen: set[str] | None = self.state.get("crow.tool_ids")
+        if seen is None:
+            seen = {c.id for m in self.messages for c in m.tool_calls}
+            self.state["crow.tool_ids"] = seen
+        calls = []
+        for call in message.tool_calls:
+            if not call.id or call.id in seen:
+                call = call.replace(id=f"call_{uuid.uuid4().hex[:24]}")
+            seen.add(call.id)
+            calls.append(call)
+        return message.replace(tool_calls=tuple(calls)) if calls != list(message.tool_calls) else message
 
     def context_tokens(self) -> int:
         if self.last_usage is None or self.usage_covers > len(self.messages):

@@ -235,11 +235,14 @@ def _describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def function_server(functions: Sequence[Callable[..., Any]], name: str = "crow-tools") -> Any:
-    """An in-process MCP server serving plain Python functions (the seed's FuncTool)."""
+def function_server(functions: Sequence[tuple[Callable[..., Any], bool]], name: str = "crow-tools") -> Any:
+    """An in-process MCP server serving plain Python functions (the seed's FuncTool);
+    each entry is (function, read_only)."""
     from mcp.server.mcpserver import MCPServer
+    from mcp.types import ToolAnnotations
 
     server = MCPServer(name)
-    for fn in functions:
-        server.add_tool(fn, structured_output=False)
+    for fn, read_only in functions:
+        annotations = ToolAnnotations(read_only_hint=True) if read_only else None
+        server.add_tool(fn, annotations=annotations, structured_output=False)
     return server

@@ -23,6 +23,7 @@ from anyio.abc import ByteReceiveStream, Process
 
 OUTPUT_CAP = 100_000
 KILL_GRACE = 2.0  # seconds between SIGTERM and SIGKILL
+CANCEL_GRACE = 0.1  # the same after a cancel, which must answer within 200 ms
 DRAIN_AFTER_EXIT = 0.3  # seconds to keep reading once the shell has exited
 
 
@@ -99,10 +100,10 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-async def _kill_group(process: Process, pgid: int) -> None:
+async def _kill_group(process: Process, pgid: int, grace: float = 2.0) -> None:
     """SIGTERM the group, SIGKILL it after a grace, and reap the direct child."""
     if _signal_group(pgid, signal.SIGTERM):
-        with anyio.move_on_after(KILL_GRACE):
+        with anyio.move_on_after(grace):
             while _group_alive(pgid):
                 # Reap the leader as soon as it dies so it does not sit as a zombie
                 # (a zombie keeps the group "alive" to kill(0)).
@@ -130,16 +131,20 @@ async def run_command(
 ) -> ExecResult:
     """Run ``argv`` in ``cwd``; see the module docstring for the guarantees."""
     buf = _CappedBuffer(cap)
-    process = await anyio.open_process(
-        argv,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        cwd=cwd,
-        start_new_session=True,
-    )
+    # Shielded: a cancel landing mid-spawn would otherwise kill only the shell and orphan
+    # whatever it had started; once we hold the process, the finally below kills the group.
+    with anyio.CancelScope(shield=True):
+        process = await anyio.open_process(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            start_new_session=True,
+        )
     pgid = process.pid  # the session leader's pid is the group id
     timed_out = False
+    cancelled = False
     eof = anyio.Event()
     assert process.stdout is not None
     try:
@@ -154,10 +159,14 @@ async def run_command(
                 with anyio.move_on_after(DRAIN_AFTER_EXIT):
                     await eof.wait()
             tg.cancel_scope.cancel()
+    except anyio.get_cancelled_exc_class():
+        cancelled = True
+        raise
     finally:
-        # Runs on timeout, normal exit (stray background jobs) and cancellation alike.
+        # Runs on timeout, normal exit (stray background jobs) and cancellation alike. A
+        # cancel must answer fast: no grace for a command that ignores SIGTERM.
         with anyio.CancelScope(shield=True):
-            await _kill_group(process, pgid)
+            await _kill_group(process, pgid, grace=CANCEL_GRACE if cancelled else KILL_GRACE)
             await process.aclose()
     exit_code = None if timed_out else process.returncode
     return ExecResult(output=buf.text(), exit_code=exit_code, timed_out=timed_out, truncated=buf.dropped > 0)

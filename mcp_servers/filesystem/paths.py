@@ -64,6 +64,12 @@ class Workspace:
             raise ToolError(f"cannot resolve path {path!r}: {exc}") from None
         if resolved != self.root and not resolved.is_relative_to(self.root):
             raise ToolError(f"path {path!r} is outside the workspace {self.root}")
+        size = len(os.fsencode(str(resolved)))
+        if size >= MAX_PATH_BYTES:  # the OS would refuse it with ENAMETOOLONG
+            raise ToolError(
+                f"path is too long once joined to the workspace ({size} bytes; the limit is "
+                f"{MAX_PATH_BYTES - 1})"
+            )
         return resolved
 
     def relative(self, path: Path) -> str:

@@ -1,0 +1,48 @@
+"""The stdio wire, hardened: a line that is valid JSON but not an object gets a JSON-RPC
+error instead of reaching the SDK, whose dispatcher assumes an object and whose receive
+loop would die on `[]`, `123` or `"text"` (and take `null` for the end of input)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from acp._transport import NdjsonTransport
+from acp.core import DEFAULT_STDIO_BUFFER_LIMIT_BYTES
+from acp.stdio import stdio_streams
+from acp.task import MessageSender, TaskSupervisor
+
+log = logging.getLogger("crow.acp")
+
+NOT_AN_OBJECT = {
+    "jsonrpc": "2.0",
+    "id": None,
+    "error": {"code": -32600, "message": "Invalid Request: expected a JSON object"},
+}
+
+
+class ObjectsOnlyTransport(NdjsonTransport):
+    async def receive(self) -> dict[str, Any] | None:
+        while True:
+            line = await self._read_line()
+            if not line:
+                return None  # end of input
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                message = json.loads(line)
+            except (ValueError, RecursionError):  # garbage, or nested deeper than json can go
+                log.warning("ignored a line that is not JSON (%d bytes)", len(line))
+                await self.send({**NOT_AN_OBJECT, "error": {"code": -32700, "message": "Parse error"}})
+                continue
+            if isinstance(message, dict):
+                return message
+            await self.send(NOT_AN_OBJECT)
+
+
+async def stdio_transport() -> tuple[ObjectsOnlyTransport, TaskSupervisor]:
+    reader, writer = await stdio_streams(limit=DEFAULT_STDIO_BUFFER_LIMIT_BYTES)
+    supervisor = TaskSupervisor(source="crow.stdio")
+    return ObjectsOnlyTransport(reader, MessageSender(writer, supervisor)), supervisor
