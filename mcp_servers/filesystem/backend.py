@@ -26,6 +26,7 @@ from mcp_servers.filesystem.execute import ExecResult, default_shell, run_comman
 __all__ = ["MAX_READ_BYTES", "Backend", "BinaryFileError", "ExecResult", "LocalBackend"]
 
 MAX_READ_BYTES = 20 * 1024 * 1024  # whole-file reads beyond this are refused, not paged
+INLINE_BYTES = 256 * 1024  # files up to this size are read and written without a thread hop
 SANDBOXES = ("bwrap",)
 
 
@@ -85,9 +86,20 @@ class LocalBackend:
         self.sandbox = sandbox
 
     async def read_text(self, path: Path) -> str:
+        # Most source files are small: reading one inline takes less time than the hop to
+        # a worker thread and back. Large ones go to a thread so the loop keeps moving.
+        try:
+            small = path.stat().st_size <= INLINE_BYTES  # noqa: ASYNC240 - a stat is cheaper than a hop
+        except OSError:
+            small = True  # let _read_local raise the precise error
+        if small:
+            return _read_local(path)
         return await anyio.to_thread.run_sync(_read_local, path, abandon_on_cancel=True)
 
     async def write_text(self, path: Path, text: str) -> None:
+        if len(text) <= INLINE_BYTES:
+            _write_local(path, text)
+            return
         # Not abandoned on cancel: a half-finished write must not race the next call.
         await anyio.to_thread.run_sync(_write_local, path, text)
 
