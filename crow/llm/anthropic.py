@@ -7,8 +7,6 @@ import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-import httpx
-
 from crow.errors import ProviderError, StreamCutError
 from crow.llm.base import (
     ModelEvent,
@@ -207,46 +205,15 @@ class _StreamState:
 
 
 class AnthropicProvider(HTTPProvider):
-    def __init__(
-        self,
-        model: str,
-        *,
-        base_url: str = "https://api.anthropic.com",
-        api_key: str | None = None,
-        api_key_env: str = "ANTHROPIC_API_KEY",
-        name: str = "anthropic",
-        context_window: int = 200_000,
-        max_tokens: int | None = 8192,
-        temperature: float | None = None,
-        reasoning_effort: str | None = None,
-        thinking_budget: int | None = None,
-        connect_timeout: float = 10,
-        read_timeout: float = 300,
-        max_retries: int = 3,
-        backoff_base: float = 0.5,
-        backoff_cap: float = 20.0,
-        headers: Mapping[str, str] | None = None,
-        client: httpx.AsyncClient | None = None,
-    ) -> None:
-        super().__init__(
-            base_url=base_url,
-            api_key=api_key,
-            api_key_env=api_key_env,
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            max_retries=max_retries,
-            backoff_base=backoff_base,
-            backoff_cap=backoff_cap,
-            client=client,
-        )
-        self.name = name
-        self.model = model
-        self.context_window = context_window
-        self.max_tokens = max_tokens or 8192  # required by the API
-        self.temperature = temperature
-        self.reasoning_effort = reasoning_effort
+    default_base_url = "https://api.anthropic.com"
+    default_key_env = "ANTHROPIC_API_KEY"
+    default_name = "anthropic"
+    default_context_window = 200_000
+
+    def __init__(self, model: str, *, thinking_budget: int | None = None, **settings: Any) -> None:
+        super().__init__(model, **settings)
+        self.max_tokens = self.max_tokens or 8192  # required by the API
         self.thinking_budget = thinking_budget
-        self._extra_headers = dict(headers or {})
 
     def build_body(self, request: ModelRequest) -> dict[str, Any]:
         system, messages = convert_messages(request.messages)

@@ -192,27 +192,43 @@ _PUBLIC_HOSTS = ("api.openai.com", "api.anthropic.com")
 class HTTPProvider:
     """Plumbing both providers share: one keep-alive client, the key, the retry policy."""
 
-    name: str
-    model: str
-    context_window: int
+    # What a subclass's wire defaults to; every one can be overridden per instance.
+    default_base_url: str
+    default_key_env: str
+    default_name: str
+    default_context_window: int = 128_000
 
     def __init__(
         self,
+        model: str,
         *,
-        base_url: str,
-        api_key: str | None,
-        api_key_env: str,
-        connect_timeout: float,
-        read_timeout: float,
-        max_retries: int,
-        backoff_base: float,
-        backoff_cap: float,
-        client: httpx.AsyncClient | None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        api_key_env: str | None = None,
+        name: str | None = None,
+        context_window: int | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        reasoning_effort: str | None = None,
+        connect_timeout: float = 10,
+        read_timeout: float = 300,
+        max_retries: int = 3,
+        backoff_base: float = 0.5,
+        backoff_cap: float = 20.0,
+        headers: Mapping[str, str] | None = None,
+        client: httpx.AsyncClient | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.api_key_env = api_key_env
+        self.model = model
+        self.name = name or self.default_name
+        self.context_window = context_window or self.default_context_window
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.reasoning_effort = reasoning_effort
+        self._extra_headers = dict(headers or {})
+        self.base_url = (base_url or self.default_base_url).rstrip("/")
+        self.api_key_env = api_key_env or self.default_key_env
         # "" means "no key, do not look in the environment" (the registry resolved it)
-        key = api_key if api_key is not None else os.environ.get(api_key_env, "")
+        key = api_key if api_key is not None else os.environ.get(self.api_key_env, "")
         self._api_key = key or None
         self.retry = RetryPolicy(max(1, max_retries), backoff_base, backoff_cap)
         timeout = httpx.Timeout(read_timeout, connect=connect_timeout)

@@ -8,8 +8,6 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from crow.errors import ProviderError, StreamCutError
 from crow.llm.base import (
     ModelEvent,
@@ -160,44 +158,9 @@ class _StreamState:
 
 
 class OpenAIProvider(HTTPProvider):
-    def __init__(
-        self,
-        model: str,
-        *,
-        base_url: str = "https://api.openai.com/v1",
-        api_key: str | None = None,
-        api_key_env: str = "OPENAI_API_KEY",
-        name: str = "openai",
-        context_window: int = 128_000,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        reasoning_effort: str | None = None,
-        connect_timeout: float = 10,
-        read_timeout: float = 300,
-        max_retries: int = 3,
-        backoff_base: float = 0.5,
-        backoff_cap: float = 20.0,
-        headers: Mapping[str, str] | None = None,
-        client: httpx.AsyncClient | None = None,
-    ) -> None:
-        super().__init__(
-            base_url=base_url,
-            api_key=api_key,
-            api_key_env=api_key_env,
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            max_retries=max_retries,
-            backoff_base=backoff_base,
-            backoff_cap=backoff_cap,
-            client=client,
-        )
-        self.name = name
-        self.model = model
-        self.context_window = context_window
-        self.max_tokens = max_tokens
-        self.temperature = temperature
-        self.reasoning_effort = reasoning_effort
-        self._extra_headers = dict(headers or {})
+    default_base_url = "https://api.openai.com/v1"
+    default_key_env = "OPENAI_API_KEY"
+    default_name = "openai"
 
     def build_body(self, request: ModelRequest) -> dict[str, Any]:
         body: dict[str, Any] = {
