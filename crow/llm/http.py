@@ -31,6 +31,7 @@ from crow.errors import (
     RateLimitError,
     StreamCutError,
 )
+from crow.llm.base import ModelEvent, ModelRequest
 
 logger = logging.getLogger("crow.llm")
 
@@ -235,6 +236,19 @@ class HTTPProvider:
         self._client = client or httpx.AsyncClient(timeout=timeout)
         self._owns_client = client is None
         self._timeout = timeout
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        """The Provider method: one request, retried as the policy allows."""
+        self._require_key()
+        body = self.build_body(request)
+        async for event in stream_with_retries(lambda: self._attempt(body), self.retry, provider=self.name):
+            yield event
+
+    def build_body(self, request: ModelRequest) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _attempt(self, body: Mapping[str, Any]) -> AsyncIterator[ModelEvent]:
+        raise NotImplementedError
 
     def __repr__(self) -> str:  # never show the key
         return f"{type(self).__name__}(name={self.name!r}, model={self.model!r}, base_url={self.base_url!r})"

@@ -20,7 +20,7 @@ from crow.llm.base import (
     ToolSpec,
     Usage,
 )
-from crow.llm.http import HTTPProvider, error_from_status, map_http_errors, stream_with_retries
+from crow.llm.http import HTTPProvider, error_from_status, map_http_errors
 from crow.llm.sse import SSEDecoder
 from crow.messages import Message, ToolCall
 
@@ -191,12 +191,6 @@ class OpenAIProvider(HTTPProvider):
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
         return headers
-
-    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
-        self._require_key()
-        body = self.build_body(request)
-        async for event in stream_with_retries(lambda: self._attempt(body), self.retry, provider=self.name):
-            yield event
 
     async def _attempt(self, body: Mapping[str, Any]) -> AsyncIterator[ModelEvent]:
         state = _StreamState()
