@@ -92,8 +92,12 @@ def print_table(figures: list[Figure]) -> None:
 
 
 def markdown(figures: list[Figure], info: dict[str, str], args: argparse.Namespace, secs: float) -> str:
-    cmd = "python bench/run.py" + (" --quick" if args.quick else "") + "".join(
-        f" --only {o}" for o in args.only or ()) + (" --peers" if args.peers else "")
+    cmd = (
+        "python bench/run.py"
+        + (" --quick" if args.quick else "")
+        + "".join(f" --only {o}" for o in args.only or ())
+        + (" --peers" if args.peers else "")
+    )
     lines = [
         "# crow benchmarks",
         "",
@@ -161,19 +165,30 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(ctx.tmp, ignore_errors=True)
     secs = time.perf_counter() - t0
 
-    print(f"\ncrow benchmarks  {info['date']}  {info['nproc']} CPUs  {info['cpu']}  "
-          f"Python {info['python']}  ({secs:.0f} s)\n")
+    print(
+        f"\ncrow benchmarks  {info['date']}  {info['nproc']} CPUs  {info['cpu']}  "
+        f"Python {info['python']}  ({secs:.0f} s)\n"
+    )
     print_table(figures)
     judged = [f for f in figures if f.slack is not None]
     if judged:
         worst = max(judged, key=lambda f: f.slack or 0)
-        print(f"\nclosest to / furthest over its target: {worst.group} / {worst.name} "
-              f"at {worst.slack:.2f}x of the limit ({worst.verdict})")
+        print(
+            f"\nclosest to / furthest over its target: {worst.group} / {worst.name} "
+            f"at {worst.slack:.2f}x of the limit ({worst.verdict})"
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": info, "seconds": secs,
-                                               "figures": [f.as_dict() for f in figures]}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {"machine": info, "seconds": secs, "figures": [f.as_dict() for f in figures]}, indent=2
+            )
+        )
     if args.write:
-        (ROOT / "BENCHMARKS.md").write_text(markdown(figures, info, args, secs))
+        path = ROOT / "BENCHMARKS.md"
+        # Keep the hand-written sections that follow the generated table (## Peers, ...).
+        old = path.read_text() if path.exists() else ""
+        kept = old[old.index("\n## ") :] if "\n## " in old else ""
+        path.write_text(markdown(figures, info, args, secs) + kept)
         print(f"\nwrote {ROOT / 'BENCHMARKS.md'}")
     return 0
 
