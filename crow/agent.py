@@ -13,7 +13,7 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -22,10 +22,12 @@ from crow.errors import ConfigError, SessionError, StoreError
 from crow.events import Emit, Notice
 from crow.hooks import HookRegistry
 from crow.llm.base import Provider
-from crow.loop import LoopSettings, Turn, TurnResult
 from crow.messages import Message, Messages, close_dangling_tool_calls
 from crow.session import Session
 from crow.tools import ServerSpec, ToolHub, function_server, import_mcp
+
+if TYPE_CHECKING:
+    from crow.loop import LoopSettings, TurnResult
 
 log = logging.getLogger("crow.agent")
 
@@ -262,6 +264,8 @@ class Agent:
 
     # ------------------------------------------------------------ turns
     def loop_settings(self, session: Session) -> LoopSettings:
+        from crow.loop import LoopSettings
+
         c = self.config
         return LoopSettings(
             system_prompt=c.system_prompt.replace("{cwd}", str(session.cwd)),
@@ -283,6 +287,8 @@ class Agent:
             provider, no_model = None, str(exc)
         else:
             no_model = NO_MODEL_MESSAGE
+        from crow.loop import Turn
+
         turn = Turn(
             session,
             hooks=self.hooks,

@@ -23,17 +23,17 @@ from crow.llm.base import (
     Usage,
     complete,
 )
-from crow.llm.registry import (
-    ModelSettings,
-    ProviderSettings,
-    create_provider,
-    default_context_window,
-    list_known_providers,
-)
 
 if TYPE_CHECKING:
     from crow.llm.anthropic import AnthropicProvider
     from crow.llm.openai import OpenAIProvider
+    from crow.llm.registry import (
+        ModelSettings,
+        ProviderSettings,
+        create_provider,
+        default_context_window,
+        list_known_providers,
+    )
 
 __all__ = [
     "AnthropicProvider",
@@ -57,7 +57,21 @@ __all__ = [
     "list_known_providers",
 ]
 
-_LAZY = {"OpenAIProvider": "crow.llm.openai", "AnthropicProvider": "crow.llm.anthropic"}
+# Loaded on first use: the path to the ACP `initialize` answer needs none of them.
+_LAZY = {
+    "OpenAIProvider": "crow.llm.openai",
+    "AnthropicProvider": "crow.llm.anthropic",
+    **dict.fromkeys(
+        [
+            "ModelSettings",
+            "ProviderSettings",
+            "create_provider",
+            "default_context_window",
+            "list_known_providers",
+        ],
+        "crow.llm.registry",
+    ),
+}
 
 
 def __getattr__(name: str) -> Any:
