@@ -37,12 +37,14 @@ from acp.schema import (
     SessionForkCapabilities,
     SessionInfoUpdate,
     SessionListCapabilities,
+    SessionNotification,
     SessionResumeCapabilities,
     SetSessionConfigOptionResponse,
     SetSessionModeResponse,
     UnstructuredCommandInput,
     UsageUpdate,
 )
+from acp.utils import serialize_params
 
 from crow import __version__, acp_sessions, acp_view
 from crow.acp_client import AcpSessionClient
@@ -91,6 +93,7 @@ class AcpServer:
         self.client_capabilities: ClientCapabilities | None = None
         self._running: dict[str, anyio.CancelScope] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self.wire: Any = None  # crow's own stdio transport, when serving over it
 
     def on_connect(self, conn: Any) -> None:
         self.conn = conn
@@ -158,8 +161,12 @@ class AcpServer:
     async def load_session(
         self, cwd: str, session_id: str, mcp_servers: list[Any] | None = None, **kwargs: Any
     ) -> LoadSessionResponse:
-        session = await self._restore(session_id, cwd, mcp_servers)
-        transcript = await self.agent.store.load_transcript(session_id)
+        try:
+            session, transcript = await self.agent.load_session(
+                session_id, server_specs(mcp_servers), cwd, prepare=self._bind
+            )
+        except CrowError as exc:
+            raise session_error(exc) from exc
         await self._update_many(session_id, acp_view.replay(transcript, session.cwd))
         if session.todos:
             await self._update(session_id, acp_view.plan_update(session.todos))
@@ -343,19 +350,24 @@ class AcpServer:
             except Exception:
                 log.debug("release_terminal failed", exc_info=True)
 
-    async def _update_many(self, session_id: str, updates: Iterable[Any], batch: int = 256) -> None:
-        """Send many updates in order without a round trip to the writer for each one:
-        queued together, a 5,000-message replay costs a few writes instead of 5,000 waits."""
+    async def _update_many(self, session_id: str, updates: Iterable[Any], batch: int = 500) -> None:
+        """Send many updates in order (a replay): in batches of one write each on crow's own
+        wire, else one by one."""
         if self.conn is None:
             return
-        pending: list[Any] = []
+        if self.wire is None:
+            for update in updates:
+                await self._update(session_id, update)
+            return
+        pending: list[dict[str, Any]] = []
         for update in updates:
-            pending.append(self.conn.session_update(session_id, update))
+            note = SessionNotification(session_id=session_id, update=update)
+            pending.append({"jsonrpc": "2.0", "method": "session/update", "params": serialize_params(note)})
             if len(pending) >= batch:
-                await asyncio.gather(*pending)
+                await self.wire.send_many(pending)
                 pending = []
         if pending:
-            await asyncio.gather(*pending)
+            await self.wire.send_many(pending)
 
     async def _update(self, session_id: str, update: Any) -> None:
         if self.conn is None:
@@ -452,6 +464,7 @@ async def serve(agent: Agent | None = None) -> None:
 
     server = AcpServer(agent)
     transport, supervisor = await stdio_transport()
+    server.wire = transport
     conn = acp.AgentSideConnection(server, transport, listening=False, use_unstable_protocol=True)
     try:
         await conn.listen()

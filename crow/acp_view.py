@@ -18,6 +18,7 @@ from acp import (
     text_block,
     tool_content,
     tool_diff_content,
+    tool_terminal_ref,
     update_agent_message_text,
     update_agent_thought_text,
     update_plan,
@@ -132,7 +133,8 @@ def terminal_id(result: ToolResult) -> str | None:
     return str(tid) if tid else None
 
 
-def end_update(call: ToolCall, result: ToolResult) -> Any:
+def _outcome(result: ToolResult) -> dict[str, Any]:
+    """Final status, content and raw output of a finished tool call."""
     content: list[Any] = []
     diff = _diff(result.meta)
     if diff is not None and not result.is_error:
@@ -143,14 +145,27 @@ def end_update(call: ToolCall, result: ToolResult) -> Any:
         content.append(tool_content(text_block(shown)))
     terminal = terminal_id(result)
     if terminal:
-        from acp import tool_terminal_ref
-
         content.insert(0, tool_terminal_ref(str(terminal)))
-    return update_tool_call(
+    return {
+        "status": "failed" if result.is_error else "completed",
+        "content": content or None,
+        "raw_output": _raw_output(result),
+    }
+
+
+def end_update(call: ToolCall, result: ToolResult) -> Any:
+    return update_tool_call(call.id, **_outcome(result))
+
+
+def finished_update(call: ToolCall, result: ToolResult, cwd: Path) -> Any:
+    """A tool call shown whole in one notification (replay): start and end together."""
+    return start_tool_call(
         call.id,
-        status="failed" if result.is_error else "completed",
-        content=content or None,
-        raw_output=_raw_output(result),
+        tool_title(call),
+        kind=tool_kind(call.name),
+        locations=tool_locations(call, cwd),
+        raw_input=dict(call.args) if call.parse_error is None else call.raw_args,
+        **_outcome(result),
     )
 
 
@@ -180,9 +195,28 @@ def plan_update(todos: list[Mapping[str, Any]]) -> Any:
 
 
 def replay(messages: list[Message], cwd: Path) -> Iterator[Any]:
-    """The updates that show a stored transcript again, in order."""
-    calls: dict[str, ToolCall] = {}
+    """The updates that show a stored transcript again, in order. A finished tool call is
+    one notification carrying its final state, not a start and an update."""
+    pending: dict[str, ToolCall] = {}  # calls whose result has not come yet
+
+    def unanswered() -> Iterator[Any]:
+        for call in pending.values():
+            yield start_update(call, cwd)
+        pending.clear()
+
     for m in messages:
+        if m.role == "tool":
+            call = pending.pop(m.tool_call_id, None) or ToolCall(m.tool_call_id, m.name)
+            result = ToolResult(
+                m.tool_call_id,
+                m.name,
+                output="" if m.is_error else m.content,
+                error=m.content.removeprefix("Error: ") if m.is_error else None,
+                meta=m.meta,
+            )
+            yield finished_update(call, result, cwd)
+            continue
+        yield from unanswered()
         if m.role == "user":
             text = m.content
             if m.images:
@@ -193,21 +227,10 @@ def replay(messages: list[Message], cwd: Path) -> Iterator[Any]:
                 yield update_agent_thought_text(m.thinking)
             if m.content:
                 yield update_agent_message_text(m.content)
-            for call in m.tool_calls:
-                calls[call.id] = call
-                yield start_update(call, cwd)
-        elif m.role == "tool":
-            call = calls.get(m.tool_call_id) or ToolCall(m.tool_call_id, m.name)
-            result = ToolResult(
-                m.tool_call_id,
-                m.name,
-                output="" if m.is_error else m.content,
-                error=m.content.removeprefix("Error: ") if m.is_error else None,
-                meta=m.meta,
-            )
-            yield end_update(call, result)
+            pending.update((call.id, call) for call in m.tool_calls)
         elif m.role == "system" and (m.meta or {}).get("notice"):
             yield update_agent_message_text(m.content)
+    yield from unanswered()
 
 
 def command_line(text: str) -> tuple[str, str] | None:

@@ -184,15 +184,43 @@ class Agent:
     ) -> Session:
         """Bring a stored session back into memory (no replay). `prepare` runs before its
         tools connect (the ACP adapter binds the editor client there)."""
+        session, _ = await self.restore_session(session_id, mcp_servers, cwd, prepare)
+        return session
+
+    async def load_session(
+        self,
+        session_id: str,
+        mcp_servers: Sequence[ServerSpec] = (),
+        cwd: str | None = None,
+        prepare: Callable[[Session], None] | None = None,
+    ) -> tuple[Session, list[Message]]:
+        """Like `resume_session`, also returning the transcript to replay (one store read)."""
+        session, transcript = await self.restore_session(session_id, mcp_servers, cwd, prepare, True)
+        if transcript is None:
+            transcript = await self._store.load_transcript(session_id)
+        return session, transcript
+
+    async def restore_session(
+        self,
+        session_id: str,
+        mcp_servers: Sequence[ServerSpec] = (),
+        cwd: str | None = None,
+        prepare: Callable[[Session], None] | None = None,
+        with_transcript: bool = False,
+    ) -> tuple[Session, list[Message] | None]:
         if session_id in self.sessions:
-            return self.sessions[session_id]
+            return self.sessions[session_id], None
         await self.ready()
         record = await self._store.get_session(session_id) if self._store else None
         if session_id in self.sessions:  # restored meanwhile by a concurrent call
-            return self.sessions[session_id]
+            return self.sessions[session_id], None
         if record is None:
             raise SessionError(f"unknown session {session_id!r}")
-        stored = await self._store.load_context(session_id)
+        transcript: list[Message] | None = None
+        if with_transcript:
+            stored, transcript = await self._store.load_both(session_id)
+        else:
+            stored = await self._store.load_context(session_id)
         repaired = close_dangling_tool_calls(stored)
         session = Session(
             id=session_id,
@@ -206,18 +234,21 @@ class Agent:
         )
         if prepare is not None:
             prepare(session)
+        session.store = self._store
         self.sessions[session_id] = session
+        # Tools connect in the background, as for a new session: the first prompt waits.
         self._session_ready[session_id] = asyncio.create_task(
             self._prepare(session, list(mcp_servers), new=False)
         )
-        await self._session_ready[session_id]
         if len(repaired) != len(stored):
             # A crash left tool calls without results: answer them, durably.
             if repaired[: len(stored)] == stored:
                 await session.add(*repaired[len(stored) :])
+                if transcript is not None:
+                    transcript.extend(repaired[len(stored) :])
             else:
                 await session.set_messages(repaired)
-        return session
+        return session, transcript
 
     async def fork_session(self, session_id: str) -> str:
         """Copy a stored session (both records) under a new id; returns the id."""

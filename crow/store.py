@@ -207,6 +207,10 @@ class SQLiteStore:
     async def load_transcript(self, session_id: str) -> list[Message]:
         return await self._run(self._load_transcript, session_id)
 
+    async def load_both(self, session_id: str) -> tuple[list[Message], list[Message]]:
+        """(context, transcript) from one read: what a `session/load` needs."""
+        return await self._run(self._load_both, session_id)
+
     # the worker thread and its hand-off; the inline writer
     @property
     def _conn(self) -> sqlite3.Connection:
@@ -414,6 +418,17 @@ class SQLiteStore:
             (session_id, start),
         )
         return [_load(d) for d in json.loads(head)] + [_load(json.loads(t)) for (t,) in rows]
+
+    def _load_both(self, session_id: str) -> tuple[list[Message], list[Message]]:
+        conn = self._conn
+        head, start = self._get_row(conn, "context_head, context_from", session_id)
+        rows = conn.execute(
+            "SELECT seq, in_context, message FROM entries WHERE session_id = ? ORDER BY seq", (session_id,)
+        ).fetchall()
+        transcript = [_load(json.loads(t)) for (_, _, t) in rows]
+        context = [_load(d) for d in json.loads(head)]
+        context += [m for (seq, inc, _), m in zip(rows, transcript, strict=True) if seq >= start and inc]
+        return context, transcript
 
     def _load_transcript(self, session_id: str) -> list[Message]:
         conn = self._conn

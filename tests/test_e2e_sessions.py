@@ -29,14 +29,16 @@ def kinds(client) -> list[str]:  # type: ignore[no-untyped-def]
     return [type(u).__name__ for _, u in client.updates]
 
 
-async def test_load_replays_everything_after_a_restart(llm: ScriptedLLM, home: Path,
-                                                       workspace: Path) -> None:
+async def test_load_replays_everything_after_a_restart(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
     (workspace / "a.txt").write_text("alpha\n")
     todos = [{"id": "1", "title": "Look", "status": "done"}]
-    llm.push(Reply(tool_calls=[ToolCallSpec(name="read_file", arguments={"path": "a.txt"})],
-                   reasoning="let me look"),
-             Reply(tool_calls=[ToolCallSpec(name="write_todos", arguments={"todos": todos})]),
-             Reply(text="It says alpha."))
+    llm.push(
+        Reply(
+            tool_calls=[ToolCallSpec(name="read_file", arguments={"path": "a.txt"})], reasoning="let me look"
+        ),
+        Reply(tool_calls=[ToolCallSpec(name="write_todos", arguments={"todos": todos})]),
+        Reply(text="It says alpha."),
+    )
     env = crow_env(llm, home)
     async with spawn_crow(env) as (conn, _proc, _client):
         sid = await open_session(conn, workspace)
@@ -52,7 +54,8 @@ async def test_load_replays_everything_after_a_restart(llm: ScriptedLLM, home: P
         assert "AgentThoughtChunk" in replay and "AgentPlanUpdate" in replay
         starts = client.of_type("ToolCallStart")
         assert [s.title for s in starts] == ["Read a.txt", "Update plan"]
-        assert [u.status for u in client.of_type("ToolCallProgress")] == ["completed", "completed"]
+        assert [s.status for s in starts] == ["completed", "completed"], "replayed whole, final state"
+        assert "alpha" in starts[0].content[0].content.text
         assert client.text() == "It says alpha."
         response = await conn.prompt(session_id=sid, prompt=[acp.text_block("and now?")])
     assert response.stop_reason == "end_turn"
@@ -61,8 +64,9 @@ async def test_load_replays_everything_after_a_restart(llm: ScriptedLLM, home: P
 
 
 @pytest.mark.parametrize("moment", ["stream", "tool"])
-async def test_sigkill_mid_turn_then_load_and_continue(llm: ScriptedLLM, home: Path,
-                                                       workspace: Path, moment: str) -> None:
+async def test_sigkill_mid_turn_then_load_and_continue(
+    llm: ScriptedLLM, home: Path, workspace: Path, moment: str
+) -> None:
     if moment == "stream":
         llm.push(Reply(text="partial " * 400, chunk_delay=0.02))
     else:
@@ -94,8 +98,7 @@ async def test_sigkill_mid_turn_then_load_and_continue(llm: ScriptedLLM, home: P
     assert messages[-1]["role"] == "user" and messages[-1]["content"] == "again"
 
 
-async def test_list_resume_fork_close(llm: ScriptedLLM, home: Path, workspace: Path,
-                                      tmp_path: Path) -> None:
+async def test_list_resume_fork_close(llm: ScriptedLLM, home: Path, workspace: Path, tmp_path: Path) -> None:
     other = tmp_path / "other"
     other.mkdir()
     llm.default = lambda req: Reply(text=f"re: {req.last_user_text}")
@@ -123,8 +126,9 @@ async def test_list_resume_fork_close(llm: ScriptedLLM, home: Path, workspace: P
         before = len(client.updates)
         await conn.resume_session(session_id=ids[0], cwd=str(workspace), mcp_servers=[])
         await asyncio.sleep(0.05)
-        assert not [u for _, u in client.updates[before:] if "Chunk" in type(u).__name__], \
+        assert not [u for _, u in client.updates[before:] if "Chunk" in type(u).__name__], (
             "resume does not replay"
+        )
         await conn.prompt(session_id=ids[0], prompt=[acp.text_block("back")])
         history = [m["content"] for m in llm.requests[-1].messages if m["role"] == "user"]
         assert history == ["first prompt 0", "back"], "the fork did not touch the source"
@@ -136,16 +140,17 @@ async def test_list_resume_fork_close(llm: ScriptedLLM, home: Path, workspace: P
 async def test_unknown_session_errors(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
     async with spawn_crow(crow_env(llm, home)) as (conn, _proc, _client):
         await conn.initialize(protocol_version=1)
-        for call in (conn.prompt(session_id="nope", prompt=[acp.text_block("x")]),
-                     conn.load_session(cwd=str(workspace), session_id="nope", mcp_servers=[]),
-                     conn.ext_method("crow.compact", {"sessionId": "nope"})):
+        for call in (
+            conn.prompt(session_id="nope", prompt=[acp.text_block("x")]),
+            conn.load_session(cwd=str(workspace), session_id="nope", mcp_servers=[]),
+            conn.ext_method("crow.compact", {"sessionId": "nope"}),
+        ):
             with pytest.raises(acp.RequestError) as err:
                 await call
             assert "unknown session" in str(err.value.data or err.value) or "nope" in str(err.value)
 
 
-async def test_model_config_option_switches_models(llm: ScriptedLLM, home: Path,
-                                                   workspace: Path) -> None:
+async def test_model_config_option_switches_models(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
     config = home / "models.yaml"
     config.write_text("models: [openai:scripted, openai:other-model]\n")
     async with spawn_crow(crow_env(llm, home), "--config", str(config)) as (conn, _proc, _client):
@@ -155,8 +160,9 @@ async def test_model_config_option_switches_models(llm: ScriptedLLM, home: Path,
         assert options["model"].category == "model" and options["mode"].category == "mode"
         assert [o.value for o in options["model"].options] == ["openai:scripted", "openai:other-model"]
         await conn.prompt(session_id=new.session_id, prompt=[acp.text_block("one")])
-        changed = await conn.set_config_option(session_id=new.session_id, config_id="model",
-                                               value="openai:other-model")
+        changed = await conn.set_config_option(
+            session_id=new.session_id, config_id="model", value="openai:other-model"
+        )
         assert {o.id: o.current_value for o in changed.config_options}["model"] == "openai:other-model"
         await conn.prompt(session_id=new.session_id, prompt=[acp.text_block("two")])
         with pytest.raises(acp.RequestError):
@@ -169,8 +175,9 @@ def long_history(llm: ScriptedLLM, turns: int) -> None:
         llm.push(Reply(text=f"answer {i} " + "detail " * 50))
 
 
-async def test_crow_compact_ext_method_and_replay_stays_whole(llm: ScriptedLLM, home: Path,
-                                                              workspace: Path) -> None:
+async def test_crow_compact_ext_method_and_replay_stays_whole(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
     long_history(llm, 12)
     env = crow_env(llm, home)
     async with spawn_crow(env) as (conn, _proc, client):
@@ -238,8 +245,14 @@ def test_cli_sessions_and_compact(llm: ScriptedLLM, home: Path, workspace: Path)
     sid = asyncio.run(make())
 
     def crow(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "crow", *args], env=env, capture_output=True,
-                              text=True, timeout=60, cwd=workspace)
+        return subprocess.run(
+            [sys.executable, "-m", "crow", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=workspace,
+        )
 
     listed = crow("sessions", "list")
     assert listed.returncode == 0 and sid in listed.stdout and "cli question 0" in listed.stdout
