@@ -1,0 +1,283 @@
+"""The hook API: phases, aliases, registration checks, onion order, actions, and the loop's
+handling of hook failures and actions (driven with ScriptedProvider, no network)."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crow.agent import Agent
+from crow.config import Config
+from crow.errors import HookError
+from crow.hooks import ALIASES, PHASES, Continue, Hook, HookRegistry, Replace, Stop
+from crow.llm.base import ModelRequest, ModelResponse, ScriptedProvider
+from crow.messages import Message, ToolCall, ToolResult, ai, human
+
+pytestmark = pytest.mark.anyio
+
+
+def test_hook_base_class_defines_exactly_the_eight_async_phases() -> None:
+    assert len(PHASES) == 8
+    for phase in PHASES:
+        assert inspect.iscoroutinefunction(getattr(Hook, phase)), phase
+    async_methods = {n for n, f in vars(Hook).items() if inspect.iscoroutinefunction(f)}
+    assert async_methods == set(PHASES)
+    assert set(ALIASES.values()) <= set(PHASES)
+    for seed in ("pre_request", "mid_react", "post_react_loop", "post_request", "AfterLLMCall", "OnError"):
+        assert seed in ALIASES
+
+
+def test_only_overridden_phases_are_wired() -> None:
+    class OnlyStop(Hook):
+        async def agent_stop(self, ctx: Any) -> None:
+            return None
+
+    registry = HookRegistry()
+    registry.add(OnlyStop())
+    assert registry.names("agent_stop") == ["OnlyStop"]
+    assert all(registry.names(p) == [] for p in PHASES if p != "agent_stop")
+
+
+def test_registration_is_validated_and_atomic() -> None:
+    registry = HookRegistry()
+
+    def sync_fn(ctx: Any) -> None: ...
+
+    async def no_next(ctx: Any, call: Any) -> None: ...
+
+    async def ok(ctx: Any) -> None: ...
+
+    with pytest.raises(HookError, match="must be an async function"):
+        registry.register("mid_react", sync_fn)
+    with pytest.raises(HookError, match="must accept call_next"):
+        registry.register("wrap_tool_call", no_next)
+    with pytest.raises(HookError, match="unknown hook phase 'nope'"):
+        registry.register("nope", ok)
+
+    class Broken(Hook):
+        async def before_agent(self, ctx: Any) -> None: ...
+
+        def agent_stop(self, ctx: Any) -> None:  # type: ignore[override]  # sync: invalid
+            ...
+
+    with pytest.raises(HookError):
+        registry.add(Broken())
+    assert registry.names() == [], "nothing half-registered"
+    registry.register("pre_request", ok, name="ok")
+    with pytest.raises(HookError, match="already registered"):
+        registry.register("post_request", ok, name="ok")
+    registry.freeze()
+    with pytest.raises(HookError, match="frozen"):
+        registry.register("post_request", ok, name="late")
+
+
+def make_agent(tmp_path: Path, handler: Any) -> tuple[Agent, ScriptedProvider]:
+    provider = ScriptedProvider(handler)
+    agent = Agent(Config(home=tmp_path / "home", mode="yolo"), provider=provider, builtin_hooks=False)
+    return agent, provider
+
+
+async def run(agent: Agent, tmp_path: Path, text: str = "hi") -> tuple[Any, Any, list[Any]]:
+    events: list[Any] = []
+
+    async def emit(event: Any) -> None:
+        events.append(event)
+
+    session = agent.create_session(tmp_path)
+    try:
+        result = await agent.run_turn(session, human(text), emit)
+    finally:
+        await agent.aclose()
+    return result, session, events
+
+
+async def test_onion_order_and_every_phase_fires(tmp_path: Path) -> None:
+    order: list[str] = []
+    answers = iter(
+        [
+            ModelResponse(ai("", ToolCall("c1", "echo", {"text": "x"})), stop_reason="tool_use"),
+            ModelResponse(ai("done")),
+        ]
+    )
+    agent, _ = make_agent(tmp_path, lambda req: next(answers))
+
+    @agent.tool(read_only=True)
+    async def echo(text: str) -> str:
+        """Echo."""
+        order.append("tool")
+        return text
+
+    def wrapper(name: str) -> Any:
+        async def wrap_model(ctx: Any, request: ModelRequest, call_next: Any) -> ModelResponse:
+            order.append(f"{name}>model")
+            response = await call_next(request)
+            order.append(f"{name}<model")
+            return response
+
+        async def wrap_tool(ctx: Any, call: ToolCall, call_next: Any) -> ToolResult:
+            order.append(f"{name}>tool")
+            result = await call_next(call)
+            order.append(f"{name}<tool")
+            return result
+
+        return wrap_model, wrap_tool
+
+    for name in ("outer", "inner"):
+        model, tool = wrapper(name)
+        agent.hooks.register("wrap_model_call", model, name=f"{name}-model")
+        agent.hooks.register("wrap_tool_call", tool, name=f"{name}-tool")
+    for phase in ("pre_request", "modify_request", "mid_react", "post_react_loop", "post_request"):
+
+        async def observer(ctx: Any, *args: Any, phase: str = phase) -> None:
+            order.append(phase)
+
+        agent.hooks.register(phase, observer, name=phase)
+
+    result, _, _ = await run(agent, tmp_path)
+    assert result.stop_reason == "end_turn"
+    assert order == [
+        "pre_request",
+        "modify_request",
+        "outer>model",
+        "inner>model",
+        "inner<model",
+        "outer<model",
+        "mid_react",
+        "outer>tool",
+        "inner>tool",
+        "tool",
+        "inner<tool",
+        "outer<tool",
+        "modify_request",
+        "outer>model",
+        "inner>model",
+        "inner<model",
+        "outer<model",
+        "mid_react",
+        "post_react_loop",
+        "post_request",
+    ]
+
+
+async def test_failing_observer_is_skipped_and_failing_wrapper_becomes_a_tool_error(tmp_path: Path) -> None:
+    answers = iter(
+        [
+            ModelResponse(ai("", ToolCall("c1", "echo", {"text": "x"})), stop_reason="tool_use"),
+            ModelResponse(ai("done")),
+        ]
+    )
+    agent, provider = make_agent(tmp_path, lambda req: next(answers))
+
+    @agent.tool(read_only=True)
+    async def echo(text: str) -> str:
+        """Echo."""
+        return text
+
+    async def broken_observer(ctx: Any) -> None:
+        raise RuntimeError("observer broke")
+
+    async def broken_wrapper(ctx: Any, call: Any, call_next: Any) -> Any:
+        raise RuntimeError("wrapper broke")
+
+    agent.hooks.register("pre_request", broken_observer)
+    agent.hooks.register("wrap_tool_call", broken_wrapper)
+    result, session, _ = await run(agent, tmp_path)
+    assert result.stop_reason == "end_turn"
+    tool = [m for m in session.messages if m.role == "tool"][0]
+    assert tool.is_error and "wrapper broke" in tool.content
+
+
+async def test_continue_is_bounded_and_replace_is_validated(tmp_path: Path) -> None:
+    agent, provider = make_agent(tmp_path, lambda req: ModelResponse(ai("answer")))
+    agent.config.max_continues = 2
+
+    async def again(ctx: Any) -> Continue:
+        return Continue(["Are you sure?"])
+
+    agent.hooks.register("post_react_loop", again)
+    result, session, _ = await run(agent, tmp_path)
+    assert result.stop_reason == "end_turn"
+    assert len(provider.requests) == 3, "one answer plus two continues"
+    assert [m.content for m in session.messages if m.role == "user"] == [
+        "hi",
+        "Are you sure?",
+        "Are you sure?",
+    ]
+
+
+async def test_replace_action(tmp_path: Path) -> None:
+    agent, _ = make_agent(tmp_path, lambda req: ModelResponse(ai("long answer")))
+
+    async def invalid(ctx: Any) -> Replace:
+        return Replace([Message("tool", "orphan", tool_call_id="x", name="f")])
+
+    async def valid(ctx: Any) -> Replace:
+        return Replace([human("summary of it all")])
+
+    agent.hooks.register("mid_react", invalid, name="invalid")
+    agent.hooks.register("post_react_loop", valid, name="valid")
+    _, session, _ = await run(agent, tmp_path)
+    assert [m.content for m in session.messages] == ["summary of it all"]
+
+
+async def test_stop_after_tool_calls_answers_them(tmp_path: Path) -> None:
+    agent, provider = make_agent(
+        tmp_path, lambda req: ModelResponse(ai("", ToolCall("c1", "echo", {})), stop_reason="tool_use")
+    )
+
+    async def stop(ctx: Any) -> Stop:
+        return Stop()
+
+    agent.hooks.register("mid_react", stop)
+    result, session, _ = await run(agent, tmp_path)
+    assert result.stop_reason == "end_turn" and len(provider.requests) == 1
+    session.messages.validate()
+    assert "stopped the turn" in session.messages[-1].content
+
+
+async def test_before_tool_exec_can_block_and_after_can_rewrite(tmp_path: Path) -> None:
+    answers = iter(
+        [
+            ModelResponse(
+                ai("", ToolCall("c1", "echo", {"text": "rm -rf"}), ToolCall("c2", "echo", {"text": "fine"})),
+                stop_reason="tool_use",
+            ),
+            ModelResponse(ai("done")),
+        ]
+    )
+    agent, _ = make_agent(tmp_path, lambda req: next(answers))
+
+    @agent.tool(read_only=True)
+    async def echo(text: str) -> str:
+        """Echo."""
+        return text
+
+    async def guard(ctx: Any, call: ToolCall) -> ToolResult | None:
+        if "rm" in call.args.get("text", ""):
+            return ToolResult(call.id, call.name, error="blocked by policy")
+        return None
+
+    async def shout(ctx: Any, call: ToolCall, result: ToolResult) -> ToolResult:
+        return result.replace(output=result.output.upper())
+
+    agent.hooks.register("BeforeToolExec", guard)
+    agent.hooks.register("AfterToolExec", shout)
+    _, session, _ = await run(agent, tmp_path)
+    results = {m.tool_call_id: m for m in session.messages if m.role == "tool"}
+    assert results["c1"].is_error and "blocked by policy" in results["c1"].content
+    assert results["c2"].content == "FINE"
+
+
+async def test_inject_context_reaches_the_system_prompt(tmp_path: Path) -> None:
+    agent, provider = make_agent(tmp_path, lambda req: ModelResponse(ai("ok")))
+
+    async def weather(ctx: Any) -> None:
+        if "weather" in ctx.prompt:
+            ctx.inject_context("Current weather: sunny")
+
+    agent.hooks.register("pre_request", weather)
+    await run(agent, tmp_path, "what's the weather?")
+    assert "Current weather: sunny" in provider.requests[0].messages[0].content
