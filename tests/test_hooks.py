@@ -169,7 +169,7 @@ async def test_failing_observer_is_skipped_and_failing_wrapper_becomes_a_tool_er
             ModelResponse(ai("done")),
         ]
     )
-    agent, provider = make_agent(tmp_path, lambda req: next(answers))
+    agent, _ = make_agent(tmp_path, lambda req: next(answers))
 
     @agent.tool(read_only=True)
     async def echo(text: str) -> str:
