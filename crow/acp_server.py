@@ -107,7 +107,9 @@ class AcpServer:
         **kwargs: Any,
     ) -> InitializeResponse:
         self.client_capabilities = client_capabilities
-        self.agent.warm_up()  # MCP import, hooks, store: off the path of this answer
+        # MCP import, hooks, store: started just after this answer is on the wire, so the
+        # import thread does not compete with writing it.
+        self._after_response(self._warm_up())
         return InitializeResponse(
             protocol_version=acp.PROTOCOL_VERSION,
             agent_info=Implementation(name="crow", title="crow", version=__version__),
@@ -259,6 +261,9 @@ class AcpServer:
         task = asyncio.create_task(later())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def _warm_up(self) -> None:
+        self.agent.warm_up()
 
     async def _send_commands(self, session_id: str) -> None:
         await self._update(session_id, update_available_commands(COMMANDS))

@@ -111,6 +111,9 @@ def _instruction(words: int, kept: int, extra: str | None) -> str:
 
 
 # ---------------------------------------------------------------- pure functions
+FAILED_AT = "crow.compact.failed_at"  # session.state: history length at the last failed attempt
+
+
 def should_compact(context_tokens: int, context_window: int, threshold: float = 0.85) -> bool:
     """True when the context occupies more than `threshold` of the window."""
     if context_window <= 0:
@@ -303,7 +306,9 @@ class CompactService:
         summary, share, error = await self._summarize(session, provider, messages, cut, instructions)
         if error is not None:
             log.warning("compaction of session %s failed: %s; context unchanged", session.id, error)
+            session.state[FAILED_AT] = len(messages)  # automatic triggers back off (HookContext)
             return dataclasses.replace(before, prefix_share=share, error=error)
+        session.state.pop(FAILED_AT, None)
 
         new = [
             *([messages[first]] if keep_first and first is not None else []),

@@ -55,8 +55,11 @@ class HookContext:
         return self.session.context_tokens()
 
     def should_compact(self) -> bool:
-        from crow.compact import should_compact
+        from crow.compact import FAILED_AT, should_compact
 
+        failed_at = self.session.state.get(FAILED_AT)
+        if failed_at is not None and len(self.session.messages) < failed_at + max(4, failed_at // 10):
+            return False  # the last attempt failed: wait for the history to grow before retrying
         return should_compact(self.context_tokens, self.context_window, self.compact_threshold)
 
     async def compact(self, instructions: str | None = None) -> Any:

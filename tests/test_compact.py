@@ -599,3 +599,33 @@ async def test_big_history_is_compacted_before_the_next_turn(
         assert first_call.last_user_text == "go on"
     finally:
         await agent.aclose()
+
+
+async def test_failed_automatic_compaction_backs_off(tmp_path: Path) -> None:
+    from crow.context import HookContext
+
+    calls = []
+
+    def handler(request: Any) -> ModelResponse:
+        calls.append(request)
+        return ModelResponse(ai(""))  # an empty summary: the compaction fails
+
+    provider = ScriptedProvider(handler, context_window=100)
+    session = Session(
+        id="s",
+        cwd=tmp_path,
+        messages=Messages(
+            [m for i in range(10) for m in (human(f"q{i} " + "x" * 200), ai(f"a{i} " + "y" * 200))]
+        ),
+    )
+
+    async def emit(event: Any) -> None:
+        return None
+
+    ctx = HookContext(session, "", provider, emit, compactor=CompactService())
+    assert ctx.should_compact()
+    result = await ctx.compact()
+    assert not result.compacted and len(calls) == 1
+    assert not ctx.should_compact(), "no retry until the history grows"
+    session.messages.extend([human("more " * 50), ai("ok " * 50)] * 2)
+    assert ctx.should_compact()
