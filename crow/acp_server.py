@@ -44,7 +44,6 @@ from acp.schema import (
     UnstructuredCommandInput,
     UsageUpdate,
 )
-from acp.utils import serialize_params
 
 from crow import __version__, acp_sessions, acp_view
 from crow.acp_client import AcpSessionClient
@@ -364,15 +363,18 @@ class AcpServer:
             for update in updates:
                 await self._update(session_id, update)
             return
-        pending: list[dict[str, Any]] = []
+        pending: list[bytes] = []
         for update in updates:
             note = SessionNotification(session_id=session_id, update=update)
-            pending.append({"jsonrpc": "2.0", "method": "session/update", "params": serialize_params(note)})
+            # the SDK's serialize_params options, serialized in pydantic's Rust core
+            pending.append(
+                note.model_dump_json(by_alias=True, exclude_none=True, exclude_defaults=True).encode()
+            )
             if len(pending) >= batch:
-                await self.wire.send_many(pending)
+                await self.wire.send_notifications("session/update", pending)
                 pending = []
         if pending:
-            await self.wire.send_many(pending)
+            await self.wire.send_notifications("session/update", pending)
 
     async def _update(self, session_id: str, update: Any) -> None:
         if self.conn is None:

@@ -25,10 +25,12 @@ NOT_AN_OBJECT = {
 
 
 class ObjectsOnlyTransport(NdjsonTransport):
-    async def send_many(self, messages: list[dict[str, Any]]) -> None:
-        """Queue many messages as one write, in order with everything else the sender
-        sends: a 5,000-message replay then costs one round trip to the writer, not 5,000."""
-        data = b"".join((json.dumps(m, separators=(",", ":")) + "\n").encode() for m in messages)
+    async def send_notifications(self, method: str, params_json: list[bytes]) -> None:
+        """Queue many notifications (params already serialized) as one write, in order with
+        everything else the sender sends: a 5,000-message replay then costs one round trip
+        to the writer, not 5,000."""
+        head = b'{"jsonrpc":"2.0","method":' + json.dumps(method).encode() + b',"params":'
+        data = b"".join(head + params + b"}\n" for params in params_json)
         future = asyncio.get_running_loop().create_future()
         await self._sender._queue.put(_PendingSend(data, future))
         await future
