@@ -205,8 +205,12 @@ async def test_sigkill_at_random_moments_loses_nothing_acknowledged(
                         f"acknowledged prompts lost after kill {k}: sent {sent}, replayed {replayed_users} "
                         + seed_note()
                     )
+                    # a replayed tool call is one tool_call carrying its final status
                     replay_done = {
-                        u.tool_call_id for u in client.of_type("ToolCallProgress") if u.status == "completed"
+                        u.tool_call_id
+                        for kind in ("ToolCallStart", "ToolCallProgress")
+                        for u in client.of_type(kind)
+                        if u.status == "completed"
                     }
                     assert completed_tools <= replay_done, (
                         f"completed tool calls lost after kill {k}: {sorted(completed_tools - replay_done)} "
