@@ -42,27 +42,19 @@ from acp.schema import (
     SetSessionConfigOptionResponse,
     SetSessionModeResponse,
     UnstructuredCommandInput,
-    UsageUpdate,
 )
 
-from crow import __version__, acp_sessions, acp_view
+from crow import __version__, acp_convert, acp_sessions, acp_view
 from crow.acp_client import AcpSessionClient
 from crow.agent import Agent
 from crow.errors import CrowError, SessionError
 from crow.events import (
     Event,
     Notice,
-    PlanUpdated,
-    TextDelta,
-    ThoughtDelta,
     ToolCallEnd,
-    ToolCallRunning,
-    ToolCallStart,
-    UsageUpdated,
 )
-from crow.messages import Image, Message
+from crow.messages import Message
 from crow.session import Session
-from crow.tools import ServerSpec
 
 log = logging.getLogger("crow.acp")
 
@@ -132,7 +124,7 @@ class AcpServer:
         self, cwd: str, mcp_servers: list[Any] | None = None, **kwargs: Any
     ) -> NewSessionResponse:
         try:
-            session = self.agent.create_session(cwd, server_specs(mcp_servers))
+            session = self.agent.create_session(cwd, acp_convert.server_specs(mcp_servers))
         except CrowError as exc:
             raise RequestError.invalid_params({"cwd": str(exc)}) from exc
         self._bind(session)
@@ -153,7 +145,7 @@ class AcpServer:
     async def _restore(self, session_id: str, cwd: str | None, mcp_servers: list[Any] | None) -> Session:
         try:
             session = await self.agent.resume_session(
-                session_id, server_specs(mcp_servers), cwd, prepare=self._bind
+                session_id, acp_convert.server_specs(mcp_servers), cwd, prepare=self._bind
             )
         except CrowError as exc:
             raise session_error(exc) from exc
@@ -164,7 +156,7 @@ class AcpServer:
     ) -> LoadSessionResponse:
         try:
             session, transcript = await self.agent.load_session(
-                session_id, server_specs(mcp_servers), cwd, prepare=self._bind
+                session_id, acp_convert.server_specs(mcp_servers), cwd, prepare=self._bind
             )
         except CrowError as exc:
             raise session_error(exc) from exc
@@ -280,7 +272,7 @@ class AcpServer:
             raise RequestError(
                 BUSY, f"session {session_id} is busy with another prompt; wait for it to finish or cancel it"
             )
-        message = prompt_message(prompt)
+        message = acp_convert.prompt_message(prompt)
         command = acp_view.command_line(message.content)
         scope = anyio.CancelScope()
         self._running[session_id] = scope
@@ -312,7 +304,7 @@ class AcpServer:
         except RequestError as exc:
             await self._emit(session, Notice(str(exc)))
             return
-        await self._emit(session, Notice(describe_compaction(result)))
+        await self._emit(session, Notice(acp_convert.describe_compaction(result)))
 
     async def _compact(self, session: Session, instructions: str | None) -> Any:
         try:
@@ -328,25 +320,11 @@ class AcpServer:
 
     # ------------------------------------------------------------ events -> updates
     async def _emit(self, session: Session, event: Event) -> None:
-        if isinstance(event, TextDelta):
-            update: Any = acp.update_agent_message_text(event.text)
-        elif isinstance(event, ThoughtDelta):
-            update = acp.update_agent_thought_text(event.text)
-        elif isinstance(event, ToolCallStart):
-            update = acp_view.start_update(event.call, session.cwd, event.read_only)
-        elif isinstance(event, ToolCallRunning):
-            update = acp_view.running_update(event.call)
-        elif isinstance(event, ToolCallEnd):
-            update = acp_view.end_update(event.call, event.result)
-        elif isinstance(event, PlanUpdated):
-            update = acp_view.plan_update(list(event.todos))
-        elif isinstance(event, UsageUpdated):
-            update = UsageUpdate(session_update="usage_update", used=event.used, size=event.size)
-        elif isinstance(event, Notice):
-            update = acp.update_agent_message_text(event.text + "\n")
-            await session.add(Message("system", event.text, meta={"notice": True}), in_context=False)
-        else:
+        update = acp_convert.event_update(event, session.cwd)
+        if update is None:
             return
+        if isinstance(event, Notice):  # shown on replay, never sent to the model
+            await session.add(Message("system", event.text, meta={"notice": True}), in_context=False)
         await self._update(session.id, update)
         if isinstance(event, ToolCallEnd) and (tid := acp_view.terminal_id(event.result)):
             try:  # the editor keeps showing an embedded terminal after release
@@ -412,57 +390,6 @@ class AcpServer:
 
     async def ext_notification(self, method: str, params: dict[str, Any]) -> None:
         log.debug("ignored extension notification %s", method)
-
-
-def describe_compaction(result: Any) -> str:
-    if not result.compacted:
-        return f"Nothing compacted: {result.error or 'the conversation is already short'}."
-    return (
-        f"Compacted the conversation: {result.messages_before} → {result.messages_after} "
-        f"messages, about {result.tokens_before:,} → {result.tokens_after:,} tokens."
-    )
-
-
-def server_specs(servers: list[Any] | None) -> list[ServerSpec]:
-    """ACP McpServer entries (stdio, http, sse) -> ToolHub specs."""
-    specs: list[ServerSpec] = []
-    for s in servers or ():
-        headers = {h.name: h.value for h in getattr(s, "headers", None) or ()}
-        kind = getattr(s, "type", None)
-        if kind in ("http", "sse"):
-            specs.append(ServerSpec(s.name, kind, url=s.url, headers=headers))
-        elif getattr(s, "command", None):
-            env = {e.name: e.value for e in s.env or ()}
-            specs.append(ServerSpec(s.name, "stdio", command=s.command, args=list(s.args or ()), env=env))
-        else:
-            log.warning("MCP server %r has an unsupported transport; skipped", getattr(s, "name", s))
-    return specs
-
-
-def prompt_message(blocks: list[Any]) -> Message:
-    """ACP content blocks -> one user message."""
-    texts: list[str] = []
-    images: list[Image] = []
-    for block in blocks:
-        kind = getattr(block, "type", None)
-        if kind == "text":
-            texts.append(block.text)
-        elif kind == "image":
-            images.append(Image(block.mime_type, block.data))
-        elif kind == "resource_link":
-            texts.append(f"[@{block.name}]({block.uri})")
-        elif kind == "resource":
-            res = block.resource
-            if getattr(res, "text", None) is not None:
-                texts.append(f'<context ref="{res.uri}">\n{res.text}\n</context>')
-            else:
-                texts.append(f"[attached binary resource {res.uri}]")
-        elif kind == "audio":
-            texts.append("[audio attachment: not supported]")
-    text = "\n".join(texts).strip()
-    if not text and not images:
-        raise RequestError.invalid_params({"prompt": "the prompt is empty"})
-    return Message("user", text, images=tuple(images))
 
 
 async def serve(agent: Agent | None = None) -> None:

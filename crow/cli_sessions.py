@@ -64,7 +64,7 @@ async def _sessions(agent: Any, action: str, session_id: str | None, cwd: str | 
 
 
 async def _compact(agent: Any, session_id: str, instructions: str | None) -> int:
-    from crow.acp_server import describe_compaction
+    from crow.acp_convert import describe_compaction
 
     session = await agent.resume_session(session_id)
     result = await agent.compact(session, instructions)

@@ -1,0 +1,100 @@
+"""Pure conversions between ACP and crow: prompt blocks in, events out, MCP server entries."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import acp
+from acp import RequestError
+from acp.schema import UsageUpdate
+
+from crow import acp_view
+from crow.events import (
+    Event,
+    Notice,
+    PlanUpdated,
+    TextDelta,
+    ThoughtDelta,
+    ToolCallEnd,
+    ToolCallRunning,
+    ToolCallStart,
+    UsageUpdated,
+)
+from crow.messages import Image, Message
+from crow.tools import ServerSpec
+
+log = logging.getLogger("crow.acp")
+
+
+def event_update(event: Event, cwd: Path) -> Any:
+    """The session/update for a loop event (None for events the editor does not see)."""
+    if isinstance(event, TextDelta):
+        return acp.update_agent_message_text(event.text)
+    if isinstance(event, ThoughtDelta):
+        return acp.update_agent_thought_text(event.text)
+    if isinstance(event, ToolCallStart):
+        return acp_view.start_update(event.call, cwd, event.read_only)
+    if isinstance(event, ToolCallRunning):
+        return acp_view.running_update(event.call)
+    if isinstance(event, ToolCallEnd):
+        return acp_view.end_update(event.call, event.result)
+    if isinstance(event, PlanUpdated):
+        return acp_view.plan_update(list(event.todos))
+    if isinstance(event, UsageUpdated):
+        return UsageUpdate(session_update="usage_update", used=event.used, size=event.size)
+    if isinstance(event, Notice):
+        return acp.update_agent_message_text(event.text + "\n")
+    return None
+
+
+def describe_compaction(result: Any) -> str:
+    if not result.compacted:
+        return f"Nothing compacted: {result.error or 'the conversation is already short'}."
+    return (
+        f"Compacted the conversation: {result.messages_before} → {result.messages_after} "
+        f"messages, about {result.tokens_before:,} → {result.tokens_after:,} tokens."
+    )
+
+
+def server_specs(servers: list[Any] | None) -> list[ServerSpec]:
+    """ACP McpServer entries (stdio, http, sse) -> ToolHub specs."""
+    specs: list[ServerSpec] = []
+    for s in servers or ():
+        headers = {h.name: h.value for h in getattr(s, "headers", None) or ()}
+        kind = getattr(s, "type", None)
+        if kind in ("http", "sse"):
+            specs.append(ServerSpec(s.name, kind, url=s.url, headers=headers))
+        elif getattr(s, "command", None):
+            env = {e.name: e.value for e in s.env or ()}
+            specs.append(ServerSpec(s.name, "stdio", command=s.command, args=list(s.args or ()), env=env))
+        else:
+            log.warning("MCP server %r has an unsupported transport; skipped", getattr(s, "name", s))
+    return specs
+
+
+def prompt_message(blocks: list[Any]) -> Message:
+    """ACP content blocks -> one user message."""
+    texts: list[str] = []
+    images: list[Image] = []
+    for block in blocks:
+        kind = getattr(block, "type", None)
+        if kind == "text":
+            texts.append(block.text)
+        elif kind == "image":
+            images.append(Image(block.mime_type, block.data))
+        elif kind == "resource_link":
+            texts.append(f"[@{block.name}]({block.uri})")
+        elif kind == "resource":
+            res = block.resource
+            if getattr(res, "text", None) is not None:
+                texts.append(f'<context ref="{res.uri}">\n{res.text}\n</context>')
+            else:
+                texts.append(f"[attached binary resource {res.uri}]")
+        elif kind == "audio":
+            texts.append("[audio attachment: not supported]")
+    text = "\n".join(texts).strip()
+    if not text and not images:
+        raise RequestError.invalid_params({"prompt": "the prompt is empty"})
+    return Message("user", text, images=tuple(images))
