@@ -24,6 +24,13 @@ NOT_AN_OBJECT = {
 }
 
 
+MAX_METHOD = 256  # no ACP method name comes close
+
+
+def _valid_id(rid: Any) -> Any:
+    return rid if isinstance(rid, str | int) and not isinstance(rid, bool) else None
+
+
 class ObjectsOnlyTransport(NdjsonTransport):
     async def send_notifications(self, method: str, params_json: list[bytes]) -> None:
         """Queue many notifications (params already serialized) as one write, in order with
@@ -49,9 +56,22 @@ class ObjectsOnlyTransport(NdjsonTransport):
                 log.warning("ignored a line that is not JSON (%d bytes)", len(line))
                 await self.send({**NOT_AN_OBJECT, "error": {"code": -32700, "message": "Parse error"}})
                 continue
-            if isinstance(message, dict):
-                return message
-            await self.send(NOT_AN_OBJECT)
+            if not isinstance(message, dict):
+                await self.send(NOT_AN_OBJECT)
+                continue
+            method = message.get("method")
+            if method is not None and (not isinstance(method, str) or len(method) > MAX_METHOD):
+                # Answered here: the SDK would echo a megabyte "method" back in its error.
+                if "id" in message:
+                    await self.send(
+                        {
+                            "jsonrpc": "2.0",
+                            "id": _valid_id(message["id"]),
+                            "error": {"code": -32601, "message": "Method not found"},
+                        }
+                    )
+                continue
+            return message
 
 
 async def stdio_transport() -> tuple[ObjectsOnlyTransport, TaskSupervisor]:

@@ -81,6 +81,7 @@ class Agent:
         return self._ready
 
     async def _setup(self) -> None:
+        _return_large_blocks_to_os()
         await anyio.to_thread.run_sync(import_mcp)
         if self._builtin_hooks:
             from builtin_hooks import install
@@ -330,3 +331,19 @@ class Agent:
             no_model_message=no_model,
         )
         return await turn.run(prompt)
+
+
+def _return_large_blocks_to_os() -> None:
+    """Fix glibc's mmap threshold at 128 KiB. By default it rises to the size of the
+    largest block freed so far, after which multi-megabyte buffers (big prompts, tool
+    output, frames) come from the heap and stay in RSS after they are freed; the fault
+    drill saw +15..59 MB after a storm of 3 MB frames, and 0 MB with the threshold fixed."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None)  # this process's own symbols: no library search
+        if not hasattr(libc, "gnu_get_libc_version"):  # M_MMAP_THRESHOLD is a glibc setting
+            return
+        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        log.debug("not glibc; leaving malloc as it is")
