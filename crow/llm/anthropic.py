@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from crow.errors import ProviderError, StreamCutError
+from crow.errors import StreamCutError
 from crow.llm.base import (
     ModelEvent,
     ModelRequest,
@@ -19,7 +18,7 @@ from crow.llm.base import (
     ToolSpec,
     Usage,
 )
-from crow.llm.http import HTTPProvider, error_from_status, map_http_errors
+from crow.llm.http import HTTPProvider, error_from_status, map_http_errors, parse_event
 from crow.llm.sse import SSEDecoder
 from crow.messages import Message, ToolCall
 
@@ -275,12 +274,7 @@ class AnthropicProvider(HTTPProvider):
         yield state.response()
 
     def _parse(self, data: str) -> Mapping[str, Any]:
-        try:
-            event = json.loads(data)
-        except ValueError as exc:
-            raise ProviderError(f"{self.name}: malformed stream event: {data[:200]!r}") from exc
-        if not isinstance(event, dict):
-            raise ProviderError(f"{self.name}: malformed stream event: {data[:200]!r}")
+        event = parse_event(self.name, data)
         if event.get("type") == "error":
             # overloaded_error maps to a retryable RateLimitError, api_error to retryable
             raise error_from_status(self.name, 0, data, api_key_env=self.api_key_env, api_key=self._api_key)

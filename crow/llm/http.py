@@ -190,6 +190,17 @@ async def stream_with_retries(
 _PUBLIC_HOSTS = ("api.openai.com", "api.anthropic.com")
 
 
+def parse_event(provider: str, data: str) -> dict[str, Any]:
+    """One SSE event's JSON data, which must be an object."""
+    try:
+        event = json.loads(data)
+    except ValueError as exc:
+        raise ProviderError(f"{provider}: malformed stream event: {data[:200]!r}") from exc
+    if not isinstance(event, dict):
+        raise ProviderError(f"{provider}: malformed stream event: {data[:200]!r}")
+    return event
+
+
 class HTTPProvider:
     """Plumbing both providers share: one keep-alive client, the key, the retry policy."""
 

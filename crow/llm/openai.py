@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from crow.errors import ProviderError, StreamCutError
+from crow.errors import StreamCutError
 from crow.llm.base import (
     ModelEvent,
     ModelRequest,
@@ -20,7 +20,7 @@ from crow.llm.base import (
     ToolSpec,
     Usage,
 )
-from crow.llm.http import HTTPProvider, error_from_status, map_http_errors
+from crow.llm.http import HTTPProvider, error_from_status, map_http_errors, parse_event
 from crow.llm.sse import SSEDecoder
 from crow.messages import Message, ToolCall
 
@@ -216,12 +216,7 @@ class OpenAIProvider(HTTPProvider):
         yield state.response()
 
     def _parse(self, data: str) -> Mapping[str, Any]:
-        try:
-            chunk = json.loads(data)
-        except ValueError as exc:
-            raise ProviderError(f"{self.name}: malformed stream chunk: {data[:200]!r}") from exc
-        if not isinstance(chunk, dict):
-            raise ProviderError(f"{self.name}: malformed stream chunk: {data[:200]!r}")
+        chunk = parse_event(self.name, data)
         if "error" in chunk:  # some servers report failures inside a 200 stream
             raise error_from_status(self.name, 0, data, api_key_env=self.api_key_env, api_key=self._api_key)
         return chunk
