@@ -23,7 +23,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import anyio
 import pathspec
@@ -231,6 +231,16 @@ def _norm(path: str) -> str:
     return path[2:] if path.startswith("./") else path
 
 
+class GrepQuery(NamedTuple):
+    """What to look for; shared by the ripgrep and the pure-Python paths."""
+
+    pattern: str
+    glob: str | None
+    ignore_case: bool
+    mode: GrepMode
+    cap: int
+
+
 async def grep(
     root: Path,
     start: Path,
@@ -241,29 +251,21 @@ async def grep(
     mode: GrepMode,
     cap: int,
 ) -> GrepResult:
+    query = GrepQuery(pattern, glob, ignore_case, mode, cap)
     rg = find_rg()
     if rg is None:
         stop = threading.Event()
         try:
             return await anyio.to_thread.run_sync(
-                _grep_python, root, start, pattern, glob, ignore_case, mode, cap, stop,
-                abandon_on_cancel=True,
-            )  # fmt: skip
+                _grep_python, root, start, query, stop, abandon_on_cancel=True
+            )
         finally:
             stop.set()  # an abandoned worker thread notices and stops walking
-    return await _grep_rg(rg, root, start, pattern, glob, ignore_case, mode, cap)
+    return await _grep_rg(rg, root, start, query)
 
 
-async def _grep_rg(
-    rg: str,
-    root: Path,
-    start: Path,
-    pattern: str,
-    glob: str | None,
-    ignore_case: bool,
-    mode: GrepMode,
-    cap: int,
-) -> GrepResult:
+async def _grep_rg(rg: str, root: Path, start: Path, query: GrepQuery) -> GrepResult:
+    pattern, glob, ignore_case, mode, cap = query
     argv = [rg, "--no-config", "--no-messages", "--hidden", "--no-require-git", "--color=never"]
     if ignore_case:
         argv.append("--ignore-case")
@@ -337,16 +339,8 @@ def _rg_text(obj: dict[str, str]) -> str:
     return base64.b64decode(obj["bytes"]).decode("utf-8", errors="replace")
 
 
-def _grep_python(
-    root: Path,
-    start: Path,
-    pattern: str,
-    glob: str | None,
-    ignore_case: bool,
-    mode: GrepMode,
-    cap: int,
-    stop: threading.Event,
-) -> GrepResult:
+def _grep_python(root: Path, start: Path, query: GrepQuery, stop: threading.Event) -> GrepResult:
+    pattern, glob, ignore_case, mode, cap = query
     flags = re.IGNORECASE if ignore_case else 0
     try:
         rx = re.compile(pattern, flags)

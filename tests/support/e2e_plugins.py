@@ -17,36 +17,29 @@ def _record(entry: str) -> None:
             f.write(entry + "\n")
 
 
-class Outer(Hook):
-    name = "outer"
+def _recorder(label: str) -> type[Hook]:
+    """A hook class that records when it enters and leaves model and tool calls."""
 
-    async def wrap_model_call(self, ctx, request, call_next):  # type: ignore[no-untyped-def]
-        _record("outer:model:before")
-        response = await call_next(request)
-        _record("outer:model:after")
-        return response
+    class Recorder(Hook):
+        name = label
 
-    async def wrap_tool_call(self, ctx, call, call_next):  # type: ignore[no-untyped-def]
-        _record(f"outer:tool:{call.name}:before")
-        result = await call_next(call)
-        _record(f"outer:tool:{call.name}:after")
-        return result
+        async def wrap_model_call(self, ctx, request, call_next):  # type: ignore[no-untyped-def]
+            _record(f"{label}:model:before")
+            response = await call_next(request)
+            _record(f"{label}:model:after")
+            return response
+
+        async def wrap_tool_call(self, ctx, call, call_next):  # type: ignore[no-untyped-def]
+            _record(f"{label}:tool:{call.name}:before")
+            result = await call_next(call)
+            _record(f"{label}:tool:{call.name}:after")
+            return result
+
+    return Recorder
 
 
-class Inner(Hook):
-    name = "inner"
-
-    async def wrap_model_call(self, ctx, request, call_next):  # type: ignore[no-untyped-def]
-        _record("inner:model:before")
-        response = await call_next(request)
-        _record("inner:model:after")
-        return response
-
-    async def wrap_tool_call(self, ctx, call, call_next):  # type: ignore[no-untyped-def]
-        _record(f"inner:tool:{call.name}:before")
-        result = await call_next(call)
-        _record(f"inner:tool:{call.name}:after")
-        return result
+Outer = _recorder("outer")
+Inner = _recorder("inner")
 
 
 async def add(a: int, b: int) -> str:
