@@ -82,7 +82,7 @@ class Agent:
 
     async def _setup(self) -> None:
         _return_large_blocks_to_os()
-        await anyio.to_thread.run_sync(import_mcp)
+        await anyio.to_thread.run_sync(_import_runtime)
         if self._builtin_hooks:
             from builtin_hooks import install
 
@@ -98,6 +98,18 @@ class Agent:
 
             self._store = SQLiteStore(self.config.db_path)
             await self._store.open()
+        self._warm_provider()
+        from crow.startup import imports_done
+
+        imports_done()
+
+    def _warm_provider(self) -> None:
+        """Build the configured model's provider now (it imports httpx and opens a client),
+        not at the first prompt; a configuration error is reported by that prompt."""
+        try:
+            self.provider_for(self.model_ref())
+        except ConfigError:
+            pass
 
     async def ready(self) -> None:
         await self.warm_up()
@@ -154,6 +166,9 @@ class Agent:
         return session
 
     async def _prepare(self, session: Session, servers: list[ServerSpec], *, new: bool) -> None:
+        # One turn of the event loop first: the answer that created this session (already
+        # queued to the writer) goes out before the CPU-bound tool setup below.
+        await asyncio.sleep(0)
         await self.ready()
         session.store = self._store
         if new and self._store is not None:
@@ -331,6 +346,12 @@ class Agent:
             no_model_message=no_model,
         )
         return await turn.run(prompt)
+
+
+def _import_runtime() -> None:
+    """What every turn needs and is slow to import (run in a worker thread)."""
+    import_mcp()
+    import crow.llm.http  # noqa: F401  (httpx)
 
 
 def _return_large_blocks_to_os() -> None:

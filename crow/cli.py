@@ -65,6 +65,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     import asyncio
 
+    if command in ("serve", "run"):
+        from crow.startup import fast_imports
+
+        fast_imports()
     from crow.errors import CrowError
 
     try:

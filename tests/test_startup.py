@@ -1,0 +1,67 @@
+"""Process start-up settings of the `crow` command (crow/startup.py), checked in a fresh
+interpreter: they change process-wide state."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+
+def run_python(code: str) -> None:
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def test_gc_is_paused_for_the_imports_then_frozen_and_back_on() -> None:
+    run_python(
+        """
+        import gc, linecache
+        from crow.startup import fast_imports, imports_done
+        fast_imports()
+        assert not gc.isenabled()
+        import acp  # reads acp/schema.py into linecache (attribute docstrings)
+        assert linecache.cache
+        imports_done()
+        assert gc.isenabled() and gc.get_freeze_count() > 10_000
+        assert not linecache.cache
+        imports_done()  # idempotent
+        assert gc.isenabled()
+        """
+    )
+
+
+def test_gc_left_alone_when_the_caller_had_it_off() -> None:
+    run_python(
+        """
+        import gc
+        gc.disable()
+        from crow.startup import fast_imports, imports_done
+        fast_imports()
+        imports_done()
+        assert not gc.isenabled() and gc.get_freeze_count() == 0
+        """
+    )
+
+
+def test_models_build_at_first_use_and_still_validate() -> None:
+    run_python(
+        """
+        from crow.startup import fast_imports
+        fast_imports()
+        import pydantic
+        from pydantic._internal._mock_val_ser import MockValSer
+
+        class Point(pydantic.BaseModel):
+            x: int
+
+        assert isinstance(Point.__pydantic_validator__, MockValSer)  # not built yet
+        assert Point(x="3").x == 3
+        try:
+            Point(x="three")
+        except pydantic.ValidationError:
+            pass
+        else:
+            raise AssertionError("validation did not run")
+        """
+    )
