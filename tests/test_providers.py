@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import ssl
 import subprocess
 import sys
 import time
@@ -42,7 +43,7 @@ from crow.llm import (
 from crow.llm import anthropic as anth
 from crow.llm import openai as oai
 from crow.llm.anthropic import AnthropicProvider
-from crow.llm.http import parse_retry_after
+from crow.llm.http import parse_retry_after, tls_context
 from crow.llm.openai import OpenAIProvider
 from crow.messages import Image, Message, ToolCall, validate
 from tests.llm_server import Cut, Fault, Reply, ScriptedLLM, Stall, ToolCallSpec
@@ -575,3 +576,11 @@ def test_parse_retry_after() -> None:
 def test_importing_crow_llm_does_not_import_httpx() -> None:
     code = "import sys, crow.llm; assert 'httpx' not in sys.modules, 'httpx imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_plain_http_endpoints_skip_the_ca_bundle_and_would_fail_closed() -> None:
+    ctx = tls_context("http://127.0.0.1:8080/v1")
+    assert isinstance(ctx, ssl.SSLContext)
+    assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
+    assert ctx.cert_store_stats()["x509_ca"] == 0  # no trusted roots: https could never pass
+    assert tls_context("https://api.openai.com/v1") is True  # the system's usual verification

@@ -15,6 +15,7 @@ import logging
 import os
 import random
 import re
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -201,6 +202,16 @@ def parse_event(provider: str, data: str) -> dict[str, Any]:
     return event
 
 
+def tls_context(base_url: str) -> ssl.SSLContext | bool:
+    """Certificate verification as usual for https. A plain-http endpoint (a local model
+    server) never does TLS, so it skips loading the CA bundle (~50 ms and ~3 MB at the
+    first prompt): its context verifies with no trusted roots, so if an https URL were ever
+    requested it would fail, never pass unchecked."""
+    if base_url.startswith("http://"):
+        return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    return True
+
+
 class HTTPProvider:
     """Plumbing both providers share: one keep-alive client, the key, the retry policy."""
 
@@ -244,7 +255,7 @@ class HTTPProvider:
         self._api_key = key or None
         self.retry = RetryPolicy(max(1, max_retries), backoff_base, backoff_cap)
         timeout = httpx.Timeout(read_timeout, connect=connect_timeout)
-        self._client = client or httpx.AsyncClient(timeout=timeout)
+        self._client = client or httpx.AsyncClient(timeout=timeout, verify=tls_context(self.base_url))
         self._owns_client = client is None
         self._timeout = timeout
 
