@@ -23,11 +23,13 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import anyio
-import pathspec
 from mcp.server.mcpserver.exceptions import ToolError
+
+if TYPE_CHECKING:  # imported where used: a session that never searches does not pay for it
+    import pathspec
 
 GrepMode = Literal["content", "files_with_matches", "count"]
 MAX_LINE_CHARS = 500  # a matched line is cut here: minified files would flood the model
@@ -50,6 +52,8 @@ def _load_ignore(directory: Path) -> pathspec.GitIgnoreSpec | None:
         lines = (directory / ".gitignore").read_text(encoding="utf-8", errors="replace")
     except OSError:
         return None
+    import pathspec
+
     return pathspec.GitIgnoreSpec.from_lines(lines.splitlines())
 
 
@@ -350,6 +354,8 @@ def _grep_python(root: Path, start: Path, query: GrepQuery, stop: threading.Even
         raise ToolError(f"invalid regex {pattern!r}: {exc}") from None
     only = None
     if glob:
+        import pathspec
+
         # The same gitignore-style rule rg uses: a glob without "/" matches a name anywhere.
         only = pathspec.GitIgnoreSpec.from_lines(_expand_braces(glob))
     result = GrepResult(mode)
