@@ -77,7 +77,7 @@ class FilesystemHook(Hook):
         server = build_server(
             session.cwd, backend=backend, sandbox=None if backend is not None else self.sandbox
         )
-        return [ServerSpec("filesystem", "inprocess", server=server)]
+        return [ServerSpec("filesystem", "inprocess", server=server, direct=True)]
 
     async def wrap_tool_call(self, ctx: HookContext, call: ToolCall, call_next: Any) -> ToolResult:
         result: ToolResult = await call_next(call)

@@ -16,7 +16,7 @@ class TodoListHook(Hook):
         server = build_server()
         if session.todos:  # a resumed session keeps its list
             server.todos = [Todo(**t) for t in session.todos]
-        return [ServerSpec("todos", "inprocess", server=server)]
+        return [ServerSpec("todos", "inprocess", server=server, direct=True)]
 
     async def wrap_tool_call(self, ctx: HookContext, call: ToolCall, call_next: Any) -> ToolResult:
         result: ToolResult = await call_next(call)

@@ -183,7 +183,7 @@ class Agent:
             if provide is not None:
                 specs.extend(provide(session))
         if self._function_server is not None:
-            specs.append(ServerSpec("crow-tools", "inprocess", server=self._function_server))
+            specs.append(ServerSpec("crow-tools", "inprocess", server=self._function_server, direct=True))
         await hub.connect([*specs, *servers])
 
     async def session_ready(self, session: Session) -> None:
