@@ -8,6 +8,7 @@ SDK router spreads `_meta` keys into them.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -37,7 +38,6 @@ from acp.schema import (
     SessionForkCapabilities,
     SessionInfoUpdate,
     SessionListCapabilities,
-    SessionNotification,
     SessionResumeCapabilities,
     SetSessionConfigOptionResponse,
     SetSessionModeResponse,
@@ -70,6 +70,14 @@ COMMANDS = [
         ),
     ),
 ]
+
+
+def notification_params(session_id: str, update: Any) -> bytes:
+    """`session/update` params as the SDK serializes them (by alias, without None or default
+    values), written by the update's own serializer in pydantic's Rust core: no
+    `SessionNotification` (a union of every update kind) is built or checked per chunk."""
+    body = update.model_dump_json(by_alias=True, exclude_none=True, exclude_defaults=True)
+    return b'{"sessionId":' + json.dumps(session_id).encode() + b',"update":' + body.encode() + b"}"
 
 
 def session_error(exc: CrowError) -> RequestError:
@@ -343,11 +351,7 @@ class AcpServer:
             return
         pending: list[bytes] = []
         for update in updates:
-            note = SessionNotification(session_id=session_id, update=update)
-            # the SDK's serialize_params options, serialized in pydantic's Rust core
-            pending.append(
-                note.model_dump_json(by_alias=True, exclude_none=True, exclude_defaults=True).encode()
-            )
+            pending.append(notification_params(session_id, update))
             if len(pending) >= batch:
                 await self.wire.send_notifications("session/update", pending)
                 pending = []
@@ -358,7 +362,11 @@ class AcpServer:
         if self.conn is None:
             return
         try:
-            await self.conn.session_update(session_id, update)
+            if self.wire is not None:
+                params = notification_params(session_id, update)
+                await self.wire.send_notifications("session/update", [params])
+            else:
+                await self.conn.session_update(session_id, update)
         except Exception:  # a client gone away must not crash the turn
             log.debug("session/update to %s failed", session_id, exc_info=True)
 
