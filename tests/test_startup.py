@@ -16,15 +16,18 @@ def run_python(code: str) -> None:
 def test_gc_is_paused_for_the_imports_then_frozen_and_back_on() -> None:
     run_python(
         """
-        import gc, linecache
-        from crow.startup import fast_imports, imports_done
+        import gc, linecache, sys
+        from crow.startup import WARM_UP_SWITCH_INTERVAL, fast_imports, imports_done
+        before = sys.getswitchinterval()
         fast_imports()
         assert not gc.isenabled()
+        assert sys.getswitchinterval() == WARM_UP_SWITCH_INTERVAL < before
         import acp  # reads acp/schema.py into linecache (attribute docstrings)
         assert linecache.cache
         imports_done()
         assert gc.isenabled() and gc.get_freeze_count() > 10_000
         assert not linecache.cache
+        assert sys.getswitchinterval() == before
         imports_done()  # idempotent
         assert gc.isenabled()
         """
