@@ -584,3 +584,69 @@ def test_plain_http_endpoints_skip_the_ca_bundle_and_would_fail_closed() -> None
     assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
     assert ctx.cert_store_stats()["x509_ca"] == 0  # no trusted roots: https could never pass
     assert tls_context("https://api.openai.com/v1") is True  # the system's usual verification
+
+
+def anthropic_sse(*events: dict[str, Any]) -> str:
+    return "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events)
+
+
+async def test_anthropic_several_and_redacted_thinking_blocks_go_back_unmodified() -> None:
+    def block(i: int, b: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "content_block_start", "index": i, "content_block": b}
+
+    def delta(i: int, d: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "content_block_delta", "index": i, "delta": d}
+
+    body = anthropic_sse(
+        {"type": "message_start", "message": {"model": "claude-test", "usage": {"input_tokens": 5}}},
+        block(0, {"type": "thinking", "thinking": ""}),
+        delta(0, {"type": "thinking_delta", "thinking": "first, "}),
+        delta(0, {"type": "signature_delta", "signature": "sig-A"}),
+        {"type": "content_block_stop", "index": 0},
+        block(1, {"type": "redacted_thinking", "data": "ENCRYPTED"}),
+        {"type": "content_block_stop", "index": 1},
+        block(2, {"type": "thinking", "thinking": ""}),
+        delta(2, {"type": "thinking_delta", "thinking": "then this"}),
+        delta(2, {"type": "signature_delta", "signature": "sig-B"}),
+        {"type": "content_block_stop", "index": 2},
+        block(3, {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {}}),
+        delta(3, {"type": "input_json_delta", "partial_json": '{"path": "a"}'}),
+        {"type": "content_block_stop", "index": 3},
+        {"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 9}},
+        {"type": "message_stop"},
+    )
+    client = httpx.AsyncClient(transport=sse_transport(body))
+    provider = AnthropicProvider("claude-test", base_url="http://local", api_key="k", client=client)
+    events = await collect(provider, ask(tools=TOOLS))
+    await client.aclose()
+    assert "".join(e.text for e in events if isinstance(e, ThoughtDelta)) == "first, then this"
+    m = final(events).message
+    blocks = [
+        {"type": "thinking", "thinking": "first, ", "signature": "sig-A"},
+        {"type": "redacted_thinking", "data": "ENCRYPTED"},
+        {"type": "thinking", "thinking": "then this", "signature": "sig-B"},
+    ]
+    assert m.meta == {anth.THINKING_BLOCKS: blocks} and m.thinking == "first, then this"
+    assert Message.from_dict(json.loads(json.dumps(m.to_dict()))) == m  # survives the store
+
+    history = [Message("user", "hi"), m, Message("tool", "body", tool_call_id="toolu_1", name="read_file")]
+    _system, turns = anth.convert_messages(history)
+    assert turns[1]["content"][:3] == blocks
+    assert turns[1]["content"][3]["type"] == "tool_use"
+
+
+async def test_anthropic_one_signed_thinking_block_keeps_the_plain_fields() -> None:
+    body = anthropic_sse(
+        {"type": "message_start", "message": {"model": "claude-test", "usage": {}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "hm"}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "s"}},
+        {"type": "content_block_stop", "index": 0},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {}},
+        {"type": "message_stop"},
+    )
+    client = httpx.AsyncClient(transport=sse_transport(body))
+    provider = AnthropicProvider("claude-test", base_url="http://local", api_key="k", client=client)
+    m = final(await collect(provider, ask())).message
+    await client.aclose()
+    assert (m.thinking, m.thinking_signature, m.meta) == ("hm", "s", None)

@@ -39,6 +39,11 @@ _EFFORT_BUDGET = {"minimal": 1024, "low": 2048, "medium": 8192, "high": 16384}
 _BAD_ID_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
 
 
+# Message.meta key for a reply's thinking blocks when one `thinking` + signature cannot hold
+# them: several blocks (each signed) or redacted ones. The API wants them back unmodified.
+THINKING_BLOCKS = "anthropic_thinking_blocks"
+
+
 def sanitize_tool_id(call_id: str) -> str:
     """Anthropic wants ids matching ^[a-zA-Z0-9_-]+$; OpenAI-style ids may not (":" or ".")."""
     return _BAD_ID_CHARS.sub("_", call_id) or "toolu_missing"
@@ -56,7 +61,10 @@ def _content_blocks(m: Message) -> list[dict[str, Any]]:
         ]
     blocks: list[dict[str, Any]] = []
     if m.role == "assistant":
-        if m.thinking and m.thinking_signature:
+        if m.meta and m.meta.get(THINKING_BLOCKS):
+            # back exactly as they came; an unsigned one would be refused, as without meta
+            blocks += [dict(b) for b in m.meta[THINKING_BLOCKS] if b.get("signature") or "data" in b]
+        elif m.thinking and m.thinking_signature:
             blocks.append({"type": "thinking", "thinking": m.thinking, "signature": m.thinking_signature})
         if m.content:
             blocks.append({"type": "text", "text": m.content})
@@ -126,7 +134,7 @@ class _StreamState:
     def __init__(self) -> None:
         self.text: list[str] = []
         self.thinking: list[str] = []
-        self.signature = ""
+        self.thinking_blocks: list[dict[str, Any]] = []  # in order: thinking, redacted_thinking
         self.blocks: dict[int, dict[str, Any]] = {}  # block index -> tool_use in progress
         self.calls: list[ToolCall] = []
         self.usage = Usage()
@@ -153,6 +161,11 @@ class _StreamState:
             if block.get("type") == "text" and block.get("text"):
                 self.text.append(block["text"])
                 return [TextDelta(block["text"])]
+            if block.get("type") == "thinking":
+                self.thinking_blocks.append({"type": "thinking", "thinking": "", "signature": ""})
+                return self._thinking(block.get("thinking") or "")
+            if block.get("type") == "redacted_thinking":
+                self.thinking_blocks.append({"type": "redacted_thinking", "data": block.get("data", "")})
         elif kind == "content_block_delta":
             return self._delta(data.get("index", 0), data.get("delta") or {})
         elif kind == "content_block_stop":
@@ -170,14 +183,25 @@ class _StreamState:
         if kind == "text_delta" and delta.get("text"):
             self.text.append(delta["text"])
             return [TextDelta(delta["text"])]
-        if kind == "thinking_delta" and delta.get("thinking"):
-            self.thinking.append(delta["thinking"])
-            return [ThoughtDelta(delta["thinking"])]
+        if kind == "thinking_delta":
+            return self._thinking(delta.get("thinking") or "")
         if kind == "signature_delta":
-            self.signature = delta.get("signature", "")
+            self._thinking_block()["signature"] = delta.get("signature", "")
         elif kind == "input_json_delta" and index in self.blocks:
             self.blocks[index]["args"].append(delta.get("partial_json", ""))
         return []
+
+    def _thinking_block(self) -> dict[str, Any]:
+        if not self.thinking_blocks or self.thinking_blocks[-1]["type"] != "thinking":
+            self.thinking_blocks.append({"type": "thinking", "thinking": "", "signature": ""})
+        return self.thinking_blocks[-1]
+
+    def _thinking(self, text: str) -> list[ModelEvent]:
+        if not text:
+            return []
+        self._thinking_block()["thinking"] += text
+        self.thinking.append(text)
+        return [ThoughtDelta(text)]
 
     def _usage(self, usage: Mapping[str, Any]) -> None:
         u = self.usage
@@ -193,12 +217,15 @@ class _StreamState:
         for call in self.blocks.values():
             self.calls.append(ToolCall.from_raw(call["id"], call["name"], "".join(call["args"])))
         self.blocks.clear()
+        blocks = self.thinking_blocks
+        one = blocks[0] if len(blocks) == 1 and blocks[0]["type"] == "thinking" else None
         message = Message(
             "assistant",
             "".join(self.text),
             tool_calls=tuple(self.calls),
             thinking="".join(self.thinking),
-            thinking_signature=self.signature,
+            thinking_signature=one["signature"] if one else "",
+            meta={THINKING_BLOCKS: blocks} if blocks and one is None else None,
         )
         return ModelResponse(message, self.usage, _STOP.get(self.stop or "", "end_turn"), self.model)
 
