@@ -68,6 +68,7 @@ class FilesystemHook(Hook):
         self.evict_over = evict_over
 
     def tool_servers(self, session: Session) -> list[ServerSpec]:
+        from crow.tools import direct_call_state
         from mcp_servers.filesystem import LocalBackend, build_server
 
         client = session.client
@@ -75,7 +76,10 @@ class FilesystemHook(Hook):
         if client is not None and (client.can_read or client.can_write or client.can_terminal):
             backend = EditorBackend(client, LocalBackend(session.cwd, self.sandbox))
         server = build_server(
-            session.cwd, backend=backend, sandbox=None if backend is not None else self.sandbox
+            session.cwd,
+            backend=backend,
+            sandbox=None if backend is not None else self.sandbox,
+            request_state_security=direct_call_state(),
         )
         return [ServerSpec("filesystem", "inprocess", server=server, direct=True)]
 

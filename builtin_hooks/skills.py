@@ -173,7 +173,9 @@ class SkillsHook(Hook):
         from mcp.server.mcpserver.exceptions import ToolError
         from mcp.types import ToolAnnotations
 
-        server = MCPServer("crow-skills")
+        from crow.tools import direct_call_state
+
+        server = MCPServer("crow-skills", request_state_security=direct_call_state())
 
         async def read_skill(name: str, file: str = "SKILL.md") -> str:
             """Read a skill's SKILL.md (or another file in the skill's folder) by skill name."""

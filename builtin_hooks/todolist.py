@@ -11,9 +11,10 @@ class TodoListHook(Hook):
     name = "todolist"
 
     def tool_servers(self, session: Session) -> list[ServerSpec]:
+        from crow.tools import direct_call_state
         from mcp_servers.todos import Todo, build_server
 
-        server = build_server()
+        server = build_server(request_state_security=direct_call_state())
         if session.todos:  # a resumed session keeps its list
             server.todos = [Todo(**t) for t in session.todos]
         return [ServerSpec("todos", "inprocess", server=server, direct=True)]

@@ -202,6 +202,35 @@ def to_tool_result(call: ToolCall, result: Any) -> ToolResult:
     return ToolResult(call.id, call.name, output=text, meta=meta or None)
 
 
+class _NoRequestState:
+    """The requestState codec of servers crow calls directly. requestState travels to an
+    MCP client and back; a server called through its own methods has no client, so it
+    never seals state, and a token could only be forged: both fail closed."""
+
+    def seal(self, payload: bytes) -> str:
+        raise RuntimeError("requestState needs an MCP client session; this server is called in-process")
+
+    def unseal(self, token: str) -> bytes:
+        from mcp.server.request_state import InvalidRequestState
+
+        raise InvalidRequestState("this in-process server never issued request state")
+
+
+_direct_state: Any = None
+
+
+def direct_call_state() -> Any:
+    """`request_state_security=` for an MCPServer crow calls directly (ServerSpec
+    direct=True). MCPServer's default generates an AES key per server, which loads
+    OpenSSL's ciphers: ~1.3 MB at the first session, for state these servers never use."""
+    global _direct_state
+    if _direct_state is None:
+        from mcp.server.request_state import RequestStateSecurity
+
+        _direct_state = RequestStateSecurity(codec=_NoRequestState())
+    return _direct_state
+
+
 class DirectClient:
     """The part of `mcp.Client` the hub uses, answered by an in-process `MCPServer` itself.
     A failing tool becomes the same error result MCPServer's call_tool handler sends."""
@@ -281,7 +310,7 @@ def function_server(functions: Sequence[tuple[Callable[..., Any], bool]], name: 
     from mcp.server.mcpserver import MCPServer
     from mcp.types import ToolAnnotations
 
-    server = MCPServer(name)
+    server = MCPServer(name, request_state_security=direct_call_state())
     for fn, read_only in functions:
         annotations = ToolAnnotations(read_only_hint=True) if read_only else None
         server.add_tool(fn, annotations=annotations, structured_output=False)

@@ -122,3 +122,16 @@ async def test_a_name_clash_is_qualified_and_a_broken_server_is_reported() -> No
         assert len(hub.failures) == 1 and "'broken' failed to start" in hub.failures[0]
     finally:
         await hub.aclose()
+
+
+def test_servers_called_directly_refuse_request_state() -> None:
+    from mcp.server.request_state import InvalidRequestState
+
+    from crow.tools import direct_call_state
+
+    codec = direct_call_state().codec
+    assert direct_call_state() is direct_call_state()  # one policy for every such server
+    with pytest.raises(RuntimeError, match="in-process"):
+        codec.seal(b"{}")
+    with pytest.raises(InvalidRequestState):
+        codec.unseal("forged")

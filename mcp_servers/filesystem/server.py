@@ -37,6 +37,7 @@ from typing import Any, Literal
 import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.request_state import RequestStateSecurity
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 
 from mcp_servers.filesystem import search, textops
@@ -103,13 +104,17 @@ def _list_dir(directory: Path) -> list[dict[str, Any]]:
 
 
 def build_server(
-    root: str | os.PathLike[str], *, backend: Backend | None = None, sandbox: str | None = None
+    root: str | os.PathLike[str],
+    *,
+    backend: Backend | None = None,
+    sandbox: str | None = None,
+    request_state_security: RequestStateSecurity | None = None,
 ) -> MCPServer:
     """A filesystem server confined to ``root``.
 
     ``backend`` serves read_file/write_file/edit_file/execute (default: local disk and
     subprocesses). ``sandbox="bwrap"`` runs execute under bubblewrap; it applies to the
-    default backend only.
+    default backend only. ``request_state_security`` goes to ``MCPServer``.
     """
     ws = Workspace(root)
     if backend is not None and sandbox is not None:
@@ -118,6 +123,7 @@ def build_server(
     server: MCPServer = MCPServer(
         "crow-filesystem",
         instructions=f"File tools for the workspace {ws.root}. Paths are relative to it.",
+        request_state_security=request_state_security,
     )
 
     @server.tool(annotations=_READ_ONLY)

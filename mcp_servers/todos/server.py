@@ -13,6 +13,7 @@ from typing import Literal
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.request_state import RequestStateSecurity
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -47,8 +48,12 @@ def _summary(todos: list[Todo]) -> str:
     return "\n".join([head, *(f"{marks[t.status]} {t.id}. {t.title}" for t in todos)])
 
 
-def build_server() -> TodoServer:
-    server = TodoServer("crow-todos", instructions="Track the plan for the current task.")
+def build_server(*, request_state_security: RequestStateSecurity | None = None) -> TodoServer:
+    server = TodoServer(
+        "crow-todos",
+        instructions="Track the plan for the current task.",
+        request_state_security=request_state_security,
+    )
     server.todos = []
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=True))
