@@ -81,6 +81,14 @@ class Agent:
         return self._ready
 
     async def _setup(self) -> None:
+        from crow.startup import imports_done
+
+        try:
+            await self._set_up()
+        finally:  # a broken plugin or store must not leave the GC paused for good
+            imports_done()
+
+    async def _set_up(self) -> None:
         _return_large_blocks_to_os()
         await anyio.to_thread.run_sync(_import_runtime)
         if self._builtin_hooks:
@@ -99,9 +107,6 @@ class Agent:
             self._store = SQLiteStore(self.config.db_path)
             await self._store.open()
         self._warm_provider()
-        from crow.startup import imports_done
-
-        imports_done()
 
     def _warm_provider(self) -> None:
         """Build the configured model's provider now (it imports httpx and opens a client),

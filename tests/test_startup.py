@@ -68,3 +68,30 @@ def test_models_build_at_first_use_and_still_validate() -> None:
             raise AssertionError("validation did not run")
         """
     )
+
+
+def test_a_failed_warm_up_still_turns_the_gc_back_on(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    run_python(
+        f"""
+        import asyncio, gc
+        from crow.startup import fast_imports
+        fast_imports()
+        from crow.agent import Agent
+        from crow.config import Config
+        from crow.errors import CrowError
+
+        config = Config(home={str(tmp_path)!r})
+        config.hooks.extra = ["no_such_module_anywhere:Hook"]
+
+        async def main():
+            try:
+                await Agent(config).warm_up()
+            except CrowError:
+                pass
+            else:
+                raise AssertionError("the broken hook was accepted")
+            assert gc.isenabled()
+
+        asyncio.run(main())
+        """
+    )
