@@ -25,6 +25,20 @@ async def open_session(conn, workspace: Path) -> str:  # type: ignore[no-untyped
     return (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
 
 
+def running(marker: str) -> list[int]:
+    """Live (not zombie) processes whose command line contains marker."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in cmdline and state != b"Z":
+            found.append(int(pid))
+    return found
+
+
 def kinds(client) -> list[str]:  # type: ignore[no-untyped-def]
     return [type(u).__name__ for _, u in client.updates]
 
@@ -70,7 +84,8 @@ async def test_sigkill_mid_turn_then_load_and_continue(
     if moment == "stream":
         llm.push(Reply(text="partial " * 400, chunk_delay=0.02))
     else:
-        llm.push(Reply(tool_calls=[ToolCallSpec(name="execute", arguments={"command": "sleep 30"})]))
+        command = "sleep 30.4242 & sleep 30.4242"  # a background job too: both must go
+        llm.push(Reply(tool_calls=[ToolCallSpec(name="execute", arguments={"command": command})]))
     env = crow_env(llm, home, CROW_MODE="yolo")
     async with spawn_crow(env) as (conn, proc, client):
         sid = await open_session(conn, workspace)
@@ -84,6 +99,12 @@ async def test_sigkill_mid_turn_then_load_and_continue(
         proc.send_signal(signal.SIGKILL)
         await proc.wait()
         task.cancel()
+    if moment == "tool":  # crow could not clean up; its watchdog did
+        for _ in range(300):
+            if not running("30.4242"):
+                break
+            await asyncio.sleep(0.01)
+        assert not running("30.4242"), "the command outlived the SIGKILLed crow"
     llm.push(Reply(text="recovered"))
     async with spawn_crow(env) as (conn, _proc, client):
         await conn.initialize(protocol_version=1)

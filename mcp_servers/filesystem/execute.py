@@ -4,7 +4,9 @@ The command runs as ``<shell> -c COMMAND`` with ``start_new_session=True``, so i
 leads a fresh process group. Whatever ends the run (normal exit, timeout, or the
 caller's cancellation) the whole group gets SIGTERM, then SIGKILL after a short
 grace, and the direct child is always reaped: no orphaned grandchildren, no
-zombies. Background jobs (``server &``) therefore do not outlive the call.
+zombies. Background jobs (``server &``) therefore do not outlive the call. If this
+process dies without cleaning up (SIGKILL, the OOM killer), a watchdog shell kills the
+groups of the commands that were still running (see ``_Reaper``).
 
 stdout and stderr arrive merged through one pipe. At most ``OUTPUT_CAP`` bytes are
 kept: the first half and the last half, with a marker saying how much was dropped.
@@ -12,6 +14,8 @@ kept: the first half and the last half, with a marker saying how much was droppe
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import shutil
 import signal
@@ -116,6 +120,81 @@ async def _kill_group(process: Process, pgid: int, grace: float = 2.0) -> None:
     await process.wait()
 
 
+# Reads "+PGID" / "-PGID" lines; at end of input, kills the groups still listed.
+_REAPER_SCRIPT = """
+live=" "
+while IFS= read -r line; do
+  case "$line" in
+    +*) live="$live${line#+} " ;;
+    -*) g=${line#-}; case "$live" in *" $g "*) live="${live%% $g *} ${live#* $g }" ;; esac ;;
+  esac
+done
+for g in $live; do kill -s KILL -- "-$g" 2>/dev/null; done
+"""
+
+
+class _Reaper:
+    """A shell in its own session reading the groups of running commands from a pipe
+    whose write end only this process holds. However this process ends, the kernel
+    closes that end, and the shell kills the groups still listed: commands never outlive
+    a crow that was SIGKILLed mid-call. Started at the first command."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._fd = -1
+        self._live: set[int] = set()  # told again to a restarted watchdog
+
+    def _start(self) -> None:
+        read_fd, self._fd = os.pipe()  # not inheritable: commands never hold the write end
+        try:
+            self._proc = subprocess.Popen(
+                ["/bin/sh", "-c", _REAPER_SCRIPT],
+                stdin=read_fd,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # outlives a kill of this process's group
+            )
+        finally:
+            os.close(read_fd)
+        atexit.register(self._close)
+
+    def _close(self) -> None:
+        """At a normal exit: end of input lets the watchdog finish; reap it."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            os.close(self._fd)
+            self._fd = -1
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=2)
+
+    def _send(self, line: str) -> None:
+        try:
+            if self._proc is None or self._proc.poll() is not None:
+                if self._fd >= 0:
+                    os.close(self._fd)
+                self._start()
+                line = "".join(f"+{g}\n" for g in self._live)  # the whole current list
+            if line:
+                os.write(self._fd, line.encode())
+        except OSError:  # no /bin/sh, or out of processes: the command still runs
+            pass
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def watch(self, pgid: int) -> None:
+        self._live.add(pgid)
+        self._send(f"+{pgid}\n")
+
+    def forget(self, pgid: int) -> None:
+        self._live.discard(pgid)
+        self._send(f"-{pgid}\n")
+
+
+_reaper = _Reaper()
+
+
 async def _pump(stream: ByteReceiveStream, buf: _CappedBuffer, eof: anyio.Event) -> None:
     try:
         async for chunk in stream:
@@ -143,6 +222,7 @@ async def run_command(
             start_new_session=True,
         )
     pgid = process.pid  # the session leader's pid is the group id
+    _reaper.watch(pgid)
     timed_out = False
     cancelled = False
     eof = anyio.Event()
@@ -167,6 +247,7 @@ async def run_command(
         # cancel must answer fast: no grace for a command that ignores SIGTERM.
         with anyio.CancelScope(shield=True):
             await _kill_group(process, pgid, grace=CANCEL_GRACE if cancelled else KILL_GRACE)
+            _reaper.forget(pgid)
             await process.aclose()
     exit_code = None if timed_out else process.returncode
     return ExecResult(output=buf.text(), exit_code=exit_code, timed_out=timed_out, truncated=buf.dropped > 0)
