@@ -39,10 +39,11 @@ def test_gc_left_alone_when_the_caller_had_it_off() -> None:
         """
         import gc
         gc.disable()
+        frozen = gc.get_freeze_count()  # not 0 at start on every Python (3.12.1: 375)
         from crow.startup import fast_imports, imports_done
         fast_imports()
         imports_done()
-        assert not gc.isenabled() and gc.get_freeze_count() == 0
+        assert not gc.isenabled() and gc.get_freeze_count() == frozen
         """
     )
 
