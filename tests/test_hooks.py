@@ -80,6 +80,21 @@ def make_agent(tmp_path: Path, handler: Any) -> tuple[Agent, ScriptedProvider]:
     return agent, provider
 
 
+def echo_agent(tmp_path: Path, *calls: ToolCall, seen: list[str] | None = None) -> Agent:
+    """An agent whose model calls the `echo` tool (`calls`, in one turn), then answers "done"."""
+    answers = iter([ModelResponse(ai("", *calls), stop_reason="tool_use"), ModelResponse(ai("done"))])
+    agent, _ = make_agent(tmp_path, lambda req: next(answers))
+
+    @agent.tool(read_only=True)
+    async def echo(text: str) -> str:
+        """Echo."""
+        if seen is not None:
+            seen.append("tool")
+        return text
+
+    return agent
+
+
 async def run(agent: Agent, tmp_path: Path, text: str = "hi") -> tuple[Any, Any, list[Any]]:
     events: list[Any] = []
 
@@ -96,19 +111,7 @@ async def run(agent: Agent, tmp_path: Path, text: str = "hi") -> tuple[Any, Any,
 
 async def test_onion_order_and_every_phase_fires(tmp_path: Path) -> None:
     order: list[str] = []
-    answers = iter(
-        [
-            ModelResponse(ai("", ToolCall("c1", "echo", {"text": "x"})), stop_reason="tool_use"),
-            ModelResponse(ai("done")),
-        ]
-    )
-    agent, _ = make_agent(tmp_path, lambda req: next(answers))
-
-    @agent.tool(read_only=True)
-    async def echo(text: str) -> str:
-        """Echo."""
-        order.append("tool")
-        return text
+    agent = echo_agent(tmp_path, ToolCall("c1", "echo", {"text": "x"}), seen=order)
 
     def wrapper(name: str) -> Any:
         async def wrap_model(ctx: Any, request: ModelRequest, call_next: Any) -> ModelResponse:
@@ -163,18 +166,7 @@ async def test_onion_order_and_every_phase_fires(tmp_path: Path) -> None:
 
 
 async def test_failing_observer_is_skipped_and_failing_wrapper_becomes_a_tool_error(tmp_path: Path) -> None:
-    answers = iter(
-        [
-            ModelResponse(ai("", ToolCall("c1", "echo", {"text": "x"})), stop_reason="tool_use"),
-            ModelResponse(ai("done")),
-        ]
-    )
-    agent, _ = make_agent(tmp_path, lambda req: next(answers))
-
-    @agent.tool(read_only=True)
-    async def echo(text: str) -> str:
-        """Echo."""
-        return text
+    agent = echo_agent(tmp_path, ToolCall("c1", "echo", {"text": "x"}))
 
     async def broken_observer(ctx: Any) -> None:
         raise RuntimeError("observer broke")
@@ -239,21 +231,7 @@ async def test_stop_after_tool_calls_answers_them(tmp_path: Path) -> None:
 
 
 async def test_before_tool_exec_can_block_and_after_can_rewrite(tmp_path: Path) -> None:
-    answers = iter(
-        [
-            ModelResponse(
-                ai("", ToolCall("c1", "echo", {"text": "rm -rf"}), ToolCall("c2", "echo", {"text": "fine"})),
-                stop_reason="tool_use",
-            ),
-            ModelResponse(ai("done")),
-        ]
-    )
-    agent, _ = make_agent(tmp_path, lambda req: next(answers))
-
-    @agent.tool(read_only=True)
-    async def echo(text: str) -> str:
-        """Echo."""
-        return text
+    agent = echo_agent(tmp_path, ToolCall("c1", "echo", {"text": "rm -rf"}), ToolCall("c2", "echo", {"text": "fine"}))
 
     async def guard(ctx: Any, call: ToolCall) -> ToolResult | None:
         if "rm" in call.args.get("text", ""):
