@@ -99,6 +99,7 @@ class FilesystemHook(Hook):
 
 def factory(agent: Any) -> FilesystemHook:
     settings = agent.config.hooks.settings.get("filesystem", {})
-    return FilesystemHook(
-        sandbox=agent.config.sandbox, evict_over=int(settings.get("evict_over", EVICT_OVER))
-    )
+    import shutil
+
+    sandbox = "bwrap" if agent.config.sandbox == "workspace" and shutil.which("bwrap") else None
+    return FilesystemHook(sandbox=sandbox, evict_over=int(settings.get("evict_over", EVICT_OVER)))

@@ -162,7 +162,11 @@ class Agent:
         if not path.is_absolute():
             raise SessionError(f"cwd must be an absolute path, got {str(cwd)!r}")
         session = Session(
-            id=session_id or uuid.uuid4().hex, cwd=path, mode=self.config.mode, model=self.config.model or ""
+            id=session_id or uuid.uuid4().hex,
+            cwd=path,
+            mode=self.config.mode,
+            model=self.config.model or "",
+            config=self.config,
         )
         self.sessions[session.id] = session
         self._session_ready[session.id] = asyncio.create_task(
@@ -252,6 +256,7 @@ class Agent:
             todos=list(record.todos or []),
             files=dict(record.files or {}),
             messages=Messages(stored),
+            config=self.config,
         )
         if prepare is not None:
             prepare(session)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from crow.errors import ConfigError
 
@@ -61,6 +61,27 @@ class HooksConfig(_Model):
     entry_points: bool = True  # load hooks installed under the crow.hooks groups
 
 
+class EnvironmentPolicy(_Model):
+    """What processes started on the model's behalf (execute, command hooks, stdio MCP
+    servers) inherit from crow's environment. Secrets are always dropped (see crow.trust)."""
+
+    inherit: Literal["all", "core", "none"] = "all"
+    exclude: list[str] = Field(default_factory=list)  # globs over variable names
+    include_only: list[str] = Field(default_factory=list)  # globs; empty = no filter
+    set: dict[str, str] = Field(default_factory=dict)
+
+
+class PermissionRules(_Model):
+    """`TOOL` or `TOOL(PATTERN)` rules; deny > ask > allow in every mode."""
+
+    allow: list[str] = Field(default_factory=list)
+    ask: list[str] = Field(default_factory=list)
+    deny: list[str] = Field(default_factory=list)
+
+
+MODES = ("ask", "accept_edits", "yolo", "read_only", "plan")
+
+
 class Config(_Model):
     model: str | None = None  # "provider:model"
     models: list[str] = Field(default_factory=list)  # offered in the editor's model picker
@@ -70,13 +91,23 @@ class Config(_Model):
     max_iterations: int = Field(25, ge=1)
     max_continues: int = Field(5, ge=0)
     compact_threshold: float = Field(0.85, gt=0, le=1)
-    mode: Literal["ask", "accept_edits", "yolo", "read_only"] = "ask"
+    mode: Literal["ask", "accept_edits", "yolo", "read_only", "plan"] = "ask"
     permission_timeout: float = 600.0
-    sandbox: Literal["bwrap"] | None = None
+    permissions: PermissionRules = Field(default_factory=PermissionRules)
+    # "workspace": execute runs under bubblewrap when it is installed; "off": it does not.
+    sandbox: Literal["workspace", "off"] = "workspace"
+    network: bool = True  # sandboxed commands reach the network
+    environment: EnvironmentPolicy = Field(default_factory=EnvironmentPolicy)
     trace: str | None = None
     hooks: HooksConfig = Field(default_factory=HooksConfig)
     tools: list[str] = Field(default_factory=list)  # "module:function" served as tools
     home: Path = Field(default_factory=lambda: Path("~/.crow").expanduser())
+
+    @field_validator("sandbox", mode="before")
+    @classmethod
+    def _sandbox_alias(cls, value: Any) -> Any:
+        # "bwrap" was the only value before the sandbox was on by default; None meant off.
+        return {"bwrap": "workspace", None: "off", False: "off"}.get(value, value)
 
     @property
     def db_path(self) -> Path:

@@ -12,6 +12,7 @@ from crow.llm.base import ModelRequest, Usage
 from crow.messages import Message, Messages
 
 if TYPE_CHECKING:
+    from crow.config import Config
     from crow.store import Store
     from crow.tools import ToolHub
 
@@ -36,6 +37,9 @@ class Session:
     # The last request sent to the model: cache-preserving compaction repeats its prefix.
     last_request: ModelRequest | None = None
     client: Any = None  # the front end's client interface (ACP: permissions, fs, terminals)
+    # The configuration in force for this session: the user's, with a trusted project's
+    # crow.yaml (found from `cwd`) merged over it. Hooks read their settings here.
+    config: Config | None = None
 
     def unique_tool_ids(self, message: Message) -> Message:
         """Give tool calls whose id the session already used (local servers reuse `call_0`)
