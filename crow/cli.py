@@ -66,8 +66,9 @@ def main(argv: list[str] | None = None) -> None:
     import asyncio
 
     if command in ("serve", "run"):
-        from crow.startup import fast_imports
+        from crow.startup import fast_imports, protect_process
 
+        protect_process()
         fast_imports()
     from crow.errors import CrowError
 

@@ -47,3 +47,21 @@ def imports_done() -> None:
         gc.freeze()
         gc.enable()
         linecache.clearcache()
+
+
+PR_SET_DUMPABLE = 4
+
+
+def protect_process() -> bool:
+    """Make this process non-dumpable: /proc/<pid>/environ and /proc/<pid>/mem become
+    readable only with CAP_SYS_PTRACE, so a command the model runs as the same user (an
+    unsandboxed `execute`) cannot read the API keys in crow's environment or memory. Not a
+    defence against root. Children are unaffected: exec resets the flag. False when the
+    call is unavailable (not Linux)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
