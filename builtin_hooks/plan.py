@@ -13,11 +13,13 @@ on: the tool result tells the model the new mode. The approved plan stays in the
 (the call's arguments, and `meta["crow/plan"]` of its result) and in
 `session.state["plan"]` as `{"plan": str, "mode": str}`.
 
-The tool is offered in every mode and refuses outside plan mode. Offering it only in plan
-mode would change the tool list, which sits at the front of every request, on each switch:
-the provider's prompt cache would be lost for the whole conversation, mid-turn included
-(right after approval). While the session is in plan mode each request ends with a short
-reminder that is never stored, so the cached prefix stays the same.
+The tool is offered in every mode and refuses outside plan mode: offering it only in plan
+mode would change the tool list, which heads every request, and lose the provider's whole
+prompt cache (tools included) at each switch. The model learns it is in plan mode from a
+note at the end of the system prompt while the mode is on. That costs one uncached request
+when the mode changes, and none while it holds; a note after the last message instead
+would move Anthropic's conversation cache breakpoint onto text the next request lacks,
+losing the conversation cache on every request in plan mode.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 
 import anyio
 
+from builtin_hooks.skills import add_to_system_prompt
 from crow import (
     Hook,
     HookContext,
@@ -55,11 +58,11 @@ _MODE_MEANS = {
     "accept_edits": "file edits run without asking; commands still ask the user",
     "ask": "edits and commands ask the user first",
 }
-REMINDER = (
-    "<system-reminder>The session is in plan mode: the user wants a plan before any change. "
-    "Read, search and ask questions; do not edit files or run commands (they are refused). "
-    f"When the plan is ready, call {TOOL} with it (markdown) to ask the user to approve it."
-    "</system-reminder>"
+PLAN_NOTE = (
+    "## Plan mode\n"
+    "The session is in plan mode: the user wants a plan before any change. Read, search and "
+    "ask questions; do not edit files or run commands (they are refused). When the plan is "
+    f"ready, call {TOOL} with it (markdown) to ask the user to approve it."
 )
 _BATCH = "plan.batch"  # ids of the calls sent in the same reply as exit_plan_mode
 _LOCK = "plan.lock"
@@ -115,7 +118,7 @@ class PlanHook(Hook):
     async def modify_request(self, ctx: HookContext, request: ModelRequest) -> ModelRequest | None:
         if ctx.session.mode != "plan":
             return None
-        return request.replace(messages=[*request.messages, Message("user", REMINDER)])
+        return add_to_system_prompt(request, PLAN_NOTE)
 
     async def after_model_call(self, ctx: HookContext, response: ModelResponse) -> None:
         calls = response.message.tool_calls

@@ -18,7 +18,7 @@ import acp
 import pytest
 import yaml
 
-from builtin_hooks.plan import REMINDER, approved_plan
+from builtin_hooks.plan import PLAN_NOTE, approved_plan
 from crow.store import SQLiteStore
 from tests.conftest import CROW, RecordingClient, crow_env, spawn_crow
 from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
@@ -117,14 +117,14 @@ async def test_approved_plan_switches_mode_and_the_turn_goes_on(
     assert (workspace / "n.txt").read_text() == "hi"
     assert not tool_results(llm.requests[3])[-1].startswith("Error")
 
-    # plan mode told the model so at the end of each request, and only then
-    assert [r.messages[-1]["content"] == REMINDER for r in llm.requests] == [True, True, False, False]
-    # the tool list never changed and each request extends the last one (prompt cache)
+    # the system prompt said "plan mode" while it was on, and only then
+    assert [PLAN_NOTE in r.system for r in llm.requests] == [True, True, False, False]
+    # the tool list never changed, and the conversation only grew (prompt cache)
     assert all(r.tools == llm.requests[0].tools for r in llm.requests)
     assert "exit_plan_mode" in llm.requests[0].tool_names
     for before, after in zip(llm.requests, llm.requests[1:], strict=False):
-        kept = [m for m in before.messages if m["content"] != REMINDER]
-        assert after.messages[: len(kept)] == kept
+        kept = [m for m in before.messages if m["role"] != "system"]
+        assert [m for m in after.messages if m["role"] != "system"][: len(kept)] == kept
 
     # the mode and the plan are stored: a new crow process loads them
     async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client2):
@@ -167,7 +167,7 @@ async def test_keep_planning_leaves_plan_mode_on(llm: ScriptedLLM, home: Path, w
     result = [m for m in llm.requests[1].messages if m["role"] == "tool"][-1]
     assert result["content"].startswith('Error: The user answered "No, keep planning"')
     assert "stays in plan mode" in result["content"]
-    assert llm.requests[1].messages[-1]["content"] == REMINDER
+    assert PLAN_NOTE in llm.requests[1].system
     assert [u.current_mode_id for u in client.of_type("CurrentModeUpdate")] == ["plan"]
     assert loaded.modes.current_mode_id == "plan"
 
@@ -181,7 +181,7 @@ async def test_exit_plan_mode_outside_plan_mode_asks_nobody(
         await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])
     assert client.permission_requests == []
     assert "only for plan mode, and the session is in ask mode" in tool_results(llm.requests[1])[-1]
-    assert REMINDER not in [m["content"] for m in llm.requests[0].messages]
+    assert PLAN_NOTE not in llm.requests[0].system
     assert client.of_type("CurrentModeUpdate") == []
 
 
@@ -286,3 +286,55 @@ def test_crow_run_without_a_terminal_keeps_planning(llm: ScriptedLLM, home: Path
     assert done.returncode == 0, done.stderr
     assert "Here is the plan instead." in done.stdout
     assert "Nobody is attached to approve the plan" in tool_results(llm.requests[1])[-1]
+
+
+async def test_two_plans_in_one_reply_ask_once(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
+    llm.push(
+        Reply(
+            tool_calls=[
+                ToolCallSpec(name="exit_plan_mode", arguments={"plan": "plan A"}),
+                ToolCallSpec(name="exit_plan_mode", arguments={"plan": "plan B"}),
+            ]
+        ),
+        Reply(text="ok"),
+    )
+    async with spawn_crow(crow_env(llm, home, CROW_MODE="plan")) as (conn, _proc, client):
+        client.permission_answer = "allow_always"
+        sid = await start(conn, workspace)
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])
+    assert len(client.permission_requests) == 1, "the second plan came after the mode changed"
+    shown = client.permission_requests[0][0].content[0].content.text
+    first, second = tool_results(llm.requests[1])  # in completion order
+    assert "approved the plan" in first
+    assert "only for plan mode, and the session is in accept_edits mode" in second
+    assert [u.current_mode_id for u in client.of_type("CurrentModeUpdate")] == ["accept_edits"]
+    async with SQLiteStore(home / "crow.db") as store:
+        assert approved_plan(await store.load_transcript(sid)) == {"plan": shown, "mode": "accept_edits"}
+
+
+class MadeUpAnswerClient(RecordingClient):
+    """Answers with an option the request did not offer."""
+
+    async def request_permission(
+        self, session_id: str, tool_call: Any, options: list[Any], **kwargs: Any
+    ) -> Any:
+        from acp.schema import AllowedOutcome, RequestPermissionResponse
+
+        self.permission_requests.append((tool_call, options))
+        return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id="yolo"))
+
+
+async def test_an_answer_that_was_not_offered_changes_nothing(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    llm.push(plan_reply(), Reply(text="ok"))
+    client = MadeUpAnswerClient()
+    async with spawn_crow(crow_env(llm, home, CROW_MODE="plan"), client=client) as (conn, _p, _c):
+        sid = await start(conn, workspace)
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])
+        loaded = await conn.load_session(cwd=str(workspace), session_id=sid, mcp_servers=[])
+    assert len(client.permission_requests) == 1
+    assert tool_results(llm.requests[1])[-1].startswith(
+        "Error: The user did not answer the request to approve the plan, and the session stays in plan mode."
+    )
+    assert loaded.modes.current_mode_id == "plan"
