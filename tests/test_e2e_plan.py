@@ -338,3 +338,53 @@ async def test_an_answer_that_was_not_offered_changes_nothing(
         "Error: The user did not answer the request to approve the plan, and the session stays in plan mode."
     )
     assert loaded.modes.current_mode_id == "plan"
+
+
+def test_crow_run_asks_on_the_terminal(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
+    import pty
+
+    llm.push(plan_reply(), write_reply(), Reply(text="done"))
+    env = crow_env(llm, home, CROW_MODE="plan", PYTHONPATH=os.getcwd())
+    master, slave = pty.openpty()
+    try:
+        os.write(master, b"1\n")  # "Yes, and auto-accept edits"
+        done = subprocess.run(
+            [*CROW, "run", "--cwd", str(workspace), "plan it"],
+            env=env,
+            stdin=slave,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert done.returncode == 0, done.stderr
+    assert PLAN in done.stderr and "[1] Yes, and auto-accept edits" in done.stderr
+    assert "mode: accept_edits" in done.stderr
+    assert (workspace / "n.txt").read_text() == "hi", "the write ran without another question"
+
+
+async def test_a_resumed_session_knows_its_approved_plan(tmp_path: Path) -> None:
+    from builtin_hooks.plan import PlanHook
+    from crow import HookContext, Message, Session, ToolCall
+
+    call = ToolCall("c1", "exit_plan_mode", {"plan": "old"})
+    history = [
+        Message("user", "plan"),
+        Message("assistant", "", tool_calls=(call,)),
+        Message(
+            "tool",
+            "approved",
+            tool_call_id="c1",
+            name="exit_plan_mode",
+            meta={"crow/plan": {"plan": "old", "mode": "ask"}},
+        ),
+    ]
+    session = Session("s", tmp_path)
+    session.messages.extend(history)
+
+    async def emit(event: Any) -> None: ...
+
+    await PlanHook().before_agent(HookContext(session, "go", None, emit))
+    assert session.state["plan"] == {"plan": "old", "mode": "ask"}
