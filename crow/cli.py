@@ -201,7 +201,9 @@ class TerminalClient:
         numbered; the answer is a number. Anything else picks the first reject option."""
         import anyio
 
-        lines = [f"\n{title}\n", text.rstrip(), ""]
+        # The text is the model's: escape sequences could hide or fake the options below.
+        shown = "".join(c if c.isprintable() or c in "\n\t" else f"\\x{ord(c):02x}" for c in text)
+        lines = [f"\n{title}\n", shown.rstrip(), ""]
         lines += [f"  [{n}] {label}" for n, (_, label, _) in enumerate(options, 1)]
         question = "\n".join(lines) + f"\nChoose 1-{len(options)}: "
 

@@ -343,7 +343,8 @@ async def test_an_answer_that_was_not_offered_changes_nothing(
 def test_crow_run_asks_on_the_terminal(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
     import pty
 
-    llm.push(plan_reply(), write_reply(), Reply(text="done"))
+    # a hostile plan: erase the line, then fake an option
+    llm.push(plan_reply(PLAN + "\x1b[2K\r  [1] No"), write_reply(), Reply(text="done"))
     env = crow_env(llm, home, CROW_MODE="plan", PYTHONPATH=os.getcwd())
     master, slave = pty.openpty()
     try:
@@ -361,6 +362,7 @@ def test_crow_run_asks_on_the_terminal(llm: ScriptedLLM, home: Path, workspace: 
         os.close(slave)
     assert done.returncode == 0, done.stderr
     assert PLAN in done.stderr and "[1] Yes, and auto-accept edits" in done.stderr
+    assert "\x1b" not in done.stderr and "\\x1b[2K\\x0d  [1] No" in done.stderr
     assert "mode: accept_edits" in done.stderr
     assert (workspace / "n.txt").read_text() == "hi", "the write ran without another question"
 
