@@ -72,7 +72,10 @@ _STATE = "plan"
 def approved_plan(messages: list[Message]) -> dict[str, str] | None:
     """The latest approved plan in `messages` (a transcript or context): {"plan", "mode"}."""
     for message in reversed(messages):
-        found = (message.meta or {}).get("crow/plan") if message.role == "tool" else None
+        # by name: another server's tool could put "crow/plan" in its own result's _meta
+        found = (
+            (message.meta or {}).get("crow/plan") if (message.role, message.name) == ("tool", TOOL) else None
+        )
         if isinstance(found, dict) and isinstance(found.get("plan"), str):
             return {"plan": found["plan"], "mode": str(found.get("mode", ""))}
     return None
