@@ -39,10 +39,11 @@ def install(agent: Agent) -> None:
 
 
 # (name, "module:factory"), outermost first: tracing sees everything, permissions decide
-# before the filesystem runs anything.
+# before the filesystem runs anything, and plan (exit_plan_mode; calls sent beside it) next.
 BUILTINS: list[tuple[str, str]] = [
     ("tracing", "builtin_hooks.tracing:factory"),  # None unless CROW_TRACE / trace is set
     ("permissions", "builtin_hooks.permissions:factory"),
+    ("plan", "builtin_hooks.plan:factory"),
     ("filesystem", "builtin_hooks.filesystem:factory"),
     ("todolist", "builtin_hooks.todolist:factory"),
     ("skills", "builtin_hooks.skills:factory"),

@@ -32,6 +32,7 @@ _EXPORTS = {
     "Usage": "crow.llm.base",
     "ServerSpec": "crow.tools",
     "Notice": "crow.events",
+    "ModeChanged": "crow.events",
     "PlanUpdated": "crow.events",
     "UsageUpdated": "crow.events",
     "CompactService": "crow.compact",

@@ -7,11 +7,12 @@ Each capability is used only when the client advertised it in `initialize`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
-from acp import RequestError
+from acp import RequestError, text_block, tool_content
 from acp.schema import ClientCapabilities, EnvVariable, PermissionOption, ToolCallUpdate
 
 from crow import acp_view
@@ -66,6 +67,41 @@ class AcpSessionClient:
                 return next((o.kind for o in PERMISSION_OPTIONS if o.option_id == outcome.option_id), None)
             return None
         log.info("permission request for %s unanswered after %.0f s: rejected", call.name, timeout)
+        return None
+
+    async def ask(
+        self,
+        call: ToolCall,
+        options: Sequence[tuple[str, str, str]],
+        *,
+        title: str,
+        text: str,
+        kind: str | None = None,
+        timeout: float = 600.0,
+    ) -> str | None:
+        """Ask the user a question about `call` with its own options, each (option_id, label,
+        permission kind); `text` (markdown) is what the request shows. Returns the chosen
+        option_id, or None (cancelled, failed or unanswered)."""
+        choices = [PermissionOption(option_id=i, name=label, kind=k) for i, label, k in options]
+        update = ToolCallUpdate(
+            tool_call_id=call.id,
+            title=title,
+            kind=kind,
+            status="pending",
+            content=[tool_content(text_block(text))],
+        )
+        with anyio.move_on_after(timeout):
+            try:
+                response = await self.conn.request_permission(
+                    session_id=self.session_id, tool_call=update, options=choices
+                )
+            except RequestError as exc:
+                log.warning("question about %s failed: %s", call.name, exc)
+                return None
+            outcome = response.outcome
+            chosen = getattr(outcome, "option_id", None) if outcome.outcome == "selected" else None
+            return chosen if any(c.option_id == chosen for c in choices) else None
+        log.info("question about %s unanswered after %.0f s", call.name, timeout)
         return None
 
     async def read_text(self, path: Path) -> str:

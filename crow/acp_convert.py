@@ -8,11 +8,13 @@ from typing import Any
 
 import acp
 from acp import RequestError
+from acp.helpers import update_current_mode
 from acp.schema import UsageUpdate
 
 from crow import acp_view
 from crow.events import (
     Event,
+    ModeChanged,
     Notice,
     PlanUpdated,
     TextDelta,
@@ -46,6 +48,8 @@ def event_update(event: Event, cwd: Path) -> Any:
         return UsageUpdate(session_update="usage_update", used=event.used, size=event.size)
     if isinstance(event, Notice):
         return acp.update_agent_message_text(event.text + "\n")
+    if isinstance(event, ModeChanged):  # the adapter follows it with the config options
+        return update_current_mode(event.mode)
     return None
 
 

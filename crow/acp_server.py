@@ -16,13 +16,14 @@ from typing import Any
 import acp
 import anyio
 from acp import RequestError
-from acp.helpers import update_available_commands, update_current_mode
+from acp.helpers import update_available_commands
 from acp.schema import (
     AgentCapabilities,
     AvailableCommand,
     AvailableCommandInput,
     ClientCapabilities,
     CloseSessionResponse,
+    ConfigOptionUpdate,
     ForkSessionResponse,
     Implementation,
     InitializeResponse,
@@ -51,6 +52,7 @@ from crow.agent import Agent
 from crow.errors import CrowError, SessionError
 from crow.events import (
     Event,
+    ModeChanged,
     Notice,
     ToolCallEnd,
 )
@@ -239,7 +241,7 @@ class AcpServer:
             )
         await self.agent.session_ready(session)
         await session.save(mode=mode_id)
-        await self._update(session.id, update_current_mode(mode_id))
+        await self._emit(session, ModeChanged(mode_id))
 
     async def set_config_option(
         self, config_id: str, session_id: str, value: str | bool, **kwargs: Any
@@ -339,6 +341,11 @@ class AcpServer:
         if isinstance(event, Notice):  # shown on replay, never sent to the model
             await session.add(Message("system", event.text, meta={"notice": True}), in_context=False)
         await self._update(session.id, update)
+        if isinstance(event, ModeChanged):  # clients that show config options, not modes
+            options = ConfigOptionUpdate(
+                session_update="config_option_update", config_options=self._options(session)
+            )
+            await self._update(session.id, options)
         if isinstance(event, ToolCallEnd) and (tid := acp_view.terminal_id(event.result)):
             try:  # the editor keeps showing an embedded terminal after release
                 await self.conn.release_terminal(session_id=session.id, terminal_id=tid)

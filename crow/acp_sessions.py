@@ -21,6 +21,11 @@ MODES = [
     ),
     SessionMode(id="yolo", name="Yolo", description="Never ask"),
     SessionMode(id="read_only", name="Read only", description="Only read-only tools run"),
+    SessionMode(
+        id="plan",
+        name="Plan",
+        description="Read and plan; no edits or commands until you approve the plan",
+    ),
 ]
 MODE_IDS = [m.id for m in MODES]
 

@@ -38,6 +38,7 @@ _KINDS = {
     "edit_file": "edit",
     "execute": "execute",
     "write_todos": "think",
+    "exit_plan_mode": "switch_mode",
 }
 _MAX_SHOWN = 20_000  # characters of tool output shown in the editor
 
@@ -74,6 +75,8 @@ def tool_title(call: ToolCall) -> str:
         return f"Run {command if len(command) <= 80 else command[:77] + '...'}"
     if call.name == "write_todos":
         return "Update plan"
+    if call.name == "exit_plan_mode":
+        return "Plan ready for review"
     if path:
         return f"{call.name} {path}"
     return call.name

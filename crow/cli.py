@@ -16,6 +16,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -112,7 +113,7 @@ async def _run(args: argparse.Namespace) -> int:
     """The loop in a terminal: the answer on stdout, tool activity on stderr."""
     from crow.agent import Agent
     from crow.config import load_config
-    from crow.events import Event, Notice, TextDelta, ToolCallEnd, ToolCallStart
+    from crow.events import Event, ModeChanged, Notice, TextDelta, ToolCallEnd, ToolCallStart
     from crow.messages import human
 
     config = load_config(args.config)
@@ -140,6 +141,8 @@ async def _run(args: argparse.Namespace) -> int:
             print(f"  {mark} {first}", file=sys.stderr)
         elif isinstance(event, Notice):
             print(event.text, file=sys.stderr)
+        elif isinstance(event, ModeChanged):
+            print(f"  mode: {event.mode}", file=sys.stderr)
 
     try:
         session = agent.create_session(args.cwd)
@@ -183,4 +186,38 @@ class TerminalClient:
                 "no": "reject_once",
                 "v": "reject_always",
             }.get(answer, "reject_once")
+        return None
+
+    async def ask(
+        self,
+        call: Any,
+        options: Sequence[tuple[str, str, str]],
+        *,
+        title: str,
+        text: str,
+        kind: str | None = None,
+        timeout: float = 600.0,
+    ) -> str | None:
+        """A question with its own options (option_id, label, kind): `text`, then the options
+        numbered; the answer is a number. Anything else picks the first reject option."""
+        import anyio
+
+        # The text is the model's: escape sequences could hide or fake the options below.
+        shown = "".join(c if c.isprintable() or c in "\n\t" else f"\\x{ord(c):02x}" for c in text)
+        lines = [f"\n{title}\n", shown.rstrip(), ""]
+        lines += [f"  [{n}] {label}" for n, (_, label, _) in enumerate(options, 1)]
+        question = "\n".join(lines) + f"\nChoose 1-{len(options)}: "
+
+        def read() -> str | None:
+            print(question, end="", file=sys.stderr, flush=True)
+            line = sys.stdin.readline()
+            return line.strip() if line else None  # None: stdin closed
+
+        with anyio.move_on_after(timeout):
+            answer = await anyio.to_thread.run_sync(read, abandon_on_cancel=True)
+            if answer is None:
+                return None
+            if answer.isdigit() and 1 <= int(answer) <= len(options):
+                return options[int(answer) - 1][0]
+            return next((i for i, _, k in options if k.startswith("reject")), None)
         return None

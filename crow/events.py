@@ -17,6 +17,7 @@ from crow.messages import ToolCall, ToolResult
 __all__ = [
     "Emit",
     "Event",
+    "ModeChanged",
     "Notice",
     "PlanUpdated",
     "TextDelta",
@@ -65,6 +66,13 @@ class Notice:
     text: str
 
 
+@dataclass(frozen=True, slots=True)
+class ModeChanged:
+    """The session's mode changed during a turn (already saved); the front end shows it."""
+
+    mode: str
+
+
 Event = (
     TextDelta
     | ThoughtDelta
@@ -74,5 +82,6 @@ Event = (
     | PlanUpdated
     | UsageUpdated
     | Notice
+    | ModeChanged
 )
 Emit = Callable[[Event], Awaitable[None]]
