@@ -99,14 +99,14 @@ async def test_always_allowing_echo_does_not_cover_rm(llm: ScriptedLLM, home: Pa
         sid = await start(conn, workspace)
         for prompt in ("one", "two", "three", "four"):
             await conn.prompt(session_id=sid, prompt=[acp.text_block(prompt)])
+    assert (workspace / "victim.txt").read_text() == "precious"
+    asked = [tc.title for tc, _ in client.permission_requests]
+    assert asked == ["Run echo hi", "Run echo ok; rm -f victim.txt", "Run rm -f victim.txt"]
+    assert results(llm, 3)["c2"].startswith("again"), "echo is now allowed: it ran without a question"
     options = client.permission_requests[0][1]
     named = {o.option_id: o.name for o in options}
     assert named["allow_always"] == "Always allow `echo` commands"
     assert named["reject_always"] == "Always reject `echo` commands"
-    assert results(llm, 3)["c2"].startswith("again"), "echo is now allowed: it ran without a question"
-    asked = [tc.title for tc, _ in client.permission_requests]
-    assert asked == ["Run echo hi", "Run echo ok; rm -f victim.txt", "Run rm -f victim.txt"]
-    assert (workspace / "victim.txt").read_text() == "precious"
     assert "declined" in results(llm, 5)["c3"] and "declined" in results(llm, 7)["c4"]
 
 
@@ -260,3 +260,18 @@ async def test_a_batch_asks_one_question_at_a_time(llm: ScriptedLLM, home: Path,
     for later, earlier in zip(client.asked_at[1:], client.answered_at, strict=False):
         assert later >= earlier
     assert (workspace / "p.txt").read_text() == "p\n"
+
+
+async def test_an_always_answer_settles_the_calls_waiting_behind_it(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    llm.push(
+        Reply(tool_calls=[call("execute", f"e{i}", command=f"echo {i}") for i in range(3)]),
+        Reply(text="ok"),
+    )
+    client = ScriptedAnswers("allow_always")
+    async with spawn_crow(crow_env(llm, home), client=client) as (conn, _proc, _client):
+        sid = await start(conn, workspace)
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])
+    assert len(client.permission_requests) == 1, "the waiting echo calls were covered by the answer"
+    assert all(results(llm, 1)[f"e{i}"].startswith(str(i)) for i in range(3))
