@@ -68,12 +68,11 @@ class PermissionsHook(Hook):
         """None (run), a refusal, or "ask"."""
         config = session.config
         perms = config.permissions if config is not None else None
-        sets = [compile_rules(tuple(perms.allow), tuple(perms.ask), tuple(perms.deny))] if perms else []
-        extra: RuleSet | None = session.state.get(_RULES)
-        if extra:
-            sets.append(extra)
-        subj = subject(call.name, call.args, str(session.cwd))
-        decision, rule = decide(subj, *sets) if sets else (None, None)
+        configured = compile_rules(tuple(perms.allow), tuple(perms.ask), tuple(perms.deny)) if perms else None
+        sets = [s for s in (configured, session.state.get(_RULES)) if s]
+        decision, rule = None, None
+        if sets:  # no rules, nothing to parse
+            decision, rule = decide(subject(call.name, call.args, str(session.cwd)), *sets)
         if decision == "deny":
             assert rule is not None
             if rule.origin == "session":
