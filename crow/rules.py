@@ -133,9 +133,13 @@ def path_candidates(path: Any, root: str) -> tuple[list[str], bool]:
         return [], False
     lexical_root, real_root = _roots(root)
     joined = os.path.join(lexical_root, path)
+    try:
+        resolved = os.path.realpath(joined)
+    except (OSError, ValueError):  # a symlink loop, a name too long: the tool will refuse it
+        return [], False
     out: list[str] = []
     inside = True
-    for candidate, base in ((os.path.normpath(joined), lexical_root), (os.path.realpath(joined), real_root)):
+    for candidate, base in ((os.path.normpath(joined), lexical_root), (resolved, real_root)):
         if candidate == base:
             rel = "."
         elif candidate.startswith(base.rstrip("/") + "/"):

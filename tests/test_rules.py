@@ -332,3 +332,65 @@ def test_path_normalisation_cannot_escape_a_pattern(segments: list[str], prefix:
     if outside:
         assert verdict("write_file", {"path": path}, allow=("write_file", "write_file(**)")) == "allow"
         assert verdict("write_file", {"path": path}, allow=("write_file(**)",)) is None
+
+
+# ------------------------------------------------------------------ the hook, per mode
+class Asker:
+    """A front end that answers every question with one option id and counts them."""
+
+    def __init__(self, answer: str | None = "allow_once") -> None:
+        self.answer = answer
+        self.asked: list[tuple[str, list[str]]] = []
+
+    async def ask_permission(self, call, *, options, read_only=False, timeout=600.0):  # type: ignore[no-untyped-def]
+        self.asked.append((call.name, [o.id for o in options]))
+        return self.answer
+
+
+def _session(mode: str, **rules: list[str]):  # type: ignore[no-untyped-def]
+    from crow.config import Config, PermissionRules
+    from crow.session import Session
+
+    session = Session("s", Path(ROOT), mode=mode, config=Config(permissions=PermissionRules(**rules)))
+    session.client = Asker()
+    return session
+
+
+async def _check(session, name: str, **args: object) -> str | None:  # type: ignore[no-untyped-def]
+    from types import SimpleNamespace
+
+    from builtin_hooks.permissions import PermissionsHook
+    from crow.messages import ToolCall
+
+    return await PermissionsHook().check(SimpleNamespace(session=session), ToolCall("c", name, args))
+
+
+@pytest.mark.anyio
+async def test_modes_and_rules_together() -> None:
+    s = _session("accept_edits", ask=["edit_file(/setup.py)"])
+    assert await _check(s, "edit_file", path="src/a.py") is None and s.client.asked == []
+    assert await _check(s, "edit_file", path="setup.py") is None
+    assert s.client.asked == [("edit_file", ["allow_once", "reject_once", "reject_always"])]
+
+    s = _session("read_only", allow=["execute(git status *)", "write_file"])
+    assert await _check(s, "execute", command="git status") is None, "an allow rule names it"
+    assert "read-only mode" in (await _check(s, "execute", command="git push") or "")
+    assert "read-only mode" in (await _check(s, "write_file", path="a", content="") or ""), "never edits"
+    assert s.client.asked == []
+
+    s = _session("plan", allow=["write_file"], deny=["write_todos"])
+    assert "exit_plan_mode(plan)" in (await _check(s, "write_file", path="a", content="") or "")
+    assert await _check(s, "exit_plan_mode", plan="do it") is None
+    assert "`write_todos`" in (await _check(s, "write_todos", todos=[]) or ""), "deny holds everywhere"
+    assert s.client.asked == []
+
+    s = _session("yolo", ask=["execute(git push *)"])
+    s.client.answer = "reject_always"
+    assert "declined" in (await _check(s, "execute", command="git push origin") or "")
+    assert "rejected execute calls like this one" in (await _check(s, "execute", command="git push") or "")
+    assert await _check(s, "execute", command="git pull") is None
+    assert len(s.client.asked) == 1
+
+    s = _session("ask")
+    s.client.answer = "not-an-option"
+    assert "did not answer" in (await _check(s, "execute", command="ls") or "")
