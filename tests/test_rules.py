@@ -394,3 +394,12 @@ async def test_modes_and_rules_together() -> None:
     s = _session("ask")
     s.client.answer = "not-an-option"
     assert "did not answer" in (await _check(s, "execute", command="ls") or "")
+
+
+@given(st.text(alphabet=st.sampled_from(list("ab $`'\"\\(){};&|<>#\n\t=*~@!-12")), max_size=60))
+@settings(max_examples=1000, deadline=None)
+def test_any_line_parses_without_error(line: str) -> None:
+    parsed = split_commands(line)
+    if "`" in line.replace("\\`", "") and "'" not in line and "#" not in line:
+        assert not parsed.plain, "a backtick is never plain"
+    run(line, allow=ALLOW, deny=("execute(rm *)",))
