@@ -1,25 +1,37 @@
-"""PermissionsHook: ask the user before a tool changes anything.
+"""PermissionsHook: rules first, then the mode, then the user.
 
-Modes (the session's `mode`, offered to the editor as ACP modes):
-    ask           ask before write_file, edit_file, execute and any tool not marked read-only
+Rules (`permissions: {allow, ask, deny}` in the config, see crow.rules) hold in every
+mode: deny > ask > allow. Then the session's mode:
+    ask           ask before write_file, edit_file, execute and any tool not trusted read-only
     accept_edits  file edits run without asking; commands and other tools still ask
-    yolo          nothing asks
-    read_only     only read-only tools run; the rest are refused
+    yolo          nothing else asks
+    read_only     trusted read-only tools run, and tools an allow rule names (never edits);
+                  the rest are refused without asking
+    plan          as read_only, and the model is told to finish with exit_plan_mode(plan)
 
-"Always allow" / "always reject" hold for the session. A request nobody answers within
-`timeout` seconds counts as a rejection, so a turn never hangs on an unseen prompt.
+Only crow's own servers are believed when they call a tool read-only (ToolHub marks the
+others' tools not read-only). "Always allow" / "always reject" add session rules scoped to
+what the prompt named (`git status` commands, edits to one file or folder, one tool).
+Requests are asked one at a time per session, each re-checked against the rules the
+previous answer may have added. A request nobody answers within `timeout` seconds counts
+as a rejection, so a turn never hangs on an unseen prompt.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from crow import Hook, HookContext, ToolCall, ToolResult
+import anyio
 
-MODES = ("ask", "accept_edits", "yolo", "read_only")
-EDIT_TOOLS = frozenset({"write_file", "edit_file"})
+from crow import Hook, HookContext, ToolCall, ToolResult
+from crow.rules import EDIT_TOOLS, RuleSet, compile_rules, decide, parse_rule, subject
+from crow.rules import choices as prompt_choices
+
+MODES = ("ask", "accept_edits", "yolo", "read_only", "plan")
 ASK_TOOLS = frozenset({"write_file", "edit_file", "execute"})
-NEVER_ASK = frozenset({"write_todos"})  # changes only the plan
+NEVER_ASK = frozenset({"write_todos", "exit_plan_mode"})  # the plan, and leaving plan mode
+_RULES = "permissions.rules"  # session.state: the session's RuleSet (from "always" answers)
+_LOCK = "permissions.lock"  # session.state: one question at a time
 
 
 class PermissionsHook(Hook):
@@ -37,39 +49,101 @@ class PermissionsHook(Hook):
     async def check(self, ctx: HookContext, call: ToolCall) -> str | None:
         """None to run the tool, else the reason the model reads."""
         session = ctx.session
-        hub = session.tools
-        spec = hub.spec(call.name) if hub is not None else None
-        read_only = bool(spec and spec.read_only) and call.name not in ASK_TOOLS
-        if read_only or call.name in NEVER_ASK:
-            return None
-        mode = session.mode if session.mode in MODES else "ask"
-        if mode == "yolo" or (mode == "accept_edits" and call.name in EDIT_TOOLS):
-            return None
-        if mode == "read_only":
-            return (
-                f"{call.name} is not allowed: the session is in read-only mode. "
-                "Only read-only tools may run; ask the user to change the mode."
-            )
-        always: dict[str, str] = session.state.setdefault("permissions.always", {})
-        if always.get(call.name) == "allow":
-            return None
-        if always.get(call.name) == "reject":
-            return f"The user rejected all {call.name} calls for this session."
+        settled = self._settle(session, call)
+        if settled != "ask":
+            return settled
         if session.client is None:
             return (
                 f"{call.name} needs the user's permission, and no editor is attached to "
-                "ask. Run with --yolo (or mode: yolo) to allow it."
+                "ask. Run with --yolo (or mode: yolo), or allow it with a permissions rule."
             )
-        choice = await session.client.ask_permission(call, read_only=read_only, timeout=self.timeout)
-        if choice == "allow_always":
-            always[call.name] = "allow"
-        elif choice == "reject_always":
-            always[call.name] = "reject"
-        if choice in ("allow_once", "allow_always"):
+        lock: anyio.Lock = session.state.setdefault(_LOCK, anyio.Lock())
+        async with lock:
+            settled = self._settle(session, call)  # the previous answer may have settled it
+            if settled != "ask":
+                return settled
+            return await self._ask(session, call)
+
+    def _settle(self, session: Any, call: ToolCall) -> str | None:
+        """None (run), a refusal, or "ask"."""
+        config = session.config
+        perms = config.permissions if config is not None else None
+        configured = compile_rules(tuple(perms.allow), tuple(perms.ask), tuple(perms.deny)) if perms else None
+        sets = [s for s in (configured, session.state.get(_RULES)) if s]
+        decision, rule = None, None
+        if sets:  # no rules, nothing to parse
+            decision, rule = decide(subject(call.name, call.args, str(session.cwd)), *sets)
+        if decision == "deny":
+            assert rule is not None
+            if rule.origin == "session":
+                return (
+                    f"The user rejected {call.name} calls like this one for the session (rule "
+                    f"`{rule}`); it was not run. Ask the user what they would like instead."
+                )
+            return (
+                f"{call.name} is denied by the permission rule `{rule}` (permissions.deny in "
+                "the configuration); it was not run. Do not try to get around the rule: ask "
+                "the user if you need it."
+            )
+        if call.name in NEVER_ASK:
             return None
+        hub = session.tools
+        spec = hub.spec(call.name) if hub is not None else None
+        read_only = bool(spec and spec.read_only) and call.name not in ASK_TOOLS
+        mode = session.mode if session.mode in MODES else "ask"
+        if mode in ("read_only", "plan"):
+            allowed = decision == "allow" and call.name not in EDIT_TOOLS
+            if not (read_only or allowed):
+                return _refusal(mode, call.name)
+        if decision is not None:
+            return "ask" if decision == "ask" else None
+        if read_only or mode == "yolo" or (mode == "accept_edits" and call.name in EDIT_TOOLS):
+            return None
+        return "ask"
+
+    async def _ask(self, session: Any, call: ToolCall) -> str | None:
+        subj = subject(call.name, call.args, str(session.cwd))
+        config = session.config
+        perms = config.permissions if config is not None else None
+        asked_by_rule = False
+        if perms is not None and perms.ask:
+            asked_by_rule = decide(subj, compile_rules((), tuple(perms.ask), ()))[0] == "ask"
+        options = prompt_choices(subj, asked_by_rule)
+        hub = session.tools
+        spec = hub.spec(call.name) if hub is not None else None
+        read_only = bool(spec and spec.read_only)
+        chosen = await session.client.ask_permission(
+            call, options=options, read_only=read_only, timeout=self.timeout
+        )
+        choice = next((c for c in options if c.id == chosen), None)
         if choice is None:
             return "The user did not answer the permission request; the tool call was not run."
+        if choice.rules:
+            rules: RuleSet = session.state.setdefault(_RULES, RuleSet())
+            decision = "allow" if choice.kind == "allow_always" else "deny"
+            for text in choice.rules:
+                rules.add(decision, parse_rule(text, origin="session"))
+        if choice.kind in ("allow_once", "allow_always"):
+            return None
+        if choice.kind == "reject_always":
+            return (
+                f"The user declined this tool call and chose: {choice.label.lower()} for this "
+                "session. Ask what they would like instead."
+            )
         return "The user declined this tool call. Ask what they would like instead."
+
+
+def _refusal(mode: str, name: str) -> str:
+    if mode == "plan":
+        return (
+            f"{name} was not run: the session is in plan mode, where only read-only tools run "
+            "and nothing is changed. Explore and write your plan; to proceed, call "
+            "exit_plan_mode(plan) with the plan, and the user decides whether to go ahead."
+        )
+    return (
+        f"{name} is not allowed: the session is in read-only mode. "
+        "Only read-only tools may run; ask the user to change the mode."
+    )
 
 
 def factory(agent: Any) -> PermissionsHook:

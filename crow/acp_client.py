@@ -17,15 +17,15 @@ from acp.schema import ClientCapabilities, EnvVariable, PermissionOption, ToolCa
 
 from crow import acp_view
 from crow.messages import ToolCall
+from crow.rules import Choice
 
 log = logging.getLogger("crow.acp")
 
-PERMISSION_OPTIONS = [
-    PermissionOption(option_id="allow_once", name="Allow", kind="allow_once"),
-    PermissionOption(option_id="allow_always", name="Always allow", kind="allow_always"),
-    PermissionOption(option_id="reject_once", name="Reject", kind="reject_once"),
-    PermissionOption(option_id="reject_always", name="Always reject", kind="reject_always"),
-]
+# Offered when the caller names no options (crow's permissions hook always does).
+DEFAULT_CHOICES: tuple[Choice, ...] = (
+    Choice("allow_once", "allow_once", "Allow"),
+    Choice("reject_once", "reject_once", "Reject"),
+)
 _OUTPUT_LIMIT = 100_000
 RESOURCE_NOT_FOUND = -32002  # what editors answer fs/read_text_file for a missing file
 
@@ -39,11 +39,18 @@ class AcpSessionClient:
         self.can_read = bool(fs and fs.read_text_file)
         self.can_write = bool(fs and fs.write_text_file)
         self.can_terminal = bool(caps and caps.terminal)
+        self._asking = anyio.Lock()
 
     async def ask_permission(
-        self, call: ToolCall, *, read_only: bool = False, timeout: float = 600.0
+        self,
+        call: ToolCall,
+        *,
+        options: Sequence[Choice] = DEFAULT_CHOICES,
+        read_only: bool = False,
+        timeout: float = 600.0,
     ) -> str | None:
-        """Ask the user; returns the chosen option kind, or None (cancelled or no answer)."""
+        """Ask the user, one request at a time; returns the chosen option id, or None
+        (cancelled or no answer)."""
         start = acp_view.start_update(call, self.cwd, read_only)
         update = ToolCallUpdate(
             tool_call_id=call.id,
@@ -54,20 +61,8 @@ class AcpSessionClient:
             raw_input=start.raw_input,
             content=acp_view.preview(call),
         )
-        with anyio.move_on_after(timeout):
-            try:
-                response = await self.conn.request_permission(
-                    session_id=self.session_id, tool_call=update, options=PERMISSION_OPTIONS
-                )
-            except RequestError as exc:
-                log.warning("permission request failed: %s", exc)
-                return None
-            outcome = response.outcome
-            if getattr(outcome, "outcome", None) == "selected":
-                return next((o.kind for o in PERMISSION_OPTIONS if o.option_id == outcome.option_id), None)
-            return None
-        log.info("permission request for %s unanswered after %.0f s: rejected", call.name, timeout)
-        return None
+        offered = [PermissionOption(option_id=o.id, name=o.label, kind=o.kind) for o in options]
+        return await self._request(update, offered, f"permission request for {call.name}", timeout)
 
     async def ask(
         self,
@@ -90,18 +85,27 @@ class AcpSessionClient:
             status="pending",
             content=[tool_content(text_block(text))],
         )
-        with anyio.move_on_after(timeout):
-            try:
-                response = await self.conn.request_permission(
-                    session_id=self.session_id, tool_call=update, options=choices
-                )
-            except RequestError as exc:
-                log.warning("question about %s failed: %s", call.name, exc)
-                return None
-            outcome = response.outcome
-            chosen = getattr(outcome, "option_id", None) if outcome.outcome == "selected" else None
-            return chosen if any(c.option_id == chosen for c in choices) else None
-        log.info("question about %s unanswered after %.0f s", call.name, timeout)
+        return await self._request(update, choices, f"question about {call.name}", timeout)
+
+    async def _request(
+        self, update: ToolCallUpdate, offered: list[PermissionOption], what: str, timeout: float
+    ) -> str | None:
+        """One `session/request_permission` at a time per session (a batch's other calls
+        wait for this answer); the chosen option id, or None. An id that was not offered
+        counts as no answer."""
+        async with self._asking:
+            with anyio.move_on_after(timeout):
+                try:
+                    response = await self.conn.request_permission(
+                        session_id=self.session_id, tool_call=update, options=offered
+                    )
+                except RequestError as exc:
+                    log.warning("%s failed: %s", what, exc)
+                    return None
+                outcome = response.outcome
+                chosen = outcome.option_id if getattr(outcome, "outcome", None) == "selected" else None
+                return chosen if any(o.option_id == chosen for o in offered) else None
+        log.info("%s unanswered after %.0f s: rejected", what, timeout)
         return None
 
     async def read_text(self, path: Path) -> str:

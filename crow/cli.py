@@ -17,7 +17,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 
 def _setup_logging(level: str | None, log_file: str | None) -> None:
@@ -147,7 +147,7 @@ async def _run(args: argparse.Namespace) -> int:
     try:
         session = agent.create_session(args.cwd)
         if sys.stdin.isatty():
-            session.client = TerminalClient()
+            session.client = TerminalClient(args.cwd)
         result = await agent.run_turn(session, human(" ".join(args.prompt)), emit)
         if wrote_text:
             sys.stdout.write("\n")
@@ -157,36 +157,54 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 class TerminalClient:
-    """`crow run`'s stand-in for an editor: permission prompts on the terminal."""
+    """`crow run`'s stand-in for an editor: permission prompts on the terminal, one at a
+    time, each naming its call and showing the command or the change. Only what is typed
+    after a question appears answers it (earlier input is discarded)."""
 
     can_read = can_write = can_terminal = False
+    KEYS: ClassVar[dict[str, str]] = {
+        "allow_once": "y",
+        "allow_always": "a",
+        "allow_always_folder": "f",
+        "reject_once": "n",
+        "reject_always": "v",
+    }
+
+    def __init__(self, cwd: str, fd: int = 0) -> None:
+        self.cwd = cwd
+        self.fd = fd
+        self._lock: Any = None
 
     async def ask_permission(
-        self, call: Any, *, read_only: bool = False, timeout: float = 600.0
+        self, call: Any, *, options: Any = None, read_only: bool = False, timeout: float = 600.0
     ) -> str | None:
         import anyio
 
-        from crow.acp_view import describe_args, tool_title
+        from crow.acp_client import DEFAULT_CHOICES
 
-        question = (
-            f"\nAllow {tool_title(call)} {describe_args(call.args)}? [y]es / [a]lways / [n]o / ne[v]er: "
-        )
-
-        def ask() -> str:
-            print(question, end="", file=sys.stderr, flush=True)
-            return sys.stdin.readline().strip().lower()
-
-        with anyio.move_on_after(timeout):
-            answer = await anyio.to_thread.run_sync(ask, abandon_on_cancel=True)
-            return {
-                "y": "allow_once",
-                "yes": "allow_once",
-                "a": "allow_always",
-                "n": "reject_once",
-                "no": "reject_once",
-                "v": "reject_always",
-            }.get(answer, "reject_once")
-        return None
+        options = list(options or DEFAULT_CHOICES)
+        keys = {self.KEYS.get(o.id, str(n)): o.id for n, o in enumerate(options, 1)}
+        labels = {o.id: o.label for o in options}
+        menu = "  ".join(f"[{k}] {labels[i]}" for k, i in keys.items())
+        if self._lock is None:
+            self._lock = anyio.Lock()
+        async with self._lock:
+            with anyio.move_on_after(timeout):
+                self._discard_typed_ahead()
+                print(_question(call, self.cwd), file=sys.stderr)
+                prompt = f"  {menu}\n  Answer for {_call_name(call)}: "
+                while True:
+                    print(prompt, end="", file=sys.stderr, flush=True)
+                    line = await self._readline()
+                    if line is None:
+                        return None
+                    answer = line.strip().lower() or "n"
+                    if answer in keys:
+                        return keys[answer]
+                    if answer in ("yes", "no"):
+                        return keys.get(answer[0])
+                    prompt = f"  Please answer one of {', '.join(keys)} for {_call_name(call)}: "
+            return None
 
     async def ask(
         self,
@@ -199,25 +217,97 @@ class TerminalClient:
         timeout: float = 600.0,
     ) -> str | None:
         """A question with its own options (option_id, label, kind): `text`, then the options
-        numbered; the answer is a number. Anything else picks the first reject option."""
+        numbered; the answer is a number. Anything else picks the first reject option. It
+        waits its turn behind permission questions, like them."""
         import anyio
 
         # The text is the model's: escape sequences could hide or fake the options below.
         shown = "".join(c if c.isprintable() or c in "\n\t" else f"\\x{ord(c):02x}" for c in text)
         lines = [f"\n{title}\n", shown.rstrip(), ""]
         lines += [f"  [{n}] {label}" for n, (_, label, _) in enumerate(options, 1)]
-        question = "\n".join(lines) + f"\nChoose 1-{len(options)}: "
+        if self._lock is None:
+            self._lock = anyio.Lock()
+        async with self._lock:
+            with anyio.move_on_after(timeout):
+                self._discard_typed_ahead()
+                print("\n".join(lines), file=sys.stderr)
+                print(f"Choose 1-{len(options)}: ", end="", file=sys.stderr, flush=True)
+                answer = await self._readline()
+                if answer is None:
+                    return None  # stdin closed
+                answer = answer.strip()
+                if answer.isdigit() and 1 <= int(answer) <= len(options):
+                    return options[int(answer) - 1][0]
+                return next((i for i, _, k in options if k.startswith("reject")), None)
+            return None
 
-        def read() -> str | None:
-            print(question, end="", file=sys.stderr, flush=True)
-            line = sys.stdin.readline()
-            return line.strip() if line else None  # None: stdin closed
+    def _discard_typed_ahead(self) -> None:
+        import termios
 
-        with anyio.move_on_after(timeout):
-            answer = await anyio.to_thread.run_sync(read, abandon_on_cancel=True)
-            if answer is None:
+        self._buffer = b""
+        if os.isatty(self.fd):
+            termios.tcflush(self.fd, termios.TCIFLUSH)
+
+    async def _readline(self) -> str | None:
+        import anyio
+
+        while b"\n" not in self._buffer:
+            await anyio.wait_readable(self.fd)
+            try:
+                chunk = os.read(self.fd, 4096)
+            except BlockingIOError:
+                continue
+            if not chunk:
                 return None
-            if answer.isdigit() and 1 <= int(answer) <= len(options):
-                return options[int(answer) - 1][0]
-            return next((i for i, _, k in options if k.startswith("reject")), None)
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode(errors="replace")
+
+
+def _call_name(call: Any) -> str:
+    from crow.acp_view import tool_title
+
+    return f"{tool_title(call)!r} (call {call.id})"
+
+
+def _question(call: Any, cwd: str) -> str:
+    """The call and what it would do: the command, a unified diff, or its arguments."""
+    import difflib
+
+    from crow.acp_view import tool_title
+
+    args = call.args
+    lines = [f"\nAllow {tool_title(call)}?"]
+    path = args.get("path") if isinstance(args.get("path"), str) else None
+    if call.name == "execute":
+        lines.append(f"  $ {args.get('command', '')}")
+    elif call.name in ("write_file", "edit_file") and path:
+        if call.name == "write_file":
+            old = _read(os.path.join(cwd, path))
+            new = str(args.get("content", ""))
+        else:
+            old, new = str(args.get("old_text", "")), str(args.get("new_text", ""))
+        diff = list(
+            difflib.unified_diff(
+                (old or "").splitlines(), new.splitlines(), f"a/{path}", f"b/{path}", lineterm=""
+            )
+        )
+        if old is None and call.name == "write_file":
+            diff[0:2] = ["--- /dev/null", f"+++ b/{path} (new file)"]
+        shown = diff[:60]
+        lines.extend(f"  {d}" for d in shown)
+        if len(diff) > len(shown):
+            lines.append(f"  … {len(diff) - len(shown)} more lines")
+    else:
+        for key, value in args.items():
+            text = value if isinstance(value, str) else repr(value)
+            lines.append(f"  {key}: {text if len(text) <= 200 else text[:197] + '...'}")
+    return "\n".join(lines)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read(1_000_000)
+    except (OSError, UnicodeDecodeError):
         return None

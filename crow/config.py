@@ -78,6 +78,15 @@ class PermissionRules(_Model):
     ask: list[str] = Field(default_factory=list)
     deny: list[str] = Field(default_factory=list)
 
+    @field_validator("allow", "ask", "deny")
+    @classmethod
+    def _parse(cls, rules: list[str]) -> list[str]:
+        if rules:  # a rule that cannot be parsed is an error at load, not a silent no-op
+            from crow.rules import compile_rules
+
+            compile_rules(tuple(rules), (), ())  # raises RuleError (a ValueError) naming the rule
+        return rules
+
 
 MODES = ("ask", "accept_edits", "yolo", "read_only", "plan")
 

@@ -50,6 +50,9 @@ class ServerSpec:
     url: str = ""
     headers: Mapping[str, str] = field(default_factory=dict)
     timeout: float = 600.0  # per call, for servers outside this process
+    # Whether its read-only hints are believed. None: crow's own (in-process) servers are,
+    # servers over a transport (an editor's, a plugin's) are not: their tools ask.
+    trusted: bool | None = None
 
 
 @dataclass(eq=False)
@@ -126,7 +129,10 @@ class ToolHub:
             if name in self._routes:  # keep names unique: qualify the newcomer
                 name = _NAME_OK.sub("_", f"{conn.spec.name}_{tool.name}")[:64]
                 log.info("tool %s of %s renamed %s (name taken)", tool.name, conn.spec.name, name)
-            read_only = bool(tool.annotations and tool.annotations.read_only_hint)
+            trusted = conn.spec.trusted
+            if trusted is None:
+                trusted = conn.spec.transport == "inprocess"
+            read_only = trusted and bool(tool.annotations and tool.annotations.read_only_hint)
             self._routes[name] = (conn, tool.name)
             self._specs.append(
                 ToolSpec(

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
+import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -350,19 +353,34 @@ def test_crow_run_asks_on_the_terminal(llm: ScriptedLLM, home: Path, workspace: 
     llm.push(plan_reply(PLAN + "\x1b[2K\r  [1] No"), write_reply(), Reply(text="done"))
     env = crow_env(llm, home, CROW_MODE="plan", PYTHONPATH=os.getcwd())
     master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [*CROW, "run", "--cwd", str(workspace), "plan it"],
+        env=env,
+        stdin=slave,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    os.close(slave)
+    shown = b""
     try:
+        # Answer only once the question is on screen: input typed ahead is discarded.
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 30
+        while b"Choose 1-3" not in shown and time.monotonic() < deadline:
+            if select.select([proc.stderr], [], [], 0.1)[0]:
+                chunk = os.read(proc.stderr.fileno(), 65536)
+                if not chunk:
+                    break
+                shown += chunk
         os.write(master, b"1\n")  # "Yes, and auto-accept edits"
-        done = subprocess.run(
-            [*CROW, "run", "--cwd", str(workspace), "plan it"],
-            env=env,
-            stdin=slave,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        out, err = proc.communicate(timeout=60)
     finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         os.close(master)
-        os.close(slave)
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out.decode(), (shown + err).decode())
     assert done.returncode == 0, done.stderr
     assert PLAN in done.stderr and "[1] Yes, and auto-accept edits" in done.stderr
     assert "\x1b" not in done.stderr and "\\x1b[2K\\x0d  [1] No" in done.stderr

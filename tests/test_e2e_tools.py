@@ -84,7 +84,7 @@ async def test_rejection_reaches_the_model_and_always_holds(
     first = [m for m in llm.requests[1].messages if m["role"] == "tool"][-1]["content"]
     assert "declined" in first
     second = [m for m in llm.requests[3].messages if m["role"] == "tool"][-1]["content"]
-    assert "rejected all edit_file calls" in second
+    assert "rejected edit_file calls like this one" in second and "`edit_file(/a.txt)`" in second
 
 
 async def test_yolo_mode_and_read_only_mode(llm: ScriptedLLM, home: Path, workspace: Path) -> None:

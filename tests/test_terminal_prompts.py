@@ -1,0 +1,83 @@
+"""`crow run` in a terminal (a pty): permission prompts come one at a time, each naming its
+call and showing the command or the diff, and each answer goes to the call it names."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from tests.conftest import CROW, crow_env
+from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
+
+
+def test_crow_run_asks_one_question_at_a_time(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
+    llm.push(
+        Reply(
+            tool_calls=[
+                ToolCallSpec(name="execute", arguments={"command": "echo one"}, id="a"),
+                ToolCallSpec(name="execute", arguments={"command": "echo two"}, id="b"),
+                ToolCallSpec(name="write_file", arguments={"path": "p.txt", "content": "pee\n"}, id="c"),
+            ]
+        ),
+        Reply(text="done"),
+    )
+    master, slave = os.openpty()
+    proc = subprocess.Popen(
+        [*CROW, "run", "--cwd", str(workspace), "go"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=crow_env(llm, home),
+        start_new_session=True,
+    )
+    os.close(slave)
+    out = b""
+    questions: list[str] = []
+
+    def read_for(seconds: float) -> None:
+        nonlocal out
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            ready, _, _ = select.select([master], [], [], 0.05)
+            if ready:
+                try:
+                    out += os.read(master, 65536)
+                except OSError:  # the child closed the terminal
+                    return
+
+    try:
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            read_for(0.2)
+            text = out.decode(errors="replace")
+            if text.count("\nAllow ") == len(questions):
+                continue
+            read_for(0.7)  # would a second question appear before this one is answered?
+            text = out.decode(errors="replace")
+            assert text.count("\nAllow ") == len(questions) + 1, f"two questions open at once:\n{text}"
+            question = text[text.rfind("\nAllow ") :]
+            questions.append(question)
+            os.write(master, b"n\n" if "Write p.txt" in question else b"y\n")
+        proc.wait(timeout=10)
+        read_for(0.2)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        os.close(master)
+    assert proc.returncode == 0, out.decode(errors="replace")
+    assert len(questions) == 3, out.decode(errors="replace")
+    by_call = {q.split("?")[0].removeprefix("\nAllow "): q for q in questions}
+    assert set(by_call) == {"Run echo one", "Run echo two", "Write p.txt"}
+    assert "$ echo one" in by_call["Run echo one"] and "(call a)" in by_call["Run echo one"]
+    assert "+++ b/p.txt (new file)" in by_call["Write p.txt"] and "+pee" in by_call["Write p.txt"]
+    assert "[a] Always allow `echo` commands" in by_call["Run echo two"]
+    assert "{" not in by_call["Write p.txt"], "no raw JSON arguments"
+    read = {m["tool_call_id"]: m["content"] for m in llm.requests[1].messages if m["role"] == "tool"}
+    assert read["a"].startswith("one") and read["b"].startswith("two")
+    assert "declined" in read["c"]
+    assert not (workspace / "p.txt").exists()
