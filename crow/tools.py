@@ -281,9 +281,7 @@ async def _open_client(spec: ServerSpec, env: Mapping[str, str] | None = None): 
         from crow.environment import child_environment
 
         base = child_environment() if env is None else env
-        target = StdioServerParameters(
-            command=spec.command, args=list(spec.args), env={**base, **spec.env}
-        )
+        target = StdioServerParameters(command=spec.command, args=list(spec.args), env={**base, **spec.env})
         mode = "legacy"  # the probe of "auto" can wait 10 s on servers that ignore it
     elif spec.transport == "sse":
         from mcp.client.sse import sse_client

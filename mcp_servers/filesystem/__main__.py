@@ -15,9 +15,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--root", required=True, help="workspace root; all paths stay inside it")
     parser.add_argument("--sandbox", choices=["bwrap"], help="run execute under bubblewrap")
-    parser.add_argument(
-        "--no-network", action="store_true", help="with --sandbox: commands get no network"
-    )
+    parser.add_argument("--no-network", action="store_true", help="with --sandbox: commands get no network")
     args = parser.parse_args(argv)
     # stdout is the MCP wire: logs must go to stderr, configured before MCPServer does it.
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING)

@@ -118,8 +118,9 @@ class Sandbox:
         return cls(exe, tuple(_real(p) for p in writable), tuple(_real(p) for p in hidden), network)
 
     def _hidden_now(self) -> list[tuple[str, bool]]:
-        """(path, is_dir) of what exists now and must be hidden; never a writable root or
-        a folder holding one (the user chose to work there)."""
+        """(path, is_dir) of what exists now and must be hidden; never a writable root
+        itself (the user chose to work there). A folder holding a root is hidden, and the
+        root mounted back inside it (see `argv`)."""
         home = os.environ.get("HOME") or str(Path.home())
         candidates = [*self.hidden, *(os.path.join(home, c) for c in CREDENTIALS), *SOCKETS]
         candidates.append(f"/run/user/{os.getuid()}")
@@ -130,7 +131,7 @@ class Sandbox:
             if real in seen or not os.path.lexists(real):
                 continue
             seen.add(real)
-            if any(root == real or root.startswith(real.rstrip("/") + "/") for root in self.writable):
+            if real in self.writable:
                 continue
             out.append((real, os.path.isdir(real)))
         return out
