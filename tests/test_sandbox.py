@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 
 from crow.config import EnvironmentPolicy
@@ -118,18 +119,26 @@ async def test_a_root_inside_a_hidden_folder_stays_writable_and_a_hidden_folder_
     assert "PRIVATE-KEY-MATERIAL" not in result.output
 
 
-async def test_processes_outside_cannot_be_signalled(workspace: Path) -> None:
-    sleeper = subprocess.Popen(["sleep", "30"])
-    try:
-        result = await run(backend(workspace), f"kill -9 {sleeper.pid}; echo rc=$?")
-        assert "rc=1" in result.output, result.output
-        assert sleeper.poll() is None, "the sleeper outside the sandbox was killed"
-        # control: unsandboxed, the same command kills it
-        await LocalBackend(workspace).run(f"kill -9 {sleeper.pid}", workspace, 20)
-        assert sleeper.wait(5) == -signal.SIGKILL
-    finally:
-        sleeper.kill()
-        sleeper.wait()
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(["sleep", "30"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+async def test_processes_outside_cannot_be_signalled(
+    workspace: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    result = await run(backend(workspace), f"kill -9 {sleeper.pid}; echo rc=$?")
+    assert "rc=1" in result.output, result.output
+    assert sleeper.poll() is None, "the sleeper outside the sandbox was killed"
+    # control: unsandboxed, the same command kills it
+    await LocalBackend(workspace).run(f"kill -9 {sleeper.pid}", workspace, 20)
+    with anyio.fail_after(5):
+        while sleeper.poll() is None:
+            await anyio.sleep(0.02)
+    assert sleeper.returncode == -signal.SIGKILL
 
 
 @pytest.fixture
@@ -180,8 +189,8 @@ async def test_background_jobs_die_with_the_command(workspace: Path) -> None:
     marker = f"{os.getpid()}{id(workspace)}"
     result = await run(backend(workspace), f"sleep {marker} & echo started")
     assert "started" in result.output
-    ps = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True)
-    assert ps.stdout.strip() == ""
+    ps = await anyio.run_process(["pgrep", "-f", f"sleep {marker}"], check=False)
+    assert ps.stdout.strip() == b""
 
 
 async def test_commands_get_the_environment_policy(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
