@@ -127,6 +127,8 @@ class Sandbox:
         out: list[tuple[str, bool]] = []
         seen: set[str] = set()
         for path in candidates:
+            if not os.path.lexists(path):  # most do not exist: one lstat, not a realpath
+                continue
             real = _real(path)
             if real in seen or not os.path.lexists(real):
                 continue
