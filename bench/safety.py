@@ -20,7 +20,9 @@ from bench.common import Ctx, Figure, median, ms, not_measured
 G = "safety"
 
 
-async def _pair(n: int, a: Callable[[], Awaitable[Any]], b: Callable[[], Awaitable[Any]]) -> tuple[float, float]:
+async def _pair(
+    n: int, a: Callable[[], Awaitable[Any]], b: Callable[[], Awaitable[Any]]
+) -> tuple[float, float]:
     """Median seconds of each, interleaved, after a few unrecorded rounds."""
     ta: list[float] = []
     tb: list[float] = []
