@@ -198,3 +198,26 @@ async def test_commands_get_the_environment_policy(workspace: Path, monkeypatch:
     b = LocalBackend(workspace, Sandbox.create([workspace]), child_environment(Config()))
     result = await run(b, "env")
     assert "PATH=" in result.output and "sk-leak" not in result.output
+
+
+async def test_the_standalone_server_applies_the_default_policy_and_its_sandbox(
+    workspace: Path, outside: Path, listener: tuple[int, list[bytes]]
+) -> None:
+    port, got = listener
+    from mcp import ClientSession, StdioServerParameters, stdio_client
+
+    env = {**os.environ, "OPENAI_API_KEY": "sk-standalone-SECRET", "SOME_TOKEN": "tok-SECRET"}
+    argv = ["-m", "crow", "mcp", "filesystem", "--root", str(workspace), "--sandbox", "bwrap", "--no-network"]
+    params = StdioServerParameters(command=sys.executable, args=argv, env=env)
+    with open(os.devnull, "w") as errlog:
+        async with (
+            stdio_client(params, errlog=errlog) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            command = f"env; echo x > {outside}/escaped; echo hi > /dev/tcp/127.0.0.1/{port} && echo SENT"
+            result = await session.call_tool("execute", {"command": command})
+    text = result.content[0].text  # type: ignore[union-attr]
+    assert "PATH=" in text and "SECRET" not in text, text
+    assert not (outside / "escaped").exists()
+    assert "SENT" not in text and got == []
