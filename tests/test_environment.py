@@ -126,3 +126,27 @@ def test_config_file_environment_section_reaches_the_policy(tmp_path) -> None:  
     config = load_config(str(path), env={"CROW_HOME": str(tmp_path)})
     env = compute_environment(config.environment, PARENT)
     assert env == {"PATH": "/usr/bin", "HOME": "/home/u", "LANG": "C.UTF-8", "PAGER": "cat"}
+
+
+def test_an_editor_terminal_command_starts_from_exactly_the_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The editor's terminal adds variables to the editor's environment and cannot drop
+    any: the command itself unsets what the policy leaves out."""
+    import os
+    import subprocess
+
+    from builtin_hooks.filesystem import terminal_command
+
+    monkeypatch.setenv("EDITOR_SIDE_API_KEY", "sk-editor")
+    monkeypatch.setenv("KEEP_ME", "kept")
+    config = Config(environment=EnvironmentPolicy(inherit="core", set={"EXTRA": "x y"}))
+    env = compute_environment(config.environment, dict(os.environ))
+    command, passed = terminal_command("env", env)
+    # what an editor does: its own environment plus the variables it is given
+    out = subprocess.run(
+        ["/bin/sh", "-c", command], env={**os.environ, **passed}, capture_output=True, text=True
+    ).stdout
+    names = {line.split("=", 1)[0] for line in out.splitlines() if "=" in line}
+    assert "EXTRA=x y" in out and "PATH" in names
+    assert "EDITOR_SIDE_API_KEY" not in names and "KEEP_ME" not in names
+    assert names <= set(env) | {"PWD", "SHLVL", "_", "OLDPWD"}, names - set(env)
+    assert terminal_command("ls", None) == ("ls", {})
