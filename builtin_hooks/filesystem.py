@@ -120,7 +120,9 @@ class FilesystemHook(Hook):
             return None
         from mcp_servers.filesystem.sandbox import Sandbox
 
-        return Sandbox.create([session.cwd], hidden=[config.home], network=config.network, bwrap=bwrap)
+        # crow's home holds every session and stored credentials; a trace file, the transcript
+        hidden = [config.home, *([config.trace] if config.trace else [])]
+        return Sandbox.create([session.cwd], hidden=hidden, network=config.network, bwrap=bwrap)
 
     def tool_servers(self, session: Session) -> list[ServerSpec]:
         from crow.environment import child_environment
