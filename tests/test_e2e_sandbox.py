@@ -114,15 +114,20 @@ async def test_the_sandbox_is_on_by_default_and_the_editor_terminal_does_not_byp
     llm: ScriptedLLM, home: Path, workspace: Path, outside: Path
 ) -> None:
     assert shutil.which("bwrap"), "this test needs bubblewrap installed"
+    trace = outside / "trace.jsonl"
     llm.push(
-        Reply(tool_calls=[run(f"echo in > inside.txt; echo out > {outside}/escaped; ls {home}")]),
+        Reply(
+            tool_calls=[run(f"echo in > inside.txt; echo out > {outside}/escaped; ls {home}; cat {trace}")]
+        ),
         Reply(text="ok"),
     )
     (home / "crow-home-marker").write_text("x")
-    async with spawn_crow(crow_env(llm, home, CROW_MODE="yolo")) as (conn, _proc, client):
+    env = crow_env(llm, home, CROW_MODE="yolo", CROW_TRACE=str(trace))
+    async with spawn_crow(env) as (conn, _proc, client):
         sid = await start(conn, workspace, ClientCapabilities(terminal=True))
         await conn.prompt(session_id=sid, prompt=[acp.text_block("try")])
     result = tool_results(llm)[0]
+    assert "llm.call" in trace.read_text() and "llm.call" not in result  # the trace is hidden
     assert (workspace / "inside.txt").read_text() == "in\n"
     assert not (outside / "escaped").exists() and "Read-only file system" in result
     assert "crow-home-marker" not in result and "crow.db" not in result  # CROW_HOME hidden
