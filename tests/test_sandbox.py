@@ -221,3 +221,30 @@ async def test_the_standalone_server_applies_the_default_policy_and_its_sandbox(
     assert "PATH=" in text and "SECRET" not in text, text
     assert not (outside / "escaped").exists()
     assert "SENT" not in text and got == []
+
+
+async def test_each_session_gets_the_sandbox_and_policy_of_its_own_config(
+    tmp_path: Path, outside: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two sessions of one process, two configs: the hook reads `session.config`."""
+    from builtin_hooks.filesystem import FilesystemHook
+    from crow.config import Config
+    from crow.session import Session
+    from crow.tools import DirectClient
+
+    monkeypatch.setenv("PER_SESSION_VAR", "visible")
+    hook = FilesystemHook()
+    configs = {
+        "boxed": Config(home=tmp_path / "h1", environment=EnvironmentPolicy(exclude=["PER_SESSION_*"])),
+        "open": Config(home=tmp_path / "h2", sandbox="off"),
+    }
+    out: dict[str, str] = {}
+    for name, config in configs.items():
+        ws = tmp_path / name
+        ws.mkdir()
+        (spec,) = hook.tool_servers(Session(id=name, cwd=ws, config=config))
+        command = f"echo {name} > {outside}/{name}; echo var=$PER_SESSION_VAR"
+        result = await DirectClient(spec.server).call_tool("execute", {"command": command})
+        out[name] = result.content[0].text
+    assert not (outside / "boxed").exists() and (outside / "open").exists()
+    assert "var=visible" in out["open"] and "var=visible" not in out["boxed"]
