@@ -150,3 +150,16 @@ def test_an_editor_terminal_command_starts_from_exactly_the_policy(monkeypatch: 
     assert "EDITOR_SIDE_API_KEY" not in names and "KEEP_ME" not in names
     assert names <= set(env) | {"PWD", "SHLVL", "_", "OLDPWD"}, names - set(env)
     assert terminal_command("ls", None) == ("ls", {})
+
+
+@pytest.mark.parametrize("bad", [{"A=B": "x"}, {"": "x"}, {"A": "x\0y"}])
+def test_an_invalid_set_is_a_clear_configuration_error(tmp_path, bad: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+    import yaml
+
+    from crow.config import load_config
+    from crow.errors import ConfigError
+
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"environment": {"set": bad}}))
+    with pytest.raises(ConfigError, match=r"environment\.set"):
+        load_config(str(path), env={"CROW_HOME": str(tmp_path)})
