@@ -31,7 +31,10 @@ if str(ROOT) not in sys.path:
 
 from bench.common import Ctx, Figure, describe, not_measured  # noqa: E402
 
-GROUPS = ["startup", "roundtrip", "streaming", "loop", "memory", "tools", "rules", "store", "concurrency", "peers"]
+GROUPS = [
+    "startup", "roundtrip", "streaming", "loop", "memory", "tools", "rules", "store", "concurrency",
+    "safety", "peers",
+]  # fmt: skip
 
 
 def machine() -> dict[str, str]:

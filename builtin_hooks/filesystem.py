@@ -3,15 +3,23 @@ results (seed 000, "FilesystemHook").
 
 Each session gets its own in-process filesystem server rooted at its cwd. When the editor
 advertises `fs` or `terminal`, reads, writes and commands go through the editor instead
-(it sees unsaved buffers, tracks edits, and shows the command's terminal).
+(it sees unsaved buffers, tracks edits, and shows the command's terminal), except that a
+sandboxed session's commands run locally under bubblewrap. Every command gets the session's
+environment policy (crow.environment).
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import shlex
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from crow import Hook, HookContext, ServerSpec, Session, ToolCall, ToolResult
+from crow import Config, Hook, HookContext, ServerSpec, Session, ToolCall, ToolResult
+
+log = logging.getLogger("crow.filesystem")
 
 EVICT_OVER = 80_000
 KEEP_HEAD = KEEP_TAIL = 2_000
@@ -30,9 +38,25 @@ def evict(text: str, limit: int = EVICT_OVER) -> str:
     )
 
 
+def terminal_command(command: str, env: Mapping[str, str] | None) -> tuple[str, dict[str, str]]:
+    """An editor terminal starts from the editor's environment plus the variables it is
+    given; it cannot be told to drop one. So the command unsets (`env -u`) each variable of
+    crow's environment the policy leaves out, and the ones the policy changes are passed."""
+    if env is None:
+        return command, {}
+    dropped = sorted(k for k in os.environ if k not in env)
+    changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
+    if not dropped:
+        return command, changed
+    unset = " ".join(f"-u {shlex.quote(k)}" for k in dropped)
+    return f"exec env {unset} /bin/sh -c {shlex.quote(command)}", changed
+
+
 class EditorBackend:
     """The filesystem server's backend when the editor offers fs and/or terminals; falls back
-    to the local disk for what the editor does not offer."""
+    to the local disk for what the editor does not offer. Commands run in the editor's
+    terminal only when there is no sandbox: the editor cannot run them under bubblewrap, so
+    a sandboxed session runs them locally (the editor still sees the output in the result)."""
 
     def __init__(self, client: Any, local: Any) -> None:
         self.client = client
@@ -50,38 +74,77 @@ class EditorBackend:
             await self.local.write_text(path, text)
 
     async def run(self, command: str, cwd: Path, timeout: float) -> Any:
-        if not self.client.can_terminal:
+        if not self.client.can_terminal or self.local.sandbox is not None:
             return await self.local.run(command, cwd, timeout)
         from mcp_servers.filesystem import ExecResult
 
-        out = await self.client.run_in_terminal(command, cwd, timeout)
+        wrapped, env = terminal_command(command, self.local.env)
+        out = await self.client.run_in_terminal(wrapped, cwd, timeout, env=env or None)
         return ExecResult(
             out["output"], out["exit_code"], out["timed_out"], out["truncated"], out["terminal_id"]
         )
 
 
 class FilesystemHook(Hook):
+    """The file tools, per session. `execute` runs under bubblewrap when the session's
+    config says `sandbox: workspace` and bubblewrap works here; otherwise it runs
+    unsandboxed and, with `sandbox: workspace`, the user is told so at the first prompt."""
+
     name = "filesystem"
 
-    def __init__(self, sandbox: str | None = None, evict_over: int = EVICT_OVER) -> None:
-        self.sandbox = sandbox
+    def __init__(self, evict_over: int = EVICT_OVER) -> None:
         self.evict_over = evict_over
+        self._bwrap: str | None = None
+        self._no_sandbox: str | None = None  # why bubblewrap cannot be used, once known
+        self._checked = False
+        self._untold: set[str] = set()  # sessions running unsandboxed, not yet told
+
+    def _find_bwrap(self) -> str | None:
+        if not self._checked:  # once per process: a probe run costs a few ms
+            from mcp_servers.filesystem.sandbox import find_bwrap, probe
+
+            self._checked = True
+            self._bwrap = find_bwrap()
+            why = "bubblewrap (bwrap) is not installed" if self._bwrap is None else probe(self._bwrap)
+            if why is not None:
+                self._bwrap, self._no_sandbox = None, why
+                log.warning("sandbox 'workspace' requested but %s: commands run unsandboxed", why)
+        return self._bwrap
+
+    def _sandbox(self, session: Session, config: Config) -> Any:
+        if config.sandbox == "off":
+            return None
+        bwrap = self._find_bwrap()
+        if bwrap is None:
+            self._untold.add(session.id)
+            return None
+        from mcp_servers.filesystem.sandbox import Sandbox
+
+        # crow's home holds every session and stored credentials; a trace file, the transcript
+        hidden = [config.home, *([config.trace] if config.trace else [])]
+        return Sandbox.create([session.cwd], hidden=hidden, network=config.network, bwrap=bwrap)
 
     def tool_servers(self, session: Session) -> list[ServerSpec]:
+        from crow.environment import child_environment
         from crow.tools import direct_call_state
         from mcp_servers.filesystem import LocalBackend, build_server
 
+        config = session.config if session.config is not None else Config()
+        local = LocalBackend(session.cwd, self._sandbox(session, config), child_environment(config))
         client = session.client
-        backend = None
+        backend: Any = local
         if client is not None and (client.can_read or client.can_write or client.can_terminal):
-            backend = EditorBackend(client, LocalBackend(session.cwd, self.sandbox))
-        server = build_server(
-            session.cwd,
-            backend=backend,
-            sandbox=None if backend is not None else self.sandbox,
-            request_state_security=direct_call_state(),
-        )
+            backend = EditorBackend(client, local)
+        server = build_server(session.cwd, backend=backend, request_state_security=direct_call_state())
         return [ServerSpec("filesystem", "inprocess", server=server, direct=True)]
+
+    async def before_agent(self, ctx: HookContext) -> None:
+        if ctx.session.id in self._untold:
+            self._untold.discard(ctx.session.id)
+            await ctx.notify(
+                f"Commands run without a sandbox: `sandbox: workspace` is set but {self._no_sandbox}. "
+                "Install bubblewrap to confine them, or set `sandbox: off` to run unsandboxed knowingly."
+            )
 
     async def wrap_tool_call(self, ctx: HookContext, call: ToolCall, call_next: Any) -> ToolResult:
         result: ToolResult = await call_next(call)
@@ -99,7 +162,4 @@ class FilesystemHook(Hook):
 
 def factory(agent: Any) -> FilesystemHook:
     settings = agent.config.hooks.settings.get("filesystem", {})
-    import shutil
-
-    sandbox = "bwrap" if agent.config.sandbox == "workspace" and shutil.which("bwrap") else None
-    return FilesystemHook(sandbox=sandbox, evict_over=int(settings.get("evict_over", EVICT_OVER)))
+    return FilesystemHook(evict_over=int(settings.get("evict_over", EVICT_OVER)))

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from crow.config import NO_MODEL_MESSAGE, Config, load_config
+from crow.environment import child_environment
 from crow.errors import ConfigError, SessionError, StoreError
 from crow.events import Emit, Notice
 from crow.hooks import HookRegistry
@@ -184,7 +185,7 @@ class Agent:
             await self._store.create_session(
                 id=session.id, cwd=str(session.cwd), mode=session.mode, model=session.model
             )
-        hub = ToolHub()
+        hub = ToolHub(child_environment(session.config))
         session.tools = hub
         specs: list[ServerSpec] = []
         for hook in self.hooks.hooks:

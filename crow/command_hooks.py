@@ -32,6 +32,9 @@ alias `BeforeToolExec`), `after_tool_exec` (after the tool, with its output; ali
 a phase honours (continue only at agent_stop; before_agent, after_agent and on_error only
 observe). A non-zero exit, output that is not a JSON object, or a timeout is logged as a
 warning and means "no action": a command hook never hangs or crashes a turn.
+
+The command's environment is the session's environment policy (crow.environment: no
+secrets by default) plus CROW_HOOK_EVENT and CROW_SESSION_ID.
 """
 
 from __future__ import annotations
@@ -42,10 +45,12 @@ import json
 import logging
 import os
 import signal
+from collections.abc import Mapping
 from typing import Any
 
 from crow.config import CommandHookEntry
 from crow.context import HookContext
+from crow.environment import child_environment
 from crow.errors import HookError
 from crow.hooks import TOOL_SIDES, Action, CallTool, Compact, Continue, Hook, Replace, Stop, canonical_phase
 from crow.llm.base import ModelResponse
@@ -60,12 +65,20 @@ _TAIL = 500
 
 # ------------------------------------------------------------------ running the command
 async def run_command(
-    command: str, payload: dict[str, Any], *, cwd: str, timeout: float, name: str
+    command: str,
+    payload: dict[str, Any],
+    *,
+    cwd: str,
+    timeout: float,
+    name: str,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any] | None:
-    """Run `command` with `payload` on stdin; its stdout parsed as a JSON object, or None."""
+    """Run `command` with `payload` on stdin; its stdout parsed as a JSON object, or None.
+    `env` is its environment (None: crow's default policy, crow.environment), plus
+    CROW_HOOK_EVENT and CROW_SESSION_ID."""
     data = json.dumps(payload, ensure_ascii=False, default=str).encode()
     env = {
-        **os.environ,
+        **(child_environment() if env is None else env),
         "CROW_HOOK_EVENT": str(payload.get("event", "")),
         "CROW_SESSION_ID": str(payload.get("session_id", "")),
     }
@@ -197,6 +210,7 @@ class CommandHook(Hook):
             cwd=ctx.cwd,
             timeout=self.entry.timeout,
             name=self.name,
+            env=child_environment(ctx.session.config),
         )
         if answer and isinstance(answer.get("context"), str) and answer["context"].strip():
             ctx.inject_context(answer["context"])

@@ -70,6 +70,14 @@ class EnvironmentPolicy(_Model):
     include_only: list[str] = Field(default_factory=list)  # globs; empty = no filter
     set: dict[str, str] = Field(default_factory=dict)
 
+    @field_validator("set")
+    @classmethod
+    def _valid_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            if not name or "=" in name or "\0" in name or "\0" in text:
+                raise ValueError(f"environment.set: {name!r} is not a valid variable (no '=' or NUL)")
+        return value
+
 
 class PermissionRules(_Model):
     """`TOOL` or `TOOL(PATTERN)` rules; deny > ask > allow in every mode."""

@@ -68,7 +68,10 @@ class _Connection:
 class ToolHub:
     """The tools of one session."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        # The base environment of stdio servers (crow.environment's policy; None: the
+        # default policy); each also gets the `env` its entry names.
+        self.env = env
         self._conns: dict[str, _Connection] = {}
         self._routes: dict[str, tuple[_Connection, str]] = {}
         self._specs: list[ToolSpec] = []
@@ -94,7 +97,7 @@ class ToolHub:
 
     async def _serve(self, conn: _Connection) -> None:
         try:
-            async with _open_client(conn.spec) as client:
+            async with _open_client(conn.spec, self.env) as client:
                 conn.client = client
                 conn.ready.set()
                 await conn.closing.wait()
@@ -271,7 +274,7 @@ class DirectClient:
 
 
 @contextlib.asynccontextmanager
-async def _open_client(spec: ServerSpec):  # type: ignore[no-untyped-def]
+async def _open_client(spec: ServerSpec, env: Mapping[str, str] | None = None):  # type: ignore[no-untyped-def]
     if spec.transport == "inprocess" and spec.direct:
         yield DirectClient(spec.server)
         return
@@ -281,10 +284,10 @@ async def _open_client(spec: ServerSpec):  # type: ignore[no-untyped-def]
         target: Any = spec.server
         mode = "auto"
     elif spec.transport == "stdio":
-        from mcp.client.stdio import get_default_environment
+        from crow.environment import child_environment
 
-        env = {**get_default_environment(), **spec.env}
-        target = StdioServerParameters(command=spec.command, args=list(spec.args), env=env)
+        base = child_environment() if env is None else env
+        target = StdioServerParameters(command=spec.command, args=list(spec.args), env={**base, **spec.env})
         mode = "legacy"  # the probe of "auto" can wait 10 s on servers that ignore it
     elif spec.transport == "sse":
         from mcp.client.sse import sse_client

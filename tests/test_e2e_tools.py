@@ -236,7 +236,10 @@ async def test_editor_fs_and_terminal_are_used_when_offered(
     caps = ClientCapabilities(
         fs=FileSystemCapabilities(read_text_file=True, write_text_file=True), terminal=True
     )
-    async with spawn_crow(crow_env(llm, home, CROW_MODE="yolo")) as (conn, _proc, client):
+    # sandbox off: a sandboxed session runs commands locally under bubblewrap, never in the
+    # editor's terminal (test_sandbox.py); this test is about the terminal.
+    env = crow_env(llm, home, CROW_MODE="yolo", CROW_SANDBOX="off")
+    async with spawn_crow(env) as (conn, _proc, client):
         client.files[path] = "unsaved buffer\n"
         sid = await start(conn, workspace, caps)
         await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])

@@ -1,10 +1,12 @@
-"""``python -m mcp_servers.filesystem --root DIR [--sandbox bwrap]``: serve over stdio."""
+"""``python -m mcp_servers.filesystem --root DIR [--sandbox bwrap] [--no-network]``: serve
+over stdio. Commands get crow's default environment policy (no secrets; crow.environment)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -13,14 +15,27 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--root", required=True, help="workspace root; all paths stay inside it")
     parser.add_argument("--sandbox", choices=["bwrap"], help="run execute under bubblewrap")
+    parser.add_argument("--no-network", action="store_true", help="with --sandbox: commands get no network")
     args = parser.parse_args(argv)
     # stdout is the MCP wire: logs must go to stderr, configured before MCPServer does it.
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
 
+    from crow.environment import child_environment
+    from mcp_servers.filesystem.backend import LocalBackend
+    from mcp_servers.filesystem.paths import Workspace
+    from mcp_servers.filesystem.sandbox import Sandbox
     from mcp_servers.filesystem.server import build_server
 
     try:
-        server = build_server(args.root, sandbox=args.sandbox)
+        root = Workspace(args.root).root
+        sandbox = None
+        if args.sandbox:
+            try:
+                sandbox = Sandbox.create([root], network=not args.no_network)
+            except FileNotFoundError:
+                parser.error("--sandbox bwrap: bubblewrap (bwrap) is not installed")
+        backend = LocalBackend(Path(root), sandbox, child_environment())
+        server = build_server(root, backend=backend)
     except ValueError as exc:
         parser.error(str(exc))
     server.run("stdio")

@@ -14,7 +14,7 @@ The server turns these into messages the model reads.
 
 from __future__ import annotations
 
-import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -22,6 +22,7 @@ import anyio
 from mcp.server.mcpserver.exceptions import ToolError
 
 from mcp_servers.filesystem.execute import ExecResult, default_shell, run_command
+from mcp_servers.filesystem.sandbox import Sandbox
 
 __all__ = ["MAX_READ_BYTES", "Backend", "BinaryFileError", "ExecResult", "LocalBackend"]
 
@@ -75,15 +76,28 @@ def _write_local(path: Path, text: str) -> None:
 class LocalBackend:
     """Reads and writes the local disk; runs commands as local subprocesses.
 
-    ``sandbox="bwrap"`` runs each command under bubblewrap: ``/`` read-only, the
-    workspace root writable, a private ``/tmp``, no network, killed with its parent.
+    ``sandbox`` runs each command under bubblewrap (see ``sandbox.py``); the string
+    ``"bwrap"`` means a :class:`Sandbox` with ``root`` writable. ``env`` is the commands'
+    environment (None: this process's own).
     """
 
-    def __init__(self, root: Path, sandbox: str | None = None) -> None:
-        if sandbox is not None and sandbox not in SANDBOXES:
-            raise ValueError(f"unknown sandbox {sandbox!r}; choose one of {', '.join(SANDBOXES)}")
+    def __init__(
+        self, root: Path, sandbox: Sandbox | str | None = None, env: Mapping[str, str] | None = None
+    ) -> None:
+        if isinstance(sandbox, str):
+            if sandbox not in SANDBOXES:
+                raise ValueError(f"unknown sandbox {sandbox!r}; choose one of {', '.join(SANDBOXES)}")
+            try:
+                sandbox = Sandbox.create([root])
+            except FileNotFoundError:
+                raise ValueError(
+                    "sandbox 'bwrap' was requested but bubblewrap is not installed "
+                    "(install the 'bubblewrap' package, or run without a sandbox)"
+                ) from None
         self.root = root
         self.sandbox = sandbox
+        self.env = env
+        self.shell = default_shell()
 
     async def read_text(self, path: Path) -> str:
         # Most source files are small: reading one inline takes less time than the hop to
@@ -104,28 +118,8 @@ class LocalBackend:
         await anyio.to_thread.run_sync(_write_local, path, text)
 
     async def run(self, command: str, cwd: Path, timeout: float) -> ExecResult:
-        return await run_command(self.argv(command, cwd), cwd, timeout)
+        return await run_command(self.argv(command, cwd), cwd, timeout, env=self.env)
 
     def argv(self, command: str, cwd: Path) -> list[str]:
-        shell = default_shell()
-        if self.sandbox is None:
-            return [shell, "-c", command]
-        bwrap = shutil.which("bwrap")
-        if bwrap is None:
-            raise ToolError(
-                "sandbox 'bwrap' was requested but bubblewrap is not installed "
-                "(install the 'bubblewrap' package, or start the server without --sandbox)"
-            )
-        root = str(self.root)
-        return [
-            bwrap,
-            "--ro-bind", "/", "/",
-            "--dev", "/dev",
-            "--proc", "/proc",
-            "--tmpfs", "/tmp",
-            "--bind", root, root,  # after --tmpfs, so a root under /tmp stays visible
-            "--unshare-net",
-            "--die-with-parent",
-            "--chdir", str(cwd),
-            shell, "-c", command,
-        ]  # fmt: skip
+        argv = [self.shell, "-c", command]
+        return argv if self.sandbox is None else self.sandbox.argv(argv, cwd)

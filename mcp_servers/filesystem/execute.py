@@ -20,6 +20,7 @@ import os
 import shutil
 import signal
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import anyio
@@ -206,9 +207,14 @@ async def _pump(stream: ByteReceiveStream, buf: _CappedBuffer, eof: anyio.Event)
 
 
 async def run_command(
-    argv: list[str], cwd: str | os.PathLike[str], timeout: float, cap: int = OUTPUT_CAP
+    argv: list[str],
+    cwd: str | os.PathLike[str],
+    timeout: float,
+    cap: int = OUTPUT_CAP,
+    env: Mapping[str, str] | None = None,
 ) -> ExecResult:
-    """Run ``argv`` in ``cwd``; see the module docstring for the guarantees."""
+    """Run ``argv`` in ``cwd`` with ``env`` (None: this process's environment); see the
+    module docstring for the guarantees."""
     buf = _CappedBuffer(cap)
     # Shielded: a cancel landing mid-spawn would otherwise kill only the shell and orphan
     # whatever it had started; once we hold the process, the finally below kills the group.
@@ -219,6 +225,7 @@ async def run_command(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             cwd=cwd,
+            env=None if env is None else dict(env),
             start_new_session=True,
         )
     pgid = process.pid  # the session leader's pid is the group id

@@ -1,0 +1,163 @@
+"""The bubblewrap sandbox `execute` runs commands in.
+
+What a sandboxed command gets:
+
+- new PID, IPC and UTS namespaces (it sees and can signal only its own processes; the
+  `/proc/$PPID/root` trick reaches the sandbox's own root), `--new-session` (no TIOCSTI into
+  the caller's terminal), `--die-with-parent`, no capabilities, even as root;
+- `/` read-only, the writable roots (the session's workspace) read-write, a private `/tmp`,
+  a fresh `/proc` and a minimal `/dev`;
+- hidden: `hidden` (crow's home, holding the session store) and the user's credential
+  files and folders (`CREDENTIALS`, under `$HOME`), plus the per-user runtime folder (agent,
+  keyring and D-Bus sockets) and the Docker socket: an empty tmpfs over a folder, `/dev/null`
+  over a file. Only paths that exist are hidden; they are looked up at every command, so one
+  created mid-session is hidden too;
+- the network unless `network=False` (`--unshare-net`: only a private loopback).
+
+Not confined: reads of everything else on the machine that the user can read, and, with the
+network on, abstract Unix sockets and anything reachable over the network.
+
+Mount order matters, as bwrap applies its options in order: a path is mounted before any path
+below it, so a root under `/tmp` or inside a hidden folder stays visible and writable, and a
+hidden folder inside a root stays hidden.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["CREDENTIALS", "Sandbox", "find_bwrap", "probe"]
+
+# Relative to $HOME. Folders are replaced by an empty tmpfs, files by /dev/null.
+CREDENTIALS = (
+    ".ssh",
+    ".gnupg",
+    ".aws",
+    ".azure",
+    ".kube",
+    ".docker",
+    ".config/gcloud",
+    ".config/gh",
+    ".config/hub",
+    ".config/git/credentials",
+    ".config/op",
+    ".config/rclone",
+    ".password-store",
+    ".local/share/keyrings",
+    ".terraform.d",
+    ".cargo/credentials",
+    ".cargo/credentials.toml",
+    ".gem/credentials",
+    ".netrc",
+    ".git-credentials",
+    ".pypirc",
+    ".npmrc",
+    ".yarnrc.yml",
+    ".pgpass",
+    ".my.cnf",
+    ".boto",
+    ".s3cfg",
+    ".vault-token",
+    ".mozilla",
+    ".config/google-chrome",
+    ".config/chromium",
+)
+SOCKETS = ("/run/docker.sock", "/var/run/docker.sock")
+
+
+def find_bwrap() -> str | None:
+    return shutil.which("bwrap")
+
+
+def probe(bwrap: str) -> str | None:
+    """Why bubblewrap cannot sandbox here (e.g. user namespaces are disabled), or None."""
+    argv = [bwrap, "--unshare-pid", "--die-with-parent", "--cap-drop", "ALL",
+            "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"]  # fmt: skip
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=10, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{bwrap} cannot run: {exc}"
+    if done.returncode != 0:
+        return f"{bwrap} fails here: {done.stderr.decode(errors='replace').strip()[-300:]}"
+    return None
+
+
+def _real(path: str | os.PathLike[str]) -> str:
+    return os.path.realpath(path)
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """bwrap options for one session: `argv(shell_argv, cwd)` wraps a command."""
+
+    bwrap: str
+    writable: tuple[str, ...]
+    hidden: tuple[str, ...] = ()
+    network: bool = True
+
+    @classmethod
+    def create(
+        cls,
+        writable: Sequence[str | os.PathLike[str]],
+        *,
+        hidden: Iterable[str | os.PathLike[str]] = (),
+        network: bool = True,
+        bwrap: str | None = None,
+    ) -> Sandbox:
+        """Raises FileNotFoundError when bubblewrap is not installed."""
+        exe = bwrap or find_bwrap()
+        if exe is None:
+            raise FileNotFoundError("bubblewrap (bwrap) is not installed")
+        if not writable:
+            raise ValueError("a sandbox needs at least one writable root")
+        return cls(exe, tuple(_real(p) for p in writable), tuple(_real(p) for p in hidden), network)
+
+    def _hidden_now(self) -> list[tuple[str, bool]]:
+        """(path, is_dir) of what exists now and must be hidden; never a writable root
+        itself (the user chose to work there). A folder holding a root is hidden, and the
+        root mounted back inside it (see `argv`)."""
+        home = os.environ.get("HOME") or str(Path.home())
+        candidates = [*self.hidden, *(os.path.join(home, c) for c in CREDENTIALS), *SOCKETS]
+        candidates.append(f"/run/user/{os.getuid()}")
+        out: list[tuple[str, bool]] = []
+        seen: set[str] = set()
+        for path in candidates:
+            if not os.path.lexists(path):  # most do not exist: one lstat, not a realpath
+                continue
+            real = _real(path)
+            if real in seen or not os.path.lexists(real):
+                continue
+            seen.add(real)
+            if real in self.writable:
+                continue
+            out.append((real, os.path.isdir(real)))
+        return out
+
+    def argv(self, command: Sequence[str], cwd: str | os.PathLike[str]) -> list[str]:
+        mounts: list[tuple[str, list[str]]] = [("/tmp", ["--tmpfs", "/tmp"])]
+        for root in self.writable:
+            mounts.append((root, ["--bind", root, root]))
+        for path, is_dir in self._hidden_now():
+            mounts.append((path, ["--tmpfs", path] if is_dir else ["--ro-bind", "/dev/null", path]))
+        # Parents before children (stable: /tmp first among equals).
+        mounts.sort(key=lambda m: len(Path(m[0]).parts))
+        argv = [
+            self.bwrap,
+            "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+            "--die-with-parent", "--new-session",
+            "--cap-drop", "ALL",
+            "--ro-bind", "/", "/",
+            "--dev", "/dev",
+            "--proc", "/proc",
+        ]  # fmt: skip
+        for _, options in mounts:
+            argv += options
+        if not self.network:
+            argv.append("--unshare-net")
+        argv += ["--chdir", str(cwd), *command]
+        return argv

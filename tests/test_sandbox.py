@@ -1,0 +1,250 @@
+"""The bubblewrap sandbox `execute` runs in (mcp_servers/filesystem/sandbox.py), with real bwrap.
+
+Each escape is tried as a hostile model would, and checked from outside the sandbox."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from crow.config import EnvironmentPolicy
+from crow.environment import child_environment, compute_environment
+from mcp_servers.filesystem.backend import LocalBackend
+from mcp_servers.filesystem.execute import ExecResult
+from mcp_servers.filesystem.sandbox import Sandbox, find_bwrap
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(sys.platform != "linux", reason="bubblewrap is Linux-only"),
+]
+
+
+@pytest.fixture
+def outside() -> Iterator[Path]:
+    """A host folder outside /tmp (which the sandbox replaces) and outside the workspace."""
+    path = Path(tempfile.mkdtemp(prefix="crow-sandbox-test-", dir="/var/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def home(outside: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fake $HOME with credentials in it (outside /tmp, as a real one is)."""
+    h = outside / "home"
+    (h / ".ssh").mkdir(parents=True)
+    (h / ".ssh" / "id_rsa").write_text("PRIVATE-KEY-MATERIAL\n")
+    (h / ".config" / "gh").mkdir(parents=True)
+    (h / ".config" / "gh" / "hosts.yml").write_text("oauth_token: GH-TOKEN\n")
+    (h / ".netrc").write_text("machine x login u password NETRC-PASSWORD\n")
+    (h / "notes.txt").write_text("ordinary\n")
+    monkeypatch.setenv("HOME", str(h))
+    return h
+
+
+def backend(root: Path, *, hidden: tuple[Path, ...] = (), network: bool = True) -> LocalBackend:
+    assert find_bwrap() is not None, "these tests need bubblewrap installed (apt-get install bubblewrap)"
+    env = compute_environment(EnvironmentPolicy(), os.environ)  # $HOME as the test set it
+    return LocalBackend(root, Sandbox.create([root], hidden=hidden, network=network), env)
+
+
+async def run(b: LocalBackend, command: str) -> ExecResult:
+    return await b.run(command, b.root, 20)
+
+
+async def test_the_workspace_is_writable_and_nothing_else_is(workspace: Path, outside: Path) -> None:
+    b = backend(workspace)
+    result = await run(b, f"echo inside > made.txt && echo x > {outside}/escaped; touch /usr/escaped")
+    assert (workspace / "made.txt").read_text() == "inside\n"
+    assert not (outside / "escaped").exists() and not Path("/usr/escaped").exists()
+    assert result.output.count("Read-only file system") == 2, result.output
+    # control: the same write without the sandbox lands, so the test can fail
+    plain = LocalBackend(workspace)
+    await plain.run(f"echo x > {outside}/escaped", workspace, 20)
+    assert (outside / "escaped").exists()
+
+
+async def test_proc_ppid_root_does_not_lead_out(workspace: Path, outside: Path) -> None:
+    b = backend(workspace)
+    result = await run(
+        b,
+        f"for p in $PPID 1; do echo x > /proc/$p/root{outside}/pwn-$p; done; "
+        "ls /proc | grep -c '^[0-9]'; mount -o remount,rw / && echo REMOUNTED",
+    )
+    assert list(outside.iterdir()) == [], result.output
+    assert "REMOUNTED" not in result.output
+    # only the sandbox's own few processes are visible
+    count = int([line for line in result.output.splitlines() if line.isdigit()][-1])
+    assert count < 10, result.output
+
+
+async def test_credentials_and_crow_home_are_hidden(workspace: Path, home: Path, outside: Path) -> None:
+    crow_home = outside / "crow-home"
+    crow_home.mkdir()
+    (crow_home / "crow.db").write_text("SESSION-STORE\n")
+    b = backend(workspace, hidden=(crow_home,))
+    result = await run(
+        b,
+        f"cat ~/.ssh/id_rsa ~/.config/gh/hosts.yml ~/.netrc {crow_home}/crow.db; "
+        f"echo listing; ls -A ~/.ssh {crow_home}; cat ~/notes.txt; echo x > ~/.ssh/planted",
+    )
+    for secret in ("PRIVATE-KEY-MATERIAL", "GH-TOKEN", "NETRC-PASSWORD", "SESSION-STORE"):
+        assert secret not in result.output, result.output
+    listing = result.output.split("listing", 1)[1]
+    assert "id_rsa" not in listing and "crow.db" not in listing, listing
+    assert "ordinary" in result.output  # the rest of $HOME stays readable
+    assert sorted(p.name for p in (home / ".ssh").iterdir()) == ["id_rsa"]  # the tmpfs took the write
+
+
+async def test_a_root_inside_a_hidden_folder_stays_writable_and_a_hidden_folder_inside_a_root_hidden(
+    home: Path,
+) -> None:
+    inner = home / ".config" / "gh" / "repo"  # a workspace below a hidden folder
+    inner.mkdir()
+    result = await run(backend(inner), "echo ok > f && cat ../hosts.yml")
+    assert (inner / "f").read_text() == "ok\n" and "GH-TOKEN" not in result.output
+    # crow started in $HOME itself: the workspace is writable, ~/.ssh inside it still hidden
+    result = await run(backend(home), "echo ok > top.txt; cat .ssh/id_rsa")
+    assert (home / "top.txt").read_text() == "ok\n"
+    assert "PRIVATE-KEY-MATERIAL" not in result.output
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(["sleep", "30"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+async def test_processes_outside_cannot_be_signalled(
+    workspace: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    result = await run(backend(workspace), f"kill -9 {sleeper.pid}; echo rc=$?")
+    assert "rc=1" in result.output, result.output
+    assert sleeper.poll() is None, "the sleeper outside the sandbox was killed"
+    # control: unsandboxed, the same command kills it
+    await LocalBackend(workspace).run(f"kill -9 {sleeper.pid}", workspace, 20)
+    code = await anyio.to_thread.run_sync(sleeper.wait, 5)
+    assert code == -signal.SIGKILL
+
+
+@pytest.fixture
+def listener() -> Iterator[tuple[int, list[bytes]]]:
+    """A TCP server on the host's 127.0.0.1 recording what it receives."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    got: list[bytes] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:
+                got.append(conn.recv(100))
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield srv.getsockname()[1], got
+    srv.close()
+
+
+async def test_network_false_blocks_the_host_loopback(
+    workspace: Path, listener: tuple[int, list[bytes]]
+) -> None:
+    port, got = listener
+    command = f"echo hello > /dev/tcp/127.0.0.1/{port} && echo SENT"
+    blocked = await run(backend(workspace, network=False), command)
+    assert "SENT" not in blocked.output and got == []
+    allowed = await run(backend(workspace, network=True), command)  # the default: network on
+    assert "SENT" in allowed.output, allowed.output
+
+
+async def test_tmp_is_private(workspace: Path, tmp_path: Path) -> None:
+    marker = Path(tempfile.mkdtemp()) / "host-secret"
+    marker.write_text("HOST-TMP\n")
+    try:
+        result = await run(backend(workspace), f"cat {marker}; echo mine > /tmp/sandbox-file; ls /tmp")
+        assert "HOST-TMP" not in result.output
+        assert not Path("/tmp/sandbox-file").exists()
+    finally:
+        shutil.rmtree(marker.parent)
+
+
+async def test_background_jobs_die_with_the_command(workspace: Path) -> None:
+    marker = f"{os.getpid()}{id(workspace)}"
+    result = await run(backend(workspace), f"sleep {marker} & echo started")
+    assert "started" in result.output
+    ps = await anyio.run_process(["pgrep", "-f", f"sleep {marker}"], check=False)
+    assert ps.stdout.strip() == b""
+
+
+async def test_commands_get_the_environment_policy(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SANDBOX_TEST_API_KEY", "sk-leak")
+    from crow.config import Config
+
+    b = LocalBackend(workspace, Sandbox.create([workspace]), child_environment(Config()))
+    result = await run(b, "env")
+    assert "PATH=" in result.output and "sk-leak" not in result.output
+
+
+async def test_the_standalone_server_applies_the_default_policy_and_its_sandbox(
+    workspace: Path, outside: Path, listener: tuple[int, list[bytes]]
+) -> None:
+    port, got = listener
+    from mcp import ClientSession, StdioServerParameters, stdio_client
+
+    env = {**os.environ, "OPENAI_API_KEY": "sk-standalone-SECRET", "SOME_TOKEN": "tok-SECRET"}
+    argv = ["-m", "crow", "mcp", "filesystem", "--root", str(workspace), "--sandbox", "bwrap", "--no-network"]
+    params = StdioServerParameters(command=sys.executable, args=argv, env=env)
+    with open(os.devnull, "w") as errlog:
+        async with (
+            stdio_client(params, errlog=errlog) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            command = f"env; echo x > {outside}/escaped; echo hi > /dev/tcp/127.0.0.1/{port} && echo SENT"
+            result = await session.call_tool("execute", {"command": command})
+    text = result.content[0].text  # type: ignore[union-attr]
+    assert "PATH=" in text and "SECRET" not in text, text
+    assert not (outside / "escaped").exists()
+    assert "SENT" not in text and got == []
+
+
+async def test_each_session_gets_the_sandbox_and_policy_of_its_own_config(
+    tmp_path: Path, outside: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two sessions of one process, two configs: the hook reads `session.config`."""
+    from builtin_hooks.filesystem import FilesystemHook
+    from crow.config import Config
+    from crow.session import Session
+    from crow.tools import DirectClient
+
+    monkeypatch.setenv("PER_SESSION_VAR", "visible")
+    hook = FilesystemHook()
+    configs = {
+        "boxed": Config(home=tmp_path / "h1", environment=EnvironmentPolicy(exclude=["PER_SESSION_*"])),
+        "open": Config(home=tmp_path / "h2", sandbox="off"),
+    }
+    out: dict[str, str] = {}
+    for name, config in configs.items():
+        ws = tmp_path / name
+        ws.mkdir()
+        (spec,) = hook.tool_servers(Session(id=name, cwd=ws, config=config))
+        command = f"echo {name} > {outside}/{name}; echo var=$PER_SESSION_VAR"
+        result = await DirectClient(spec.server).call_tool("execute", {"command": command})
+        out[name] = result.content[0].text
+    assert not (outside / "boxed").exists() and (outside / "open").exists()
+    assert "var=visible" in out["open"] and "var=visible" not in out["boxed"]
