@@ -156,3 +156,40 @@ async def test_write_execute_edit_read_of_one_file_run_in_the_order_given(
     running = [u.tool_call_id for u in client.of_type("ToolCallProgress") if u.status == "in_progress"]
     done = [u.tool_call_id for u in client.of_type("ToolCallProgress") if u.status == "completed"]
     assert running == done and len(done) == 4
+
+
+async def test_two_sessions_editing_one_file_through_the_editor_lose_nothing(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    (workspace / "app.py").write_text(FIVE)
+
+    def last(request: Any) -> dict[str, Any]:
+        return request.messages[-1]
+
+    for i in (1, 2):
+        llm.rule(
+            lambda r, i=i: last(r)["role"] == "user" and f"bump v{i}" in str(last(r)["content"]),
+            Reply(
+                tool_calls=[
+                    ToolCallSpec(
+                        name="edit_file",
+                        arguments={"path": "app.py", "old_text": f"v{i} = 0", "new_text": f"v{i} = {i}"},
+                    )
+                ]
+            ),
+            times=1,
+        )
+    llm.rule(lambda r: last(r)["role"] == "tool", Reply(text="done"))
+    caps = ClientCapabilities(fs=FileSystemCapabilities(read_text_file=True, write_text_file=True))
+    editor = DiskEditor()
+    editor.delay = 0.3  # both sessions' edits are in flight at once
+    async with spawn_crow(crow_env(llm, home, CROW_MODE="yolo"), client=editor) as (conn, _proc, _c):
+        await conn.initialize(protocol_version=1, client_capabilities=caps)
+        sids = [(await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id for _ in range(2)]
+        async with anyio.create_task_group() as tg:
+            for i, sid in enumerate(sids, 1):
+                tg.start_soon(
+                    lambda sid=sid, i=i: conn.prompt(session_id=sid, prompt=[acp.text_block(f"bump v{i}")])
+                )
+    assert (workspace / "app.py").read_text() == FIVE.replace("v1 = 0", "v1 = 1").replace("v2 = 0", "v2 = 2")
+    assert editor.fs_calls == ["read app.py", "write app.py"] * 2, editor.fs_calls
