@@ -32,7 +32,11 @@ def evict(text: str, limit: int = EVICT_OVER) -> str:
 
 class EditorBackend:
     """The filesystem server's backend when the editor offers fs and/or terminals; falls back
-    to the local disk for what the editor does not offer."""
+    to the local disk for what the editor does not offer.
+
+    The server calls this under its per-path lock, so the editor sees one read-modify-write
+    of a file at a time (across sessions too). How the editor writes (atomically or not,
+    following symlinks or not) is the editor's own."""
 
     def __init__(self, client: Any, local: Any) -> None:
         self.client = client
