@@ -120,7 +120,7 @@ async def test_writes_to_different_files_still_run_side_by_side(
     )
     caps = ClientCapabilities(fs=FileSystemCapabilities(read_text_file=True, write_text_file=True))
     editor = DiskEditor()
-    editor.delay = 0.3
+    editor.delay = 0.2
     async with spawn_crow(crow_env(llm, home, CROW_MODE="yolo"), client=editor) as (conn, _proc, _c):
         sid = await start(conn, workspace, caps)
         await conn.prompt(session_id=sid, prompt=[acp.text_block("write four")])
@@ -182,7 +182,7 @@ async def test_two_sessions_editing_one_file_through_the_editor_lose_nothing(
     llm.rule(lambda r: last(r)["role"] == "tool", Reply(text="done"))
     caps = ClientCapabilities(fs=FileSystemCapabilities(read_text_file=True, write_text_file=True))
     editor = DiskEditor()
-    editor.delay = 0.3  # both sessions' edits are in flight at once
+    editor.delay = 0.25  # both sessions' edits are in flight at once
     async with spawn_crow(crow_env(llm, home, CROW_MODE="yolo"), client=editor) as (conn, _proc, _c):
         await conn.initialize(protocol_version=1, client_capabilities=caps)
         sids = [(await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id for _ in range(2)]
