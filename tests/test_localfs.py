@@ -106,6 +106,19 @@ async def test_a_folder_swapped_for_a_symlink_cannot_carry_a_read_outside(
     assert "SECRET" not in text(result)
 
 
+async def test_a_folder_swapped_for_a_symlink_cannot_be_listed(
+    client: Client, root: Path, tmp_path: Path, swap_after_resolve: list[tuple[Path, Path]]
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "id_rsa").write_text("SECRET-KEY\n")
+    (root / "src").mkdir()
+    swap_after_resolve.append((root / "src", outside))
+    result = await client.call_tool("ls", {"path": "src"})
+    assert result.is_error and "changed while in use" in text(result), text(result)
+    assert "id_rsa" not in text(result)
+
+
 async def test_a_file_swapped_for_a_symlink_is_not_followed(
     client: Client, root: Path, tmp_path: Path, swap_after_resolve: list[tuple[Path, Path]]
 ) -> None:

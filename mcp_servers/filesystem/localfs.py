@@ -37,6 +37,7 @@ __all__ = [
     "BinaryFileError",
     "PathChangedError",
     "WriteError",
+    "open_dir",
     "read_text",
     "write_text",
 ]
@@ -126,6 +127,22 @@ def _open_file(parent: int, name: str, flags: int, path: Path, mode: int = 0o666
 
 
 # ------------------------------------------------------------------ reading
+def open_dir(root: Path, path: Path) -> int:
+    """An fd on the folder at ``path`` (the root itself, or a folder inside it), reached
+    without following symlinks; the caller closes it."""
+    if os.path.realpath(path) == _real_root(str(root)):
+        return os.open(_real_root(str(root)), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    parent, name = _open_parent(root, path, create=False)
+    try:
+        return os.open(name, _DIR, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTDIR, errno.ELOOP) and _is_link(name, parent):
+            raise _changed(path) from None
+        raise
+    finally:
+        os.close(parent)
+
+
 def _open_for_read(root: Path, path: Path) -> tuple[int, int]:
     """An fd on the regular file at ``path`` and its size."""
     parent, name = _open_parent(root, path, create=False)

@@ -46,7 +46,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.request_state import RequestStateSecurity
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 
-from mcp_servers.filesystem import search, textops
+from mcp_servers.filesystem import localfs, search, textops
 from mcp_servers.filesystem.backend import Backend, BinaryFileError, LocalBackend
 from mcp_servers.filesystem.localfs import PathChangedError, WriteError
 from mcp_servers.filesystem.paths import Workspace
@@ -118,19 +118,23 @@ def _text(
     )
 
 
-def _list_dir(directory: Path) -> list[dict[str, Any]]:
+def _list_dir(root: Path, directory: Path) -> list[dict[str, Any]]:
     entries = []
-    with os.scandir(directory) as it:
-        for entry in it:
-            if entry.is_symlink():
-                kind, size = "symlink", None
-            elif entry.is_dir():
-                kind, size = "dir", None
-            elif entry.is_file():
-                kind, size = "file", entry.stat().st_size
-            else:
-                kind, size = "other", None
-            entries.append({"name": entry.name, "type": kind, "size": size})
+    fd = localfs.open_dir(root, directory)  # a folder swapped for a symlink is refused
+    try:
+        with os.scandir(fd) as it:  # scandir works on its own copy of the fd
+            for entry in it:
+                if entry.is_symlink():
+                    kind, size = "symlink", None
+                elif entry.is_dir():
+                    kind, size = "dir", None
+                elif entry.is_file():
+                    kind, size = "file", entry.stat().st_size
+                else:
+                    kind, size = "other", None
+                entries.append({"name": entry.name, "type": kind, "size": size})
+    finally:
+        os.close(fd)
     return sorted(entries, key=lambda e: e["name"])
 
 
@@ -167,7 +171,7 @@ def build_server(
         if target.exists() and not target.is_dir():
             raise ToolError(f"{display} is a file, not a directory; use read_file to read it")
         with _os_errors(display):
-            entries = await anyio.to_thread.run_sync(_list_dir, target, abandon_on_cancel=True)
+            entries = await anyio.to_thread.run_sync(_list_dir, ws.root, target, abandon_on_cancel=True)
         truncated = len(entries) > MAX_LS_ENTRIES
         entries = entries[:MAX_LS_ENTRIES]
         lines = [f"[{display}: {len(entries)} entries{' (truncated)' if truncated else ''}]"]
