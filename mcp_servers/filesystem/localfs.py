@@ -10,7 +10,9 @@ relative to the previous folder's descriptor; missing parent folders are made wi
 
 Writing. Content goes to a temp file in the same folder, is fsynced, then renamed over
 the target (``rename`` with both descriptors), and the folder is fsynced. A kill at any
-moment leaves the old file or the new one (and at worst a stray ``.crow-write-*.tmp``).
+moment leaves the old file or the new one. The temp file is unnamed (``O_TMPFILE``) until
+just before the rename, so a kill leaves nothing behind; where the filesystem lacks
+``O_TMPFILE`` it is a named ``.crow-write-*.tmp`` that a kill mid-write leaves behind.
 Any error before the rename removes the temp file and raises :class:`WriteError`: the
 original is intact. The existing file's mode, owner and group are kept. Where a rename
 would change what the file is — it has other hard links, its owner cannot be kept (crow
@@ -233,11 +235,31 @@ def _keep_owner_and_mode(fd: int, old: os.stat_result) -> bool:
     return True
 
 
-def _discard(tmp: str, parent: int) -> None:
+def _discard(tmp: str | None, parent: int) -> None:
+    if tmp is None:
+        return
     try:
         os.unlink(tmp, dir_fd=parent)
     except FileNotFoundError:
         pass
+
+
+@lru_cache(maxsize=1)
+def _proc_fds() -> bool:
+    return os.path.isdir("/proc/self/fd")
+
+
+def _create_temp(parent: int, path: Path, mode: int) -> tuple[int, str | None]:
+    """A new file in the folder: unnamed (``O_TMPFILE``) where the filesystem allows, so a
+    kill before the rename leaves nothing behind; else a named ``.crow-write-*.tmp``."""
+    if _proc_fds():
+        try:
+            return os.open(".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, mode, dir_fd=parent), None
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                raise
+    tmp = f".crow-write-{secrets.token_hex(6)}.tmp"
+    return _open_file(parent, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, path, mode), tmp
 
 
 def _replace(parent: int, name: str, data: bytes, path: Path) -> None:
@@ -254,11 +276,10 @@ def _replace(parent: int, name: str, data: bytes, path: Path) -> None:
             raise OSError(errno.EINVAL, "not a regular file", str(path))
         if old.st_nlink > 1:  # a rename would split the file from its other names
             return _overwrite_in_place(parent, name, data, path)
-    tmp = f".crow-write-{secrets.token_hex(6)}.tmp"
     try:
         # A new file gets the usual 0o666 & ~umask; a replacement starts private and then
         # takes the old file's mode.
-        fd = _open_file(parent, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, path, 0o600 if old else 0o666)
+        fd, tmp = _create_temp(parent, path, 0o600 if old else 0o666)
     except PermissionError:
         if old is None:
             raise
@@ -271,6 +292,9 @@ def _replace(parent: int, name: str, data: bytes, path: Path) -> None:
             if kept:
                 _write_all(fd, data)
                 os.fsync(fd)
+                if tmp is None:  # name the unnamed file, just long enough to rename it
+                    tmp = f".crow-write-{secrets.token_hex(6)}.tmp"
+                    os.link(f"/proc/self/fd/{fd}", tmp, dst_dir_fd=parent, follow_symlinks=True)
         finally:
             os.close(fd)
         if kept:
