@@ -193,3 +193,41 @@ async def test_two_sessions_editing_one_file_through_the_editor_lose_nothing(
                 )
     assert (workspace / "app.py").read_text() == FIVE.replace("v1 = 0", "v1 = 1").replace("v2 = 0", "v2 = 2")
     assert editor.fs_calls == ["read app.py", "write app.py"] * 2, editor.fs_calls
+
+
+async def test_cancel_while_a_call_waits_for_its_turn_runs_nothing_more(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    llm.push(
+        Reply(
+            tool_calls=[
+                ToolCallSpec(name="execute", arguments={"command": "sleep 30"}),
+                ToolCallSpec(name="write_file", arguments={"path": "after.txt", "content": "too late"}),
+            ]
+        ),
+        Reply(text="after cancel"),
+    )
+    async with spawn_crow(crow_env(llm, home, CROW_MODE="yolo")) as (conn, _proc, client):
+        sid = await start(conn, workspace)
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                answers: list[Any] = []
+
+                async def prompt() -> None:
+                    answers.append(await conn.prompt(session_id=sid, prompt=[acp.text_block("go")]))
+
+                tg.start_soon(prompt)
+                for _ in range(500):
+                    if [u for u in client.of_type("ToolCallProgress") if u.status == "in_progress"]:
+                        break
+                    await anyio.sleep(0.01)
+                await anyio.sleep(0.2)
+                running = [u for u in client.of_type("ToolCallProgress") if u.status == "in_progress"]
+                assert len(running) == 1, "the write waits for the command: it is not running yet"
+                await conn.cancel(session_id=sid)
+        assert answers[0].stop_reason == "cancelled"
+        again = await conn.prompt(session_id=sid, prompt=[acp.text_block("and now?")])
+    assert again.stop_reason == "end_turn"
+    assert not (workspace / "after.txt").exists(), "a call cancelled while waiting never runs"
+    tool = [m["content"] for m in llm.requests[-1].messages if m["role"] == "tool"]
+    assert len(tool) == 2 and all("Cancelled" in t for t in tool), tool
