@@ -193,12 +193,36 @@ async def test_overwrite_keeps_mode_and_owner(client: Client, root: Path, temp_k
     assert leftovers(root) == []
 
 
-async def test_a_hard_linked_file_is_written_in_place(client: Client, root: Path) -> None:
-    (root / "a.txt").write_text("old\n")
-    os.link(root / "a.txt", root / "b.txt")
+async def test_a_hard_linked_file_is_split_from_its_other_names(
+    client: Client, root: Path, tmp_path: Path
+) -> None:
+    """A link into the workspace (a package store, `cp -al`) must not carry the write out."""
+    (tmp_path / "store.txt").write_text("shared\n")
+    os.link(tmp_path / "store.txt", root / "a.txt")
     result = await client.call_tool("write_file", {"path": "a.txt", "content": "new\n"})
     assert not result.is_error, text(result)
-    assert (root / "b.txt").read_text() == "new\n", "the other name still sees the same file"
+    assert (root / "a.txt").read_text() == "new\n"
+    assert (tmp_path / "store.txt").read_text() == "shared\n"
+
+
+def cannot_chown(fd: int, uid: int, gid: int) -> None:
+    raise PermissionError(1, "Operation not permitted")
+
+
+async def test_when_the_owner_cannot_be_kept_the_file_is_written_in_place(
+    client: Client, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = root / "theirs.txt"
+    path.write_text("old\n")
+    if os.geteuid() != 0:
+        pytest.skip("giving a file to another owner needs root")
+    os.chown(path, 1234, 2345)
+    inode = path.stat().st_ino
+    monkeypatch.setattr(localfs.os, "fchown", cannot_chown)  # as for a user who is not root
+    result = await client.call_tool("write_file", {"path": "theirs.txt", "content": "new\n"})
+    assert not result.is_error, text(result)
+    assert path.read_text() == "new\n"
+    assert (path.stat().st_ino, path.stat().st_uid) == (inode, 1234) and leftovers(root) == []
 
 
 # --- a full disk ---------------------------------------------------------------------
@@ -236,13 +260,14 @@ async def test_a_full_disk_leaves_the_file_unchanged_and_says_so(small_disk: Pat
             assert text(result).endswith(": disk full: app.py was left unchanged"), text(result)
             assert (small_disk / "app.py").read_bytes() == original
             assert leftovers(small_disk) == []
-        # a hard-linked file is written in place, after reserving the space: still intact
-        os.link(small_disk / "app.py", small_disk / "twin.py")
-        result = await c.call_tool("write_file", {"path": "app.py", "content": "y" * 600_000})
+        # written in place (the owner cannot be kept), the space is reserved first: intact
+        os.chown(small_disk / "app.py", 1234, 2345)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(localfs.os, "fchown", cannot_chown)
+            result = await c.call_tool("write_file", {"path": "app.py", "content": "y" * 600_000})
         assert text(result).endswith(": disk full: app.py was left unchanged"), text(result)
         assert (small_disk / "app.py").read_bytes() == original
         # a write that fits still works (the new copy needs room beside the old one)
-        (small_disk / "twin.py").unlink()
         result = await c.call_tool("write_file", {"path": "app.py", "content": "small\n"})
         assert not result.is_error, text(result)
         assert (small_disk / "app.py").read_text() == "small\n"

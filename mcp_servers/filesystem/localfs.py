@@ -14,11 +14,12 @@ moment leaves the old file or the new one. The temp file is unnamed (``O_TMPFILE
 just before the rename, so a kill leaves nothing behind; where the filesystem lacks
 ``O_TMPFILE`` it is a named ``.crow-write-*.tmp`` that a kill mid-write leaves behind.
 Any error before the rename removes the temp file and raises :class:`WriteError`: the
-original is intact. The existing file's mode, owner and group are kept. Where a rename
-would change what the file is — it has other hard links, its owner cannot be kept (crow
-is not root), or its folder is not writable — the file is overwritten in place instead
-after reserving the space (``posix_fallocate``), so a full disk still leaves it intact,
-but a kill mid-write can tear it.
+original is intact. The existing file's mode, owner and group are kept. A file with other
+hard links is split from them (they keep the old content): a link into the workspace
+never carries a write to a file elsewhere, such as a package manager's shared store.
+Where the owner cannot be kept (crow is not root) or the folder is not writable, the
+file is overwritten in place instead, after reserving the space (``posix_fallocate``):
+a full disk still leaves it intact, but a kill mid-write can tear it.
 """
 
 from __future__ import annotations
@@ -274,8 +275,6 @@ def _replace(parent: int, name: str, data: bytes, path: Path) -> None:
             raise IsADirectoryError(errno.EISDIR, "Is a directory", str(path))
         if not stat.S_ISREG(old.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
-        if old.st_nlink > 1:  # a rename would split the file from its other names
-            return _overwrite_in_place(parent, name, data, path)
     try:
         # A new file gets the usual 0o666 & ~umask; a replacement starts private and then
         # takes the old file's mode.
