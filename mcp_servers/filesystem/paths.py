@@ -24,6 +24,9 @@ or the file for a symlink meanwhile:
 - ``glob`` and ``grep`` open their starting folder (or grep's one file) by its
   path after the check: a swap in that window could let them list or read outside
   the root. Below the starting folder they follow no symlinks.
+- A hard link inside the root to a file elsewhere is that file: reading it reads
+  the other file. Writing replaces the name with a new file and never changes
+  the other one. (Under bwrap a command cannot link across the mounts.)
 - Through the editor's ``fs/*`` methods the editor opens the path; crow cannot
   say how it treats symlinks.
 - The ``execute`` tool is not confined by this module at all (the ``bwrap``
