@@ -175,7 +175,8 @@ async def _file_io_figures(ctx: Ctx) -> list[Figure]:
     figures = [Figure(G, "write_file 1 MB to disk, atomic (temp + fsync + rename)", ms(atomic),
                       baseline=ms(plain), baseline_name="open/write/close", target="ratio < 1.3",
                       check=("ratio", "<", 1.3), samples=n,
-                      note="two fsyncs (file, folder) are most of it: see the next figure")]
+                      note="adds an fsync of the file and of its folder, and a new inode per write "
+                           "(a plain write reuses the old one)")]
     durable, atomic = await _pair(n, plain_durable_write, atomic_write, warm=5)
     figures.append(Figure(G, "write_file 1 MB to disk, atomic vs a plain durable write", ms(atomic),
                           baseline=ms(durable), baseline_name="open/write/fsync/close", target="-",
