@@ -158,14 +158,12 @@ async def test_write_execute_edit_read_of_one_file_run_in_the_order_given(
     assert running == done and len(done) == 4
 
 
-async def test_two_sessions_editing_one_file_through_the_editor_lose_nothing(
-    llm: ScriptedLLM, home: Path, workspace: Path
-) -> None:
-    (workspace / "app.py").write_text(FIVE)
+def last(request: Any) -> dict[str, Any]:
+    return request.messages[-1]
 
-    def last(request: Any) -> dict[str, Any]:
-        return request.messages[-1]
 
+def script_bumps(llm: ScriptedLLM) -> None:
+    """Prompt "bump vN" gets one edit of line N, whichever session or process sends it."""
     for i in (1, 2):
         llm.rule(
             lambda r, i=i: last(r)["role"] == "user" and f"bump v{i}" in str(last(r)["content"]),
@@ -180,6 +178,13 @@ async def test_two_sessions_editing_one_file_through_the_editor_lose_nothing(
             times=1,
         )
     llm.rule(lambda r: last(r)["role"] == "tool", Reply(text="done"))
+
+
+async def test_two_sessions_editing_one_file_through_the_editor_lose_nothing(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    (workspace / "app.py").write_text(FIVE)
+    script_bumps(llm)
     caps = ClientCapabilities(fs=FileSystemCapabilities(read_text_file=True, write_text_file=True))
     editor = DiskEditor()
     editor.delay = 0.25  # both sessions' edits are in flight at once
@@ -193,6 +198,29 @@ async def test_two_sessions_editing_one_file_through_the_editor_lose_nothing(
                 )
     assert (workspace / "app.py").read_text() == FIVE.replace("v1 = 0", "v1 = 1").replace("v2 = 0", "v2 = 2")
     assert editor.fs_calls == ["read app.py", "write app.py"] * 2, editor.fs_calls
+
+
+async def test_two_crow_processes_editing_one_file_lose_nothing(
+    llm: ScriptedLLM, tmp_path: Path, workspace: Path
+) -> None:
+    """Two editors (or an editor and `crow run`) on one project: each crow process has its
+    own in-process locks; the advisory lock on the file makes them take turns."""
+    (workspace / "app.py").write_text(FIVE)
+    script_bumps(llm)
+    caps = ClientCapabilities(fs=FileSystemCapabilities(read_text_file=True, write_text_file=True))
+    editors = [DiskEditor(), DiskEditor()]
+
+    async def bump(i: int) -> None:
+        editors[i - 1].delay = 0.25  # both edits are in flight at once
+        env = crow_env(llm, tmp_path / f"home{i}", CROW_MODE="yolo")
+        async with spawn_crow(env, client=editors[i - 1]) as (conn, _proc, _c):
+            sid = await start(conn, workspace, caps)
+            await conn.prompt(session_id=sid, prompt=[acp.text_block(f"bump v{i}")])
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(bump, 1)
+        tg.start_soon(bump, 2)
+    assert (workspace / "app.py").read_text() == FIVE.replace("v1 = 0", "v1 = 1").replace("v2 = 0", "v2 = 2")
 
 
 async def test_cancel_while_a_call_waits_for_its_turn_runs_nothing_more(

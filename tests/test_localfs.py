@@ -4,6 +4,7 @@ command, driven through the real filesystem server where the tools are involved.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 from mcp import Client
 from mcp_types import CallToolResult
@@ -338,3 +340,42 @@ async def test_write_errors_before_the_rename_remove_the_temp_file(
     with pytest.raises(localfs.WriteError):
         await backend.write_text(root / "g.txt", "x")
     assert not (root / "g.txt").exists() and leftovers(root) == []
+
+
+# --- the advisory lock other crow processes honour -------------------------------------
+
+
+async def test_the_file_lock_follows_a_file_replaced_while_waiting(root: Path) -> None:
+    """B waits on the file A holds; A replaces it (a rename: a new inode) and lets go. B
+    must then hold the lock on the new file, or a third process could edit beside it."""
+    path = root / "f.txt"
+    path.write_text("v1\n")
+    b_holds = anyio.Event()
+    release_b = anyio.Event()
+
+    async def b() -> None:
+        async with localfs.file_lock(root, path):
+            b_holds.set()
+            await release_b.wait()
+
+    async with anyio.create_task_group() as tg:
+        async with localfs.file_lock(root, path):
+            tg.start_soon(b)
+            await anyio.sleep(0.05)
+            assert not b_holds.is_set(), "B waits while A holds the lock"
+            localfs.write_bytes(root, path, b"v2\n")
+        with anyio.fail_after(5):
+            await b_holds.wait()
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            with pytest.raises(BlockingIOError):  # as a third process would find it
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+            release_b.set()
+
+
+async def test_the_file_lock_is_nothing_for_a_file_not_there_yet(root: Path) -> None:
+    async with localfs.file_lock(root, root / "new.txt"):
+        localfs.write_bytes(root, root / "new.txt", b"made\n")
+    assert (root / "new.txt").read_text() == "made\n"

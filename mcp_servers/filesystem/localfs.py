@@ -20,14 +20,21 @@ never carries a write to a file elsewhere, such as a package manager's shared st
 Where the owner cannot be kept (crow is not root) or the folder is not writable, the
 file is overwritten in place instead, after reserving the space (``posix_fallocate``):
 a full disk still leaves it intact, but a kill mid-write can tear it.
+
+Locking. :func:`file_lock` takes an advisory ``flock`` on an existing file (following it
+to the new file when a rename replaced it meanwhile), so the read-modify-writes of two
+crow processes on one file take turns. Other programs do not take it.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import secrets
 import stat
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -40,6 +47,7 @@ __all__ = [
     "BinaryFileError",
     "PathChangedError",
     "WriteError",
+    "file_lock",
     "open_dir",
     "read_text",
     "write_text",
@@ -194,6 +202,45 @@ async def read_text(root: Path, path: Path) -> str:
     if size <= INLINE_BYTES:
         return _read_fd(fd, path)
     return await anyio.to_thread.run_sync(_read_fd, fd, path, abandon_on_cancel=True)
+
+
+# ------------------------------------------------------------------ locking
+async def _acquire(root: Path, path: Path) -> int | None:
+    while True:
+        try:
+            fd, _ = _open_for_read(root, path)
+        except OSError:
+            return None  # nothing to lock yet (or the operation itself will say why)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    await anyio.sleep(0.005)
+            try:
+                now = os.stat(path, follow_symlinks=False)
+            except OSError:
+                now = None
+            held = os.fstat(fd)
+            if now is not None and (now.st_ino, now.st_dev) == (held.st_ino, held.st_dev):
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # replaced while we waited: lock the file that is there now
+
+
+@asynccontextmanager
+async def file_lock(root: Path, path: Path) -> AsyncIterator[None]:
+    """An advisory lock (``flock``) on the file at ``path``, so read-modify-writes of it by
+    other crow processes take turns with ours. None when the file does not exist yet."""
+    fd = await _acquire(root, path)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 # ------------------------------------------------------------------ writing

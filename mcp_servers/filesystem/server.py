@@ -24,8 +24,9 @@ view in the result's ``_meta`` (which is not model-readable content)::
     }
 
 write_file and edit_file hold a process-wide lock per resolved path while they read and
-write, so two calls on one file (from one reply or from two sessions) never interleave:
-each edit re-reads the file under the lock and applies to the latest text.
+write, plus an advisory ``flock`` on an existing file that other crow processes honour,
+so two calls on one file (from one reply, two sessions or two crow processes) never
+interleave: each edit re-reads the file under the lock and applies to the latest text.
 
 File paths in every result are relative to the root (POSIX separators).
 """
@@ -71,12 +72,13 @@ _PATH_LOCKS: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDic
 
 
 @asynccontextmanager
-async def path_lock(path: Path) -> AsyncIterator[None]:
-    """Serialize read-modify-write of one file across calls and sessions."""
+async def path_lock(root: Path, path: Path) -> AsyncIterator[None]:
+    """Serialize read-modify-write of one file across calls and sessions, and (by an
+    advisory lock on the file) across crow processes."""
     lock = _PATH_LOCKS.get(str(path))
     if lock is None:
         lock = _PATH_LOCKS[str(path)] = anyio.Lock()
-    async with lock:
+    async with lock, localfs.file_lock(root, path):
         yield
 
 
@@ -208,7 +210,7 @@ def build_server(
         display = ws.relative(target)
         if target.is_dir():
             raise ToolError(f"{display} is a directory; give a file path")
-        async with path_lock(target):
+        async with path_lock(ws.root, target):
             old: str | None = None
             try:
                 old = await io.read_text(target)
@@ -234,7 +236,7 @@ def build_server(
         first. Returns a unified diff of the change."""
         target = ws.resolve(path)
         display = ws.relative(target)
-        async with path_lock(target):  # the edit applies to the text as it is now
+        async with path_lock(ws.root, target):  # the edit applies to the text as it is now
             with _os_errors(display):
                 old = await io.read_text(target)
             new, count = await anyio.to_thread.run_sync(
