@@ -1,8 +1,10 @@
 """Tools: a call through the ToolHub (in-process MCP) vs the tool function called directly,
-and the filesystem server's grep vs the rg binary run directly with the same arguments."""
+the filesystem server's grep vs the rg binary run directly with the same arguments, and
+the local file I/O (atomic write, symlink-safe read) vs plain open/write and open/read."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -133,5 +135,64 @@ async def _grep_figures(ctx: Ctx) -> list[Figure]:
     return figures
 
 
+async def _file_io_figures(ctx: Ctx) -> list[Figure]:
+    """What write_file/read_file do to the disk (localfs: temp file + fsync + rename; a
+    walk from the root with O_NOFOLLOW) against the plain calls, same files, interleaved."""
+    try:
+        from mcp_servers.filesystem import LocalBackend
+    except ImportError as exc:
+        return [not_measured(G, "write_file 1 MB, atomic vs plain", f"mcp_servers.filesystem: {exc}")]
+    ws = ctx.home("io")
+    (ws / "src" / "pkg").mkdir(parents=True)
+    backend = LocalBackend(ws)
+    big = "".join(f"line {i:07d} of a one megabyte file\n" for i in range(1 << 20 >> 5))[: 1 << 20]
+    atomic_path, plain_path = ws / "src" / "pkg" / "atomic.txt", ws / "src" / "pkg" / "plain.txt"
+    small = ws / "src" / "pkg" / "small.py"
+    small.write_text("".join(f"line {i}\n" for i in range(40)))
+
+    async def plain_write() -> None:
+        with open(plain_path, "w", encoding="utf-8", newline="") as f:
+            f.write(big)
+
+    async def plain_durable_write() -> None:
+        with open(plain_path, "w", encoding="utf-8", newline="") as f:
+            f.write(big)
+            f.flush()
+            os.fsync(f.fileno())
+
+    async def atomic_write() -> None:
+        await backend.write_text(atomic_path, big)
+
+    async def plain_read() -> None:
+        with open(small, "rb") as f:
+            f.read().decode("utf-8")
+
+    async def safe_read() -> None:
+        await backend.read_text(small)
+
+    n = ctx.reps(60, 15)
+    plain, atomic = await _pair(n, plain_write, atomic_write, warm=5)
+    figures = [Figure(G, "write_file 1 MB to disk, atomic (temp + fsync + rename)", ms(atomic),
+                      baseline=ms(plain), baseline_name="open/write/close", target="ratio < 1.3",
+                      check=("ratio", "<", 1.3), samples=n,
+                      note="adds an fsync of the file and of its folder, and a new inode per write "
+                           "(a plain write reuses the old one)")]
+    durable, atomic = await _pair(n, plain_durable_write, atomic_write, warm=5)
+    figures.append(Figure(G, "write_file 1 MB to disk, atomic vs a plain durable write", ms(atomic),
+                          baseline=ms(durable), baseline_name="open/write/fsync/close", target="-",
+                          samples=n))  # fmt: skip
+    n = ctx.reps(2000, 300)
+    plain, safe = await _pair(n, plain_read, safe_read)
+    figures.append(Figure(G, "read_file 40 lines from disk, O_NOFOLLOW walk (depth 3)", ms(safe),
+                          baseline=ms(plain), baseline_name="open/read/close", target="overhead < 0.05 ms",
+                          check=("diff", "<", 0.05), samples=n))  # fmt: skip
+    return figures
+
+
 async def run(ctx: Ctx) -> list[Figure]:
-    return [*await _hub_figures(ctx), *await _hub_figures(ctx, direct_calls=False), *await _grep_figures(ctx)]
+    return [
+        *await _hub_figures(ctx),
+        *await _hub_figures(ctx, direct_calls=False),
+        *await _grep_figures(ctx),
+        *await _file_io_figures(ctx),
+    ]

@@ -56,7 +56,11 @@ class EditorBackend:
     """The filesystem server's backend when the editor offers fs and/or terminals; falls back
     to the local disk for what the editor does not offer. Commands run in the editor's
     terminal only when there is no sandbox: the editor cannot run them under bubblewrap, so
-    a sandboxed session runs them locally (the editor still sees the output in the result)."""
+    a sandboxed session runs them locally (the editor still sees the output in the result).
+
+    The server calls this under its per-path lock, so the editor sees one read-modify-write
+    of a file at a time (across sessions too). How the editor writes (atomically or not,
+    following symlinks or not) is the editor's own."""
 
     def __init__(self, client: Any, local: Any) -> None:
         self.client = client

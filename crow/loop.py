@@ -5,7 +5,9 @@
         modify_request                            on a copy (the request is frozen)
         wrap_model_call onion -> provider.stream  deltas go to the sink as they arrive
         after_model_call                          may return an action
-        tool calls, concurrently, each through the wrap_tool_call onion
+        tool calls, each through the wrap_tool_call onion
+                                                  concurrently; conflicting calls (one path,
+                                                  a command) in the order given: crow.batch
         no tool calls -> agent_stop               continue / replace / compact / stop
     after_agent
 
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
+from crow.batch import run_batch, waits_for
 from crow.context import HookContext
 from crow.errors import ContextLengthError, ProviderError, StreamCutError
 from crow.events import (
@@ -292,7 +295,7 @@ class Turn:
         chain = build_chain(self.hooks.at("wrap_tool_call"), ctx, self._execute)
 
         async def one(call: ToolCall) -> None:
-            await self.emit(ToolCallRunning(call))
+            await self.emit(ToolCallRunning(call))  # its turn has come: it really starts now
             try:
                 result = await chain(call)
             except Exception as exc:  # a wrap hook failed: this call's error, not the turn's
@@ -304,9 +307,13 @@ class Turn:
             await self.session.add(result.to_message())
             await self.emit(ToolCallEnd(call, result))
 
-        async with anyio.create_task_group() as tg:
-            for call in calls:
-                tg.start_soon(one, call)
+        # Effects in the order the model gave: a call waits for the earlier calls it
+        # conflicts with (same path, or a command); the others run side by side.
+        def read_only(name: str) -> bool:
+            spec = self._tool_specs.get(name)
+            return bool(spec and spec.read_only)
+
+        await run_batch(calls, waits_for(calls, read_only, str(self.session.cwd)), one)
 
     async def _execute(self, call: ToolCall) -> ToolResult:
         if call.parse_error:

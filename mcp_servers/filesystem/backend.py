@@ -5,7 +5,8 @@
 swap in a backend that reads through the editor (ACP ``fs/read_text_file``, which
 sees unsaved buffers) and runs commands in an editor terminal.
 
-Paths handed to a backend are absolute and already confined to the workspace.
+Paths handed to a backend are absolute and already confined to the workspace. The
+local disk I/O itself (symlink-safe opens, atomic writes) lives in ``localfs``.
 Backends signal failure with ordinary exceptions: ``FileNotFoundError``,
 ``IsADirectoryError``, ``PermissionError`` (any ``OSError``), :class:`BinaryFileError`
 for content that is not UTF-8 text, or a ``ToolError`` with their own message.
@@ -18,21 +19,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-import anyio
-from mcp.server.mcpserver.exceptions import ToolError
-
+from mcp_servers.filesystem import localfs
 from mcp_servers.filesystem.execute import ExecResult, default_shell, run_command
+from mcp_servers.filesystem.localfs import MAX_READ_BYTES, BinaryFileError
 from mcp_servers.filesystem.sandbox import Sandbox
 
 __all__ = ["MAX_READ_BYTES", "Backend", "BinaryFileError", "ExecResult", "LocalBackend"]
 
-MAX_READ_BYTES = 20 * 1024 * 1024  # whole-file reads beyond this are refused, not paged
-INLINE_BYTES = 256 * 1024  # files up to this size are read and written without a thread hop
 SANDBOXES = ("bwrap",)
-
-
-class BinaryFileError(ValueError):
-    """The file holds NUL bytes or is not valid UTF-8."""
 
 
 @runtime_checkable
@@ -48,29 +42,6 @@ class Backend(Protocol):
     async def run(self, command: str, cwd: Path, timeout: float) -> ExecResult:
         """Run a shell command; return merged output and exit code, never raise on failure."""
         ...
-
-
-def _read_local(path: Path) -> str:
-    with path.open("rb") as f:
-        data = f.read(MAX_READ_BYTES + 1)
-    if len(data) > MAX_READ_BYTES:
-        raise ToolError(
-            f"{path} is larger than {MAX_READ_BYTES // (1024 * 1024)} MB; "
-            "use grep or execute (head/tail/sed) to look at parts of it"
-        )
-    if b"\x00" in data[:8192]:
-        raise BinaryFileError(str(path))
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise BinaryFileError(str(path)) from None
-
-
-def _write_local(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # newline="" so "\r\n" in ``text`` reaches the disk unchanged.
-    with path.open("w", encoding="utf-8", newline="") as f:
-        f.write(text)
 
 
 class LocalBackend:
@@ -100,22 +71,10 @@ class LocalBackend:
         self.shell = default_shell()
 
     async def read_text(self, path: Path) -> str:
-        # Most source files are small: reading one inline takes less time than the hop to
-        # a worker thread and back. Large ones go to a thread so the loop keeps moving.
-        try:
-            small = path.stat().st_size <= INLINE_BYTES  # noqa: ASYNC240 - a stat is cheaper than a hop
-        except OSError:
-            small = True  # let _read_local raise the precise error
-        if small:
-            return _read_local(path)
-        return await anyio.to_thread.run_sync(_read_local, path, abandon_on_cancel=True)
+        return await localfs.read_text(self.root, path)
 
     async def write_text(self, path: Path, text: str) -> None:
-        if len(text) <= INLINE_BYTES:
-            _write_local(path, text)
-            return
-        # Not abandoned on cancel: a half-finished write must not race the next call.
-        await anyio.to_thread.run_sync(_write_local, path, text)
+        await localfs.write_text(self.root, path, text)
 
     async def run(self, command: str, cwd: Path, timeout: float) -> ExecResult:
         return await run_command(self.argv(command, cwd), cwd, timeout, env=self.env)

@@ -11,9 +11,26 @@ NUL bytes, strings the OS cannot encode (lone surrogates), names longer than
 paths outside the root (``/etc``, ``/proc/self/root/...``) and symlinks whose
 target lies outside.
 
-The check is made before each operation; a process that swaps a directory for
-a symlink between the check and the use can still race it. The ``execute`` tool
-is not confined by this module at all (use the ``bwrap`` sandbox for that).
+The check is made before each operation, on the path as it is then. What holds
+after the check, against a process (a command the model ran) that swaps a folder
+or the file for a symlink meanwhile:
+
+- ``read_file``, ``write_file``, ``edit_file`` (on the local disk) and ``ls`` open
+  through ``localfs``: from the root, one component at a time with ``O_NOFOLLOW``, the
+  file created and renamed relative to its folder's descriptor. A symlink that
+  appears anywhere below the root after the check makes the call fail ("changed
+  while in use"); it is never followed, so the swap cannot carry a read or a write
+  outside the root. The root's own path is trusted as given.
+- ``glob`` and ``grep`` open their starting folder (or grep's one file) by its
+  path after the check: a swap in that window could let them list or read outside
+  the root. Below the starting folder they follow no symlinks.
+- A hard link inside the root to a file elsewhere is that file: reading it reads
+  the other file. Writing replaces the name with a new file and never changes
+  the other one. (Under bwrap a command cannot link across the mounts.)
+- Through the editor's ``fs/*`` methods the editor opens the path; crow cannot
+  say how it treats symlinks.
+- The ``execute`` tool is not confined by this module at all (the ``bwrap``
+  sandbox confines it).
 """
 
 from __future__ import annotations

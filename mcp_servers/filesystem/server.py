@@ -23,14 +23,21 @@ view in the result's ``_meta`` (which is not model-readable content)::
         "new_text": str,                   # exactly what was written
     }
 
+write_file and edit_file hold a process-wide lock per resolved path while they read and
+write, plus an advisory ``flock`` on an existing file that other crow processes honour,
+so two calls on one file (from one reply, two sessions or two crow processes) never
+interleave: each edit re-reads the file under the lock and applies to the latest text.
+
 File paths in every result are relative to the root (POSIX separators).
 """
 
 from __future__ import annotations
 
+import errno
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+import weakref
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,8 +47,9 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.request_state import RequestStateSecurity
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 
-from mcp_servers.filesystem import search, textops
+from mcp_servers.filesystem import localfs, search, textops
 from mcp_servers.filesystem.backend import Backend, BinaryFileError, LocalBackend
+from mcp_servers.filesystem.localfs import PathChangedError, WriteError
 from mcp_servers.filesystem.paths import Workspace
 
 DIFF_META_KEY = "crow/diff"
@@ -58,6 +66,22 @@ _EDIT = ToolAnnotations(
 _EXEC = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False)
 
 
+# One lock per resolved path for every server in this process (a session each); a lock
+# lives only while someone holds or awaits it.
+_PATH_LOCKS: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDictionary()
+
+
+@asynccontextmanager
+async def path_lock(root: Path, path: Path) -> AsyncIterator[None]:
+    """Serialize read-modify-write of one file across calls and sessions, and (by an
+    advisory lock on the file) across crow processes."""
+    lock = _PATH_LOCKS.get(str(path))
+    if lock is None:
+        lock = _PATH_LOCKS[str(path)] = anyio.Lock()
+    async with lock, localfs.file_lock(root, path):
+        yield
+
+
 @contextmanager
 def _os_errors(display: str) -> Iterator[None]:
     """Turn filesystem exceptions (from any backend) into messages the model can act on."""
@@ -65,6 +89,15 @@ def _os_errors(display: str) -> Iterator[None]:
         yield
     except ToolError:
         raise
+    except PathChangedError:
+        raise ToolError(
+            f"{display} changed while in use: a symlink appeared in its path (a folder or the "
+            "file was swapped); it was not followed and nothing was read or written"
+        ) from None
+    except WriteError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise ToolError(f"disk full: {display} was left unchanged") from None
+        raise ToolError(f"cannot write {display} ({exc.strerror}); it was left unchanged") from None
     except FileNotFoundError:
         raise ToolError(f"{display} does not exist") from None
     except IsADirectoryError:
@@ -87,19 +120,23 @@ def _text(
     )
 
 
-def _list_dir(directory: Path) -> list[dict[str, Any]]:
+def _list_dir(root: Path, directory: Path) -> list[dict[str, Any]]:
     entries = []
-    with os.scandir(directory) as it:
-        for entry in it:
-            if entry.is_symlink():
-                kind, size = "symlink", None
-            elif entry.is_dir():
-                kind, size = "dir", None
-            elif entry.is_file():
-                kind, size = "file", entry.stat().st_size
-            else:
-                kind, size = "other", None
-            entries.append({"name": entry.name, "type": kind, "size": size})
+    fd = localfs.open_dir(root, directory)  # a folder swapped for a symlink is refused
+    try:
+        with os.scandir(fd) as it:  # scandir works on its own copy of the fd
+            for entry in it:
+                if entry.is_symlink():
+                    kind, size = "symlink", None
+                elif entry.is_dir():
+                    kind, size = "dir", None
+                elif entry.is_file():
+                    kind, size = "file", entry.stat().st_size
+                else:
+                    kind, size = "other", None
+                entries.append({"name": entry.name, "type": kind, "size": size})
+    finally:
+        os.close(fd)
     return sorted(entries, key=lambda e: e["name"])
 
 
@@ -136,7 +173,7 @@ def build_server(
         if target.exists() and not target.is_dir():
             raise ToolError(f"{display} is a file, not a directory; use read_file to read it")
         with _os_errors(display):
-            entries = await anyio.to_thread.run_sync(_list_dir, target, abandon_on_cancel=True)
+            entries = await anyio.to_thread.run_sync(_list_dir, ws.root, target, abandon_on_cancel=True)
         truncated = len(entries) > MAX_LS_ENTRIES
         entries = entries[:MAX_LS_ENTRIES]
         lines = [f"[{display}: {len(entries)} entries{' (truncated)' if truncated else ''}]"]
@@ -173,15 +210,20 @@ def build_server(
         display = ws.relative(target)
         if target.is_dir():
             raise ToolError(f"{display} is a directory; give a file path")
-        old: str | None = None
-        try:
-            old = await io.read_text(target)
-        except (OSError, BinaryFileError, ToolError):
-            old = None  # new, or not text: nothing to diff against
-        with _os_errors(display):
-            await io.write_text(target, content)
+        async with path_lock(ws.root, target):
+            old: str | None = None
+            try:
+                old = await io.read_text(target)
+                what = "overwrote"
+            except FileNotFoundError:
+                what = "created"
+            except BinaryFileError:
+                what = "overwrote a binary (non-text) file"
+            except (OSError, ToolError):
+                what = "overwrote; the old content could not be read"
+            with _os_errors(display):
+                await io.write_text(target, content)
         size = len(content.encode("utf-8"))
-        what = "created" if old is None else "overwrote"
         meta = {DIFF_META_KEY: {"path": str(target), "old_text": old, "new_text": content}}
         return _text(f"Wrote {size} bytes to {display} ({what}).", meta=meta)
 
@@ -194,13 +236,14 @@ def build_server(
         first. Returns a unified diff of the change."""
         target = ws.resolve(path)
         display = ws.relative(target)
-        with _os_errors(display):
-            old = await io.read_text(target)
-        new, count = await anyio.to_thread.run_sync(
-            textops.apply_edit, old, old_text, new_text, replace_all, abandon_on_cancel=True
-        )
-        with _os_errors(display):
-            await io.write_text(target, new)
+        async with path_lock(ws.root, target):  # the edit applies to the text as it is now
+            with _os_errors(display):
+                old = await io.read_text(target)
+            new, count = await anyio.to_thread.run_sync(
+                textops.apply_edit, old, old_text, new_text, replace_all, abandon_on_cancel=True
+            )
+            with _os_errors(display):
+                await io.write_text(target, new)
         diff = textops.unified_diff(old, new, display)
         plural = "s" if count != 1 else ""
         meta = {DIFF_META_KEY: {"path": str(target), "old_text": old, "new_text": new}}
