@@ -7,11 +7,12 @@ Each capability is used only when the client advertised it in `initialize`.
 from __future__ import annotations
 
 import logging
+import uuid
 from pathlib import Path
 from typing import Any
 
 import anyio
-from acp import RequestError
+from acp import RequestError, text_block, tool_content
 from acp.schema import ClientCapabilities, EnvVariable, PermissionOption, ToolCallUpdate
 
 from crow import acp_view
@@ -66,6 +67,35 @@ class AcpSessionClient:
                 return next((o.kind for o in PERMISSION_OPTIONS if o.option_id == outcome.option_id), None)
             return None
         log.info("permission request for %s unanswered after %.0f s: rejected", call.name, timeout)
+        return None
+
+    async def ask_choice(
+        self, title: str, text: str, options: list[tuple[str, str]], *, timeout: float = 600.0
+    ) -> str | None:
+        """A question that is not a tool call (e.g. trusting a folder), through
+        session/request_permission. `options` are (kind, label) pairs; returns the chosen
+        kind, or None (cancelled, failed or unanswered)."""
+        update = ToolCallUpdate(
+            tool_call_id=f"crow-question-{uuid.uuid4().hex[:12]}",
+            title=title,
+            kind="other",
+            status="pending",
+            content=[tool_content(text_block(text))],
+        )
+        offered = [PermissionOption(option_id=kind, name=name, kind=kind) for kind, name in options]
+        with anyio.move_on_after(timeout):
+            try:
+                response = await self.conn.request_permission(
+                    session_id=self.session_id, tool_call=update, options=offered
+                )
+            except RequestError as exc:
+                log.warning("question %r failed: %s", title, exc)
+                return None
+            outcome = response.outcome
+            if getattr(outcome, "outcome", None) == "selected":
+                return next((o.kind for o in offered if o.option_id == outcome.option_id), None)
+            return None
+        log.info("question %r unanswered after %.0f s", title, timeout)
         return None
 
     async def read_text(self, path: Path) -> str:

@@ -25,6 +25,7 @@ from crow.llm.base import Provider
 from crow.messages import Message, Messages, close_dangling_tool_calls
 from crow.session import Session
 from crow.tools import ServerSpec, ToolHub, function_server, import_mcp
+from crow.trust import ProjectConfigs, SessionProject, describe, untrusted_notice
 
 if TYPE_CHECKING:
     from crow.loop import LoopSettings, TurnResult
@@ -46,6 +47,7 @@ class Agent:
         store: Any = None,
     ) -> None:
         self.config = config if config is not None else load_config()
+        self.projects = ProjectConfigs(self.config)
         self.hooks = HookRegistry()
         self.sessions: dict[str, Session] = {}
         self._functions: list[tuple[Callable[..., Any], bool]] = []
@@ -138,20 +140,25 @@ class Agent:
     def model_ref(self, session: Session | None = None) -> str | None:
         if session is not None and session.model:
             return session.model
-        return self.config.model
+        return (session.config if session is not None and session.config else self.config).model
 
-    def provider_for(self, ref: str | None) -> Provider | None:
+    def provider_for(self, ref: str | None, config: Config | None = None) -> Provider | None:
+        """The provider for `ref` as `config` (a session's; default the user's) defines it."""
         if self._provider is not None:
             return self._provider
         if not ref:
             return None
-        if ref not in self._providers:
+        config = config or self.config
+        key = ref
+        if config is not self.config:  # a project's providers: its own provider objects
+            key += " " + config.model_dump_json(include={"providers", "model_settings"})
+        if key not in self._providers:
             from crow.llm.registry import create_provider
 
-            self._providers[ref] = create_provider(
-                ref, providers=self.config.providers_settings(), models=self.config.models_settings()
+            self._providers[key] = create_provider(
+                ref, providers=config.providers_settings(), models=config.models_settings()
             )
-        return self._providers[ref]
+        return self._providers[key]
 
     # ------------------------------------------------------------ sessions
     def create_session(
@@ -161,13 +168,15 @@ class Agent:
         path = Path(cwd)
         if not path.is_absolute():
             raise SessionError(f"cwd must be an absolute path, got {str(cwd)!r}")
+        project = self.session_config(path)
         session = Session(
             id=session_id or uuid.uuid4().hex,
             cwd=path,
-            mode=self.config.mode,
-            model=self.config.model or "",
-            config=self.config,
+            mode=project.config.mode,
+            model=project.config.model or "",
+            config=project.config,
         )
+        session.state[_PROJECT] = project
         self.sessions[session.id] = session
         self._session_ready[session.id] = asyncio.create_task(
             self._prepare(session, list(mcp_servers), new=True), name=f"crow.session:{session.id}"
@@ -247,17 +256,20 @@ class Agent:
         else:
             stored = await self._store.load_context(session_id)
         repaired = close_dangling_tool_calls(stored)
+        path = Path(cwd or record.cwd)
+        project = self.session_config(path)
         session = Session(
             id=session_id,
-            cwd=Path(cwd or record.cwd),
-            mode=record.mode or self.config.mode,
+            cwd=path,
+            mode=record.mode or project.config.mode,
             model=record.model or "",
             title=record.title or "",
             todos=list(record.todos or []),
             files=dict(record.files or {}),
             messages=Messages(stored),
-            config=self.config,
+            config=project.config,
         )
+        session.state[_PROJECT] = project
         if prepare is not None:
             prepare(session)
         session.store = self._store
@@ -292,7 +304,7 @@ class Agent:
         """Compact a session through the one CompactService."""
         await self.session_ready(session)
         self._ensure_compactor()
-        provider = self.provider_for(self.model_ref(session))
+        provider = self.provider_for(self.model_ref(session), session.config)
         if provider is None:
             raise ConfigError(NO_MODEL_MESSAGE)
         return await self.compactor.compact(session, provider, instructions=instructions, emit=emit)
@@ -319,11 +331,64 @@ class Agent:
         if session is not None and session.tools is not None:
             await session.tools.aclose()
 
+    # ------------------------------------------------------------ project config
+    def session_config(self, cwd: Path) -> SessionProject:
+        """The configuration for a session in `cwd`: the user's, with the nearest crow.yaml
+        merged over it if the user trusts it (cached per project file; a few stats)."""
+        if not cwd.is_absolute():
+            raise SessionError(f"cwd must be an absolute path, got {str(cwd)!r}")
+        return self.projects.for_cwd(cwd)
+
+    async def settle_project(self, session: Session, emit: Emit) -> bool:
+        """Before a session's first turn: an untrusted crow.yaml is asked about (when the
+        front end can ask) or reported once. Returns True when the session's config changed."""
+        project: SessionProject | None = session.state.pop(_PROJECT, None)
+        if project is None:
+            return False
+        if project.error:
+            session.state[_CONFIG_ERROR] = project.error
+            return False
+        file = project.file
+        if file is None or project.trusted:
+            return False
+        ask = getattr(session.client, "ask_choice", None)
+        answer = None
+        if ask is not None and not file.problem:
+            answer = await ask(
+                f"Trust {file.folder}?",
+                f"This project's {file.path} {describe(file.data)}. Trust this folder?",
+                TRUST_OPTIONS,
+                timeout=session.config.permission_timeout if session.config else 600.0,
+            )
+        if answer not in ("allow_once", "allow_always"):
+            log.warning("ignored untrusted %s (run `crow trust %s` to apply it)", file.path, file.folder)
+            await emit(Notice(untrusted_notice(file)))
+            return False
+        if answer == "allow_always":
+            self.projects.trust.trust(file)
+            log.info("trusted %s (sha256 %s)", file.path, file.digest[:12])
+        try:
+            config = self.projects.apply(file)
+        except ConfigError as exc:
+            session.state[_CONFIG_ERROR] = str(exc)
+            return False
+        before = session.config or self.config
+        session.config = config
+        changes: dict[str, Any] = {}
+        if session.mode == before.mode and config.mode != session.mode:
+            changes["mode"] = config.mode
+        if session.model == (before.model or "") and (config.model or "") != session.model:
+            changes["model"] = config.model or ""
+        if changes:
+            await self.session_ready(session)
+            await session.save(**changes)
+        return True
+
     # ------------------------------------------------------------ turns
     def loop_settings(self, session: Session) -> LoopSettings:
         from crow.loop import LoopSettings
 
-        c = self.config
+        c = session.config or self.config
         return LoopSettings(
             system_prompt=c.system_prompt.replace("{cwd}", str(session.cwd)),
             max_iterations=c.max_iterations,
@@ -333,13 +398,17 @@ class Agent:
         )
 
     async def run_turn(self, session: Session, prompt: Message, emit: Emit) -> TurnResult:
+        await self.settle_project(session, emit)
         await self.session_ready(session)
         if session.tools is not None and session.tools.failures:
             for failure in session.tools.failures:  # told once, at the first prompt
                 await emit(Notice(failure))
             session.tools.failures.clear()
+        config_error = session.state.get(_CONFIG_ERROR)
         try:
-            provider = self.provider_for(self.model_ref(session))
+            if config_error:  # a trusted crow.yaml that is invalid: no request is sent
+                raise ConfigError(config_error)
+            provider = self.provider_for(self.model_ref(session), session.config)
         except ConfigError as exc:
             provider, no_model = None, str(exc)
         else:
@@ -356,6 +425,16 @@ class Agent:
             no_model_message=no_model,
         )
         return await turn.run(prompt)
+
+
+_PROJECT = "crow.project"  # session.state: the SessionProject found at creation, until settled
+_CONFIG_ERROR = "crow.config_error"
+# The trust question's answers, as permission option kinds (what editors know how to show).
+TRUST_OPTIONS = [
+    ("allow_once", "Apply for this session"),
+    ("allow_always", "Trust this folder"),
+    ("reject_once", "Ignore it"),
+]
 
 
 def _import_runtime() -> None:

@@ -1,0 +1,231 @@
+"""Project trust: a repository's crow.yaml applies only where the user said so.
+
+Trust lives in the user's space, `$CROW_HOME/trust.json` (0600, written atomically), as a
+map from a project folder (the resolved folder holding crow.yaml) to the SHA-256 of the
+crow.yaml the user trusted. A changed file (edited by hand, by a `git pull`, or by the
+model) is no longer trusted and is asked about again: nothing written inside a workspace
+can grant itself trust. Trust is never honoured when trust.json itself lies inside the
+project folder (CROW_HOME pointed into a repository).
+
+`ProjectConfigs.for_cwd(cwd)` is what a new session calls: the nearest crow.yaml, whether
+it is trusted, and the configuration in force (the user's, with the project merged over it
+when trusted). Files and composed configs are cached by the file's stat signature, so a
+session/new in a known project costs a few `stat` calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from crow.config import Config, compose, find_project_file, read_yaml
+from crow.errors import ConfigError
+
+log = logging.getLogger("crow.trust")
+
+TRUST_FILE = "trust.json"
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectFile:
+    path: Path  # the crow.yaml, resolved
+    digest: str  # SHA-256 of its bytes ("" when unreadable)
+    data: Mapping[str, Any]
+    problem: str | None = None  # why it cannot be used (unreadable, not YAML)
+
+    @property
+    def folder(self) -> Path:
+        return self.path.parent
+
+
+@dataclass(frozen=True, slots=True)
+class SessionProject:
+    """What applies to a session's cwd."""
+
+    config: Config  # in force now: the user's, or the user's with the trusted project merged
+    file: ProjectFile | None = None  # the nearest crow.yaml, trusted or not
+    trusted: bool = False
+    error: str | None = None  # the project file could not be read or composed
+
+
+def read_project(path: Path) -> ProjectFile:
+    """Never raises: an untrusted file that is broken is ignored like any untrusted file."""
+    path = path.resolve()
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        return ProjectFile(path, "", {}, f"cannot read {path}: {exc}")
+    digest = hashlib.sha256(raw).hexdigest()
+    try:
+        return ProjectFile(path, digest, read_yaml(path, raw))  # the bytes hashed
+    except ConfigError as exc:
+        return ProjectFile(path, digest, {}, str(exc))
+
+
+class TrustStore:
+    """`$CROW_HOME/trust.json`; re-read when it changes on disk (`crow trust` from a shell
+    while an editor's crow runs)."""
+
+    def __init__(self, home: Path) -> None:
+        self.path = home / TRUST_FILE
+        self._entries: dict[str, dict[str, Any]] = {}
+        self._seen: tuple[int, int] | None = None
+
+    def entries(self) -> dict[str, dict[str, Any]]:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            self._entries, self._seen = {}, None
+            return {}
+        signature = (st.st_mtime_ns, st.st_size)
+        if signature != self._seen:
+            self._entries = self._read()
+            self._seen = signature
+        return self._entries
+
+    def _read(self) -> dict[str, dict[str, Any]]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read {self.path}: {exc}; fix or remove it") from exc
+        if not isinstance(data, dict) or not isinstance(data.get("folders", {}), dict):
+            raise ConfigError(f"{self.path}: not a crow trust file; fix or remove it")
+        return {k: v for k, v in data.get("folders", {}).items() if isinstance(v, dict)}
+
+    def is_trusted(self, project: ProjectFile) -> bool:
+        if self.path.resolve().is_relative_to(project.folder):
+            log.warning("%s is inside %s: trust is not honoured there", self.path, project.folder)
+            return False
+        try:
+            entry = self.entries().get(str(project.folder))
+        except ConfigError as exc:
+            log.warning("%s", exc)
+            return False
+        return entry is not None and entry.get("sha256") == project.digest
+
+    def trust(self, project: ProjectFile) -> None:
+        entries = dict(self.entries())
+        entries[str(project.folder)] = {
+            "sha256": project.digest,
+            "file": project.path.name,
+            "at": int(time.time()),
+        }
+        self._write(entries)
+
+    def untrust(self, folder: Path) -> bool:
+        entries = dict(self.entries())
+        found = entries.pop(str(folder.resolve()), None) is not None
+        if found:
+            self._write(entries)
+        return found
+
+    def _write(self, entries: dict[str, dict[str, Any]]) -> None:
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        text = json.dumps({"version": 1, "folders": entries}, indent=2, sort_keys=True) + "\n"
+        fd, tmp = tempfile.mkstemp(prefix=".trust-", dir=self.path.parent)  # created 0600
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        self._entries, self._seen = entries, None
+
+
+class ProjectConfigs:
+    """Per-session configuration for one user config, cached per project file."""
+
+    def __init__(self, user: Config) -> None:
+        self.user = user
+        self.trust = TrustStore(user.home)
+        self._files: dict[Path, tuple[tuple[int, int, int], ProjectFile]] = {}
+        self._composed: dict[tuple[Path, str], Config] = {}
+
+    def for_cwd(self, cwd: Path) -> SessionProject:
+        found = find_project_file(cwd)
+        if found is None:
+            return SessionProject(self.user)
+        project = self._read(found)
+        if not self.trust.is_trusted(project):
+            return SessionProject(self.user, project)
+        if project.problem:
+            return SessionProject(self.user, project, trusted=True, error=project.problem)
+        try:
+            return SessionProject(self.apply(project), project, trusted=True)
+        except ConfigError as exc:
+            return SessionProject(self.user, project, trusted=True, error=str(exc))
+
+    def _read(self, path: Path) -> ProjectFile:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return read_project(path)  # vanished meanwhile: says why
+        signature = (st.st_mtime_ns, st.st_size, st.st_ino)
+        cached = self._files.get(path)
+        if cached is not None and cached[0] == signature:
+            return cached[1]
+        project = read_project(path)
+        self._files[path] = (signature, project)
+        return project
+
+    def apply(self, project: ProjectFile) -> Config:
+        """The user's config with `project` merged over it (raises ConfigError)."""
+        if project.problem:
+            raise ConfigError(project.problem)
+        key = (project.path, project.digest)
+        config = self._composed.get(key)
+        if config is None:
+            config = self._composed[key] = compose(self.user, project.data, project.path)
+        return config
+
+
+def describe(data: Mapping[str, Any], limit: int = 8) -> str:
+    """What a project file would change, for the trust question: "sets mode: yolo, adds 2
+    command hooks, sets providers.openai.base_url"."""
+    parts: list[str] = []
+    for key, value in data.items():
+        if key in ("mode", "model", "sandbox", "network") and not isinstance(value, Mapping | list):
+            parts.append(f"sets {key}: {value}")
+        elif key == "hooks" and isinstance(value, Mapping):
+            for sub, inner in value.items():
+                if sub == "commands" and isinstance(inner, list):
+                    parts.append(f"adds {len(inner)} command hook{'s' if len(inner) != 1 else ''}")
+                else:
+                    parts.append(f"sets hooks.{sub}")
+        elif key == "permissions" and isinstance(value, Mapping):
+            verbs = {"allow": "allows", "ask": "asks for", "deny": "denies"}
+            for sub, rules in value.items():
+                shown = ", ".join(map(str, rules)) if isinstance(rules, list) else rules
+                parts.append(f"{verbs.get(sub, 'sets permissions.' + sub)} {shown}")
+        elif isinstance(value, Mapping) and key == "providers":
+            for name, entry in value.items():
+                fields = list(entry) if isinstance(entry, Mapping) and entry else [""]
+                parts.extend(f"sets providers.{name}{'.' + f if f else ''}" for f in fields)
+        else:
+            parts.append(f"sets {key}")
+    if not parts:
+        return "changes nothing"
+    if len(parts) > limit:
+        parts = [*parts[:limit], f"and {len(parts) - limit} more"]
+    return ", ".join(parts)
+
+
+def untrusted_notice(project: ProjectFile) -> str:
+    what = f"it {describe(project.data)}" if not project.problem else project.problem
+    return (
+        f"This project's {project.path} is not trusted, so crow ignored it ({what}). "
+        f"Run `crow trust {project.folder}` to apply it."
+    )
