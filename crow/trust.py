@@ -35,16 +35,39 @@ log = logging.getLogger("crow.trust")
 TRUST_FILE = "trust.json"
 
 
-@dataclass(frozen=True, slots=True)
 class ProjectFile:
-    path: Path  # the crow.yaml, resolved
-    digest: str  # SHA-256 of its bytes ("" when unreadable)
-    data: Mapping[str, Any]
-    problem: str | None = None  # why it cannot be used (unreadable, not YAML)
+    """A crow.yaml as read once: its bytes' digest now, its YAML parsed only when needed
+    (the trusted path takes the parsed form stored with the trust: no YAML import on the
+    way to a session/new answer)."""
+
+    def __init__(self, path: Path, raw: bytes | None, problem: str | None = None) -> None:
+        self.path = path  # resolved
+        self.raw = raw
+        self.digest = hashlib.sha256(raw).hexdigest() if raw is not None else ""
+        self._problem = problem
+        self._data: Mapping[str, Any] | None = None
 
     @property
     def folder(self) -> Path:
         return self.path.parent
+
+    @property
+    def data(self) -> Mapping[str, Any]:
+        """The parsed file ({} when it cannot be used: see `problem`)."""
+        if self._data is None:
+            self._data = {}
+            if self.raw is not None:
+                try:
+                    self._data = read_yaml(self.path, self.raw)  # the bytes hashed
+                except ConfigError as exc:
+                    self._problem = str(exc)
+        return self._data
+
+    @property
+    def problem(self) -> str | None:
+        """Why it cannot be used (unreadable, not YAML, not a mapping), or None."""
+        _ = self.data
+        return self._problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,14 +84,9 @@ def read_project(path: Path) -> ProjectFile:
     """Never raises: an untrusted file that is broken is ignored like any untrusted file."""
     path = path.resolve()
     try:
-        raw = path.read_bytes()
+        return ProjectFile(path, path.read_bytes())
     except OSError as exc:
-        return ProjectFile(path, "", {}, f"cannot read {path}: {exc}")
-    digest = hashlib.sha256(raw).hexdigest()
-    try:
-        return ProjectFile(path, digest, read_yaml(path, raw))  # the bytes hashed
-    except ConfigError as exc:
-        return ProjectFile(path, digest, {}, str(exc))
+        return ProjectFile(path, None, f"cannot read {path}: {exc}")
 
 
 class TrustStore:
@@ -102,23 +120,35 @@ class TrustStore:
         return {k: v for k, v in data.get("folders", {}).items() if isinstance(v, dict)}
 
     def is_trusted(self, project: ProjectFile) -> bool:
+        return self._entry(project) is not None
+
+    def _entry(self, project: ProjectFile) -> dict[str, Any] | None:
+        if not project.digest:
+            return None
         if self.path.resolve().is_relative_to(project.folder):
             log.warning("%s is inside %s: trust is not honoured there", self.path, project.folder)
-            return False
+            return None
         try:
             entry = self.entries().get(str(project.folder))
         except ConfigError as exc:
             log.warning("%s", exc)
-            return False
-        return entry is not None and entry.get("sha256") == project.digest
+            return None
+        return entry if entry is not None and entry.get("sha256") == project.digest else None
+
+    def lookup(self, project: ProjectFile) -> tuple[bool, Mapping[str, Any] | None]:
+        """(trusted, the parsed form stored with the trust, if any)."""
+        entry = self._entry(project)
+        data = entry.get("data") if entry is not None else None
+        return entry is not None, data if isinstance(data, dict) else None
 
     def trust(self, project: ProjectFile) -> None:
         entries = dict(self.entries())
-        entries[str(project.folder)] = {
-            "sha256": project.digest,
-            "file": project.path.name,
-            "at": int(time.time()),
-        }
+        record: dict[str, Any] = {"sha256": project.digest, "file": project.path.name, "at": int(time.time())}
+        try:  # the parsed form, so that a session/new need not import a YAML parser
+            record["data"] = json.loads(json.dumps(project.data))
+        except (TypeError, ValueError):
+            pass  # YAML-only values (dates...): parsed again when used
+        entries[str(project.folder)] = record
         self._write(entries)
 
     def untrust(self, folder: Path) -> bool:
@@ -159,12 +189,11 @@ class ProjectConfigs:
         if found is None:
             return SessionProject(self.user)
         project = self._read(found)
-        if not self.trust.is_trusted(project):
+        trusted, data = self.trust.lookup(project)
+        if not trusted:
             return SessionProject(self.user, project)
-        if project.problem:
-            return SessionProject(self.user, project, trusted=True, error=project.problem)
         try:
-            return SessionProject(self.apply(project), project, trusted=True)
+            return SessionProject(self.apply(project, data), project, trusted=True)
         except ConfigError as exc:
             return SessionProject(self.user, project, trusted=True, error=str(exc))
 
@@ -181,14 +210,16 @@ class ProjectConfigs:
         self._files[path] = (signature, project)
         return project
 
-    def apply(self, project: ProjectFile) -> Config:
-        """The user's config with `project` merged over it (raises ConfigError)."""
-        if project.problem:
-            raise ConfigError(project.problem)
+    def apply(self, project: ProjectFile, data: Mapping[str, Any] | None = None) -> Config:
+        """The user's config with `project` (or its stored parse, `data`) merged over it
+        (raises ConfigError)."""
         key = (project.path, project.digest)
         config = self._composed.get(key)
         if config is None:
-            config = self._composed[key] = compose(self.user, project.data, project.path)
+            if data is None and project.problem:
+                raise ConfigError(project.problem)
+            data = project.data if data is None else data
+            config = self._composed[key] = compose(self.user, data, project.path)
         return config
 
 
