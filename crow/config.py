@@ -148,7 +148,6 @@ PROJECT_FORBIDDEN: dict[str, str] = {
     "hooks.extra": "Python hooks load into crow's process for every session",
     "hooks.entry_points": "installed hooks are the user's choice",
     "hooks.disable": "builtin hooks are shared by every session of this crow process",
-    "hooks.commands": "command hooks run with the user's environment; add them to your own config",
 }
 # Lists that a project extends rather than replaces: it may add rules, never drop the user's.
 ADDITIVE_LISTS = {
@@ -156,6 +155,7 @@ ADDITIVE_LISTS = {
     ("permissions", "ask"),
     ("permissions", "deny"),
     ("environment", "exclude"),
+    ("hooks", "commands"),  # a project's commands run after the user's (builtin_hooks/project_commands)
 }
 PROJECT_FILE = "crow.yaml"
 
@@ -293,10 +293,27 @@ def compose(user: Config, project: Mapping[str, Any], path: Path) -> Config:
                 f"invalid configuration{where}: {dotted} cannot be set by a project's {PROJECT_FILE} ({why})"
             )
     check_credentials(user, project, where)
+    _check_commands(project, where)
     base = user.model_dump(exclude_unset=True)
     config = _validate({**merge(base, project), **user._top, "home": user.home}, where)
     config._top = user._top
     return config
+
+
+def _check_commands(project: Mapping[str, Any], where: str) -> None:
+    """A project's command hooks are checked here, not at their first phase."""
+    hooks = project.get("hooks")
+    commands = hooks.get("commands") if isinstance(hooks, Mapping) else None
+    if not isinstance(commands, list):
+        return  # absent, or the schema check reports it
+    from crow.command_hooks import command_hook
+    from crow.errors import HookError
+
+    for i, entry in enumerate(commands):
+        try:
+            command_hook(CommandHookEntry.model_validate(entry))
+        except (ValidationError, HookError) as exc:
+            raise ConfigError(f"invalid configuration{where}: hooks.commands[{i}]: {exc}") from exc
 
 
 def check_credentials(user: Config, project: Mapping[str, Any], where: str) -> None:

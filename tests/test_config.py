@@ -99,7 +99,6 @@ def test_launch_folder_crow_yaml_is_not_the_user_config(
         ({"trace": "/tmp/t.jsonl"}, "trace"),
         ({"tools": ["os:system"]}, "tools"),
         ({"hooks": {"extra": ["os:system"]}}, "hooks.extra"),
-        ({"hooks": {"commands": [{"command": "true"}]}}, "hooks.commands"),
         ({"hooks": {"disable": ["permissions"]}}, "hooks.disable"),
         ({"hooks": {"entry_points": False}}, "hooks.entry_points"),
         ({"providers": {"openai": {"allow_project_base_url": True}}}, "allow_project_base_url"),
@@ -249,3 +248,13 @@ def test_session_config_is_cheap_for_a_known_project(home: Path, tmp_path: Path)
     again = projects.for_cwd(tmp_path / "p")
     assert first.file is not None and again.file is not None and again.file.digest == first.file.digest
     assert projects.for_cwd(tmp_path / "p").file is again.file
+
+
+def test_project_commands_add_to_the_users_and_are_checked(home: Path, tmp_path: Path) -> None:
+    u = user(home, {"hooks": {"commands": [{"command": "mine"}]}})
+    c = compose(
+        u, {"hooks": {"commands": [{"command": "theirs", "phases": ["before_agent"]}]}}, tmp_path / "c"
+    )
+    assert [e.command for e in c.hooks.commands] == ["mine", "theirs"]
+    with pytest.raises(ConfigError, match=r"hooks\.commands\[0\].*phase 'sometimes'"):
+        compose(u, {"hooks": {"commands": [{"command": "x", "phases": ["sometimes"]}]}}, tmp_path / "c")

@@ -276,3 +276,24 @@ def test_misspelt_hook_name_is_a_clear_error(home: Path, tmp_path: Path) -> None
     )
     assert done.returncode == 2
     assert "'permisions'" in done.stderr and "permissions" in done.stderr.replace("'permisions'", "")
+
+
+async def test_trusted_project_command_hooks_run_for_its_sessions_only(
+    llm: ScriptedLLM, home: Path, tmp_path: Path
+) -> None:
+    log = tmp_path / "hook.log"
+    hook = {"command": f'echo "$CROW_SESSION_ID" >> {log}', "phases": ["before_agent"]}
+    root, sub = make_repo(tmp_path, {"hooks": {"commands": [hook]}})
+    env = user_env(llm, home)
+    trusted = crow_cli(env, "trust", str(root))
+    assert "adds 1 command hook" in trusted.stdout
+    other = tmp_path / "other"
+    other.mkdir()
+    llm.push(Reply(text="one"), Reply(text="two"))
+    async with spawn_crow(env, cwd=root) as (conn, _proc, _client):
+        await conn.initialize(protocol_version=1)
+        inside = (await conn.new_session(cwd=str(sub), mcp_servers=[])).session_id
+        outside = (await conn.new_session(cwd=str(other), mcp_servers=[])).session_id
+        await conn.prompt(session_id=inside, prompt=[acp.text_block("hi")])
+        await conn.prompt(session_id=outside, prompt=[acp.text_block("hi")])
+    assert log.read_text().split() == [inside]
