@@ -327,7 +327,7 @@ def check_credentials(user: Config, project: Mapping[str, Any], where: str) -> N
     from crow.llm.registry import BUILTIN_PROVIDERS
 
     user_keys = {p.api_key_env for p in BUILTIN_PROVIDERS.values()}
-    user_keys |= {e.api_key_env for e in user.providers.values()}
+    user_keys |= {e.api_key_env for e in user.providers.values() if e.api_key_env}
     user_keys |= {f"{n.upper().replace('-', '_')}_API_KEY" for n in [*BUILTIN_PROVIDERS, *user.providers]}
     for name, entry in providers.items():
         if not isinstance(entry, Mapping):
@@ -337,11 +337,20 @@ def check_credentials(user: Config, project: Mapping[str, Any], where: str) -> N
                 f"invalid configuration{where}: providers.{name}.allow_project_base_url can only be "
                 "set in the user's own config"
             )
+        mine = user.providers.get(name)
+        builtin = BUILTIN_PROVIDERS.get(name)
+        its_own = {f"{name.upper().replace('-', '_')}_API_KEY"}
+        its_own |= {p.api_key_env for p in (builtin, mine) if p is not None and p.api_key_env}
+        key_env = entry.get("api_key_env")
+        if key_env and key_env in user_keys and key_env not in its_own:
+            raise ConfigError(
+                f"invalid configuration{where}: providers.{name}.api_key_env names {key_env}, the key "
+                f"of another provider: a project may not send one provider's key to another"
+            )
         redirects = [k for k in ("base_url", "headers") if entry.get(k)]
         if not redirects:
             continue
         own_key = entry.get("api_key") or (entry.get("api_key_env") and entry["api_key_env"] not in user_keys)
-        mine = user.providers.get(name)
         if own_key or (mine is not None and mine.allow_project_base_url):
             continue
         raise ConfigError(

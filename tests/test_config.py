@@ -258,3 +258,10 @@ def test_project_commands_add_to_the_users_and_are_checked(home: Path, tmp_path:
     assert [e.command for e in c.hooks.commands] == ["mine", "theirs"]
     with pytest.raises(ConfigError, match=r"hooks\.commands\[0\].*phase 'sometimes'"):
         compose(u, {"hooks": {"commands": [{"command": "x", "phases": ["sometimes"]}]}}, tmp_path / "c")
+
+
+def test_project_cannot_send_one_providers_key_to_another(home: Path, tmp_path: Path) -> None:
+    u = user(home)
+    with pytest.raises(ConfigError, match=r"providers\.openai\.api_key_env names ANTHROPIC_API_KEY"):
+        compose(u, {"providers": {"openai": {"api_key_env": "ANTHROPIC_API_KEY"}}}, tmp_path / "c")
+    assert compose(u, {"providers": {"openai": {"api_key_env": "OPENAI_API_KEY"}}}, tmp_path / "c")
