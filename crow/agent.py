@@ -25,7 +25,7 @@ from crow.llm.base import Provider
 from crow.messages import Message, Messages, close_dangling_tool_calls
 from crow.session import Session
 from crow.tools import ServerSpec, ToolHub, function_server, import_mcp
-from crow.trust import ProjectConfigs, SessionProject, describe, untrusted_notice
+from crow.trust import CONFIG_ERROR, PROJECT, ProjectConfigs, SessionProject, settle
 
 if TYPE_CHECKING:
     from crow.loop import LoopSettings, TurnResult
@@ -176,7 +176,7 @@ class Agent:
             model=project.config.model or "",
             config=project.config,
         )
-        session.state[_PROJECT] = project
+        session.state[PROJECT] = project
         self.sessions[session.id] = session
         self._session_ready[session.id] = asyncio.create_task(
             self._prepare(session, list(mcp_servers), new=True), name=f"crow.session:{session.id}"
@@ -269,7 +269,7 @@ class Agent:
             messages=Messages(stored),
             config=project.config,
         )
-        session.state[_PROJECT] = project
+        session.state[PROJECT] = project
         if prepare is not None:
             prepare(session)
         session.store = self._store
@@ -342,47 +342,7 @@ class Agent:
     async def settle_project(self, session: Session, emit: Emit) -> bool:
         """Before a session's first turn: an untrusted crow.yaml is asked about (when the
         front end can ask) or reported once. Returns True when the session's config changed."""
-        project: SessionProject | None = session.state.pop(_PROJECT, None)
-        if project is None:
-            return False
-        if project.error:
-            session.state[_CONFIG_ERROR] = project.error
-            return False
-        file = project.file
-        if file is None or project.trusted:
-            return False
-        ask = getattr(session.client, "ask_choice", None)
-        answer = None
-        if ask is not None and not file.problem:
-            answer = await ask(
-                f"Trust {file.folder}?",
-                f"This project's {file.path} {describe(file.data)}. Trust this folder?",
-                TRUST_OPTIONS,
-                timeout=session.config.permission_timeout if session.config else 600.0,
-            )
-        if answer not in ("allow_once", "allow_always"):
-            log.warning("ignored untrusted %s (run `crow trust %s` to apply it)", file.path, file.folder)
-            await emit(Notice(untrusted_notice(file)))
-            return False
-        if answer == "allow_always":
-            self.projects.trust.trust(file)
-            log.info("trusted %s (sha256 %s)", file.path, file.digest[:12])
-        try:
-            config = self.projects.apply(file)
-        except ConfigError as exc:
-            session.state[_CONFIG_ERROR] = str(exc)
-            return False
-        before = session.config or self.config
-        session.config = config
-        changes: dict[str, Any] = {}
-        if session.mode == before.mode and config.mode != session.mode:
-            changes["mode"] = config.mode
-        if session.model == (before.model or "") and (config.model or "") != session.model:
-            changes["model"] = config.model or ""
-        if changes:
-            await self.session_ready(session)
-            await session.save(**changes)
-        return True
+        return await settle(self.projects, session, emit, self.session_ready)
 
     # ------------------------------------------------------------ turns
     def loop_settings(self, session: Session) -> LoopSettings:
@@ -404,7 +364,7 @@ class Agent:
             for failure in session.tools.failures:  # told once, at the first prompt
                 await emit(Notice(failure))
             session.tools.failures.clear()
-        config_error = session.state.get(_CONFIG_ERROR)
+        config_error = session.state.get(CONFIG_ERROR)
         try:
             if config_error:  # a trusted crow.yaml that is invalid: no request is sent
                 raise ConfigError(config_error)
@@ -425,16 +385,6 @@ class Agent:
             no_model_message=no_model,
         )
         return await turn.run(prompt)
-
-
-_PROJECT = "crow.project"  # session.state: the SessionProject found at creation, until settled
-_CONFIG_ERROR = "crow.config_error"
-# The trust question's answers, as permission option kinds (what editors know how to show).
-TRUST_OPTIONS = [
-    ("allow_once", "Apply for this session"),
-    ("allow_always", "Trust this folder"),
-    ("reject_once", "Ignore it"),
-]
 
 
 def _import_runtime() -> None:

@@ -22,17 +22,29 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crow.config import Config, compose, find_project_file, read_yaml
 from crow.errors import ConfigError
+from crow.events import Emit, Notice
+
+if TYPE_CHECKING:
+    from crow.session import Session
 
 log = logging.getLogger("crow.trust")
 
 TRUST_FILE = "trust.json"
+PROJECT = "crow.project"  # session.state: the SessionProject found at creation, until settled
+CONFIG_ERROR = "crow.config_error"  # session.state: a trusted project file that cannot apply
+# The trust question's answers, as permission option kinds (what editors know how to show).
+TRUST_OPTIONS = [
+    ("allow_once", "Apply for this session"),
+    ("allow_always", "Trust this folder"),
+    ("reject_once", "Ignore it"),
+]
 
 
 class ProjectFile:
@@ -260,3 +272,55 @@ def untrusted_notice(project: ProjectFile) -> str:
         f"This project's {project.path} is not trusted, so crow ignored it ({what}). "
         f"Run `crow trust {project.folder}` to apply it."
     )
+
+
+async def settle(
+    projects: ProjectConfigs, session: Session, emit: Emit, ready: Callable[[Session], Awaitable[None]]
+) -> bool:
+    """Once per session, before its first turn: ask about an untrusted crow.yaml when the
+    front end can ask (`session.client.ask_choice`), else tell the user it was ignored.
+    Returns True when the session's config (and maybe its mode or model) changed."""
+    project: SessionProject | None = session.state.pop(PROJECT, None)
+    if project is None:
+        return False
+    if project.error:
+        session.state[CONFIG_ERROR] = project.error
+        return False
+    file = project.file
+    if file is None or project.trusted:
+        return False
+    ask = getattr(session.client, "ask_choice", None)
+    answer = None
+    if ask is not None and not file.problem:
+        answer = await ask(
+            f"Trust {file.folder}?",
+            f"This project's {file.path} {describe(file.data)}. Trust this folder?",
+            TRUST_OPTIONS,
+            timeout=session.config.permission_timeout if session.config else 600.0,
+        )
+    if answer not in ("allow_once", "allow_always"):
+        log.warning("ignored untrusted %s (run `crow trust %s` to apply it)", file.path, file.folder)
+        await emit(Notice(untrusted_notice(file)))
+        return False
+    try:
+        config = projects.apply(file)
+    except ConfigError as exc:
+        session.state[CONFIG_ERROR] = str(exc)
+        return False
+    if answer == "allow_always":
+        try:
+            projects.trust.trust(file)
+            log.info("trusted %s (sha256 %s)", file.path, file.digest[:12])
+        except (ConfigError, OSError) as exc:
+            await emit(Notice(f"Applied {file.path} for this session, but could not remember it: {exc}"))
+    before = session.config or projects.user
+    session.config = config
+    changes: dict[str, Any] = {}
+    if session.mode == before.mode and config.mode != session.mode:
+        changes["mode"] = config.mode
+    if session.model == (before.model or "") and (config.model or "") != session.model:
+        changes["model"] = config.model or ""
+    if changes:
+        await ready(session)
+        await session.save(**changes)
+    return True
