@@ -280,24 +280,17 @@ async def settle(
     """Once per session, before its first turn: ask about an untrusted crow.yaml when the
     front end can ask (`session.client.ask_choice`), else tell the user it was ignored.
     Returns True when the session's config (and maybe its mode or model) changed."""
-    project: SessionProject | None = session.state.pop(PROJECT, None)
+    project: SessionProject | None = session.state.get(PROJECT)
     if project is None:
         return False
+    answer = await _ask(project, session)  # cancelled meanwhile: asked again next prompt
+    session.state.pop(PROJECT, None)
     if project.error:
         session.state[CONFIG_ERROR] = project.error
         return False
     file = project.file
     if file is None or project.trusted:
         return False
-    ask = getattr(session.client, "ask_choice", None)
-    answer = None
-    if ask is not None and not file.problem:
-        answer = await ask(
-            f"Trust {file.folder}?",
-            f"This project's {file.path} {describe(file.data)}. Trust this folder?",
-            TRUST_OPTIONS,
-            timeout=session.config.permission_timeout if session.config else 600.0,
-        )
     if answer not in ("allow_once", "allow_always"):
         log.warning("ignored untrusted %s (run `crow trust %s` to apply it)", file.path, file.folder)
         await emit(Notice(untrusted_notice(file)))
@@ -324,3 +317,17 @@ async def settle(
         await ready(session)
         await session.save(**changes)
     return True
+
+
+async def _ask(project: SessionProject, session: Session) -> str | None:
+    file = project.file
+    ask = getattr(session.client, "ask_choice", None)
+    if file is None or project.trusted or project.error or file.problem or ask is None:
+        return None
+    answer: str | None = await ask(
+        f"Trust {file.folder}?",
+        f"This project's {file.path} {describe(file.data)}. Trust this folder?",
+        TRUST_OPTIONS,
+        timeout=session.config.permission_timeout if session.config else 600.0,
+    )
+    return answer

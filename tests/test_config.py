@@ -265,3 +265,41 @@ def test_project_cannot_send_one_providers_key_to_another(home: Path, tmp_path: 
     with pytest.raises(ConfigError, match=r"providers\.openai\.api_key_env names ANTHROPIC_API_KEY"):
         compose(u, {"providers": {"openai": {"api_key_env": "ANTHROPIC_API_KEY"}}}, tmp_path / "c")
     assert compose(u, {"providers": {"openai": {"api_key_env": "OPENAI_API_KEY"}}}, tmp_path / "c")
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_trust_question_is_asked_again(home: Path, tmp_path: Path) -> None:
+    import anyio
+
+    from crow.events import Notice
+    from crow.session import Session
+    from crow.trust import PROJECT, settle
+
+    project(tmp_path / "p", {"mode": "yolo"})
+    projects = ProjectConfigs(user(home))
+
+    class Client:
+        asked = 0
+
+        async def ask_choice(self, title: str, text: str, options: list, **kw: object) -> str:  # type: ignore[type-arg]
+            self.asked += 1
+            if self.asked == 1:
+                await anyio.sleep(30)
+            return "reject_once"
+
+    session = Session(id="s", cwd=tmp_path / "p", config=projects.user, client=Client())
+    session.state[PROJECT] = projects.for_cwd(tmp_path / "p")
+    told: list[str] = []
+
+    async def emit(event: object) -> None:
+        told.append(event.text if isinstance(event, Notice) else "")
+
+    async def ready(_: Session) -> None:
+        return None
+
+    with anyio.move_on_after(0.05):
+        await settle(projects, session, emit, ready)
+    assert told == []
+    assert await settle(projects, session, emit, ready) is False
+    assert session.client.asked == 2 and len(told) == 1 and "not trusted" in told[0]
+    assert await settle(projects, session, emit, ready) is False and session.client.asked == 2
