@@ -290,7 +290,8 @@ def compose(user: Config, project: Mapping[str, Any], path: Path) -> Config:
             value = value.get(tail)
         if value is not None:
             raise ConfigError(
-                f"invalid configuration{where}: {dotted} cannot be set by a project's {PROJECT_FILE} ({why})"
+                f"invalid configuration{where}: {dotted} cannot be set by a project's {PROJECT_FILE} "
+                f"({why}); set it in your own config ({user.home / 'config.yaml'}) instead"
             )
     check_credentials(user, project, where)
     _check_commands(project, where)
