@@ -195,6 +195,8 @@ class ProjectConfigs:
         self.trust = TrustStore(user.home)
         self._files: dict[Path, tuple[tuple[int, int, int], ProjectFile]] = {}
         self._composed: dict[tuple[Path, str], Config] = {}
+        # Files the user said "ignore" to in this process: later sessions are told, not asked.
+        self.declined: set[tuple[Path, str]] = set()
 
     def for_cwd(self, cwd: Path) -> SessionProject:
         found = find_project_file(cwd)
@@ -283,7 +285,7 @@ async def settle(
     project: SessionProject | None = session.state.get(PROJECT)
     if project is None:
         return False
-    answer = await _ask(project, session)  # cancelled meanwhile: asked again next prompt
+    answer = await _ask(projects, project, session)  # cancelled: asked again next prompt
     session.state.pop(PROJECT, None)
     if project.error:
         session.state[CONFIG_ERROR] = project.error
@@ -292,6 +294,8 @@ async def settle(
     if file is None or project.trusted:
         return False
     if answer not in ("allow_once", "allow_always"):
+        if answer is not None:
+            projects.declined.add((file.path, file.digest))
         log.warning("ignored untrusted %s (run `crow trust %s` to apply it)", file.path, file.folder)
         await emit(Notice(untrusted_notice(file)))
         return False
@@ -319,10 +323,12 @@ async def settle(
     return True
 
 
-async def _ask(project: SessionProject, session: Session) -> str | None:
+async def _ask(projects: ProjectConfigs, project: SessionProject, session: Session) -> str | None:
     file = project.file
     ask = getattr(session.client, "ask_choice", None)
     if file is None or project.trusted or project.error or file.problem or ask is None:
+        return None
+    if (file.path, file.digest) in projects.declined:
         return None
     answer: str | None = await ask(
         f"Trust {file.folder}?",

@@ -224,15 +224,19 @@ async def test_editor_answer_always_trusts_and_stores_reject_ignores(
 
 async def test_editor_reject_ignores_the_file(llm: ScriptedLLM, home: Path, tmp_path: Path) -> None:
     root, sub = make_repo(tmp_path, {"mode": "yolo"})
-    llm.push(write("a.txt"), Reply(text="done"))
+    llm.push(write("a.txt"), Reply(text="done"), Reply(text="second session"))
     client = TrustClient("reject_once")
     client.permission_answer = "reject_once"
     async with spawn_crow(user_env(llm, home), client=client, cwd=root) as (conn, _proc, _):
         await conn.initialize(protocol_version=1)
         sid = (await conn.new_session(cwd=str(sub), mcp_servers=[])).session_id
         await conn.prompt(session_id=sid, prompt=[acp.text_block("write")])
+        # a second session in the same project: told again, not asked again
+        second = (await conn.new_session(cwd=str(root), mcp_servers=[])).session_id
+        await conn.prompt(session_id=second, prompt=[acp.text_block("hi")])
     assert len(client.questions) == 1 and len(client.permission_requests) == 1
     assert not (sub / "a.txt").exists() and not (home / "trust.json").exists()
+    assert len(notices(client, "is not trusted, so crow ignored it")) == 2
 
 
 async def test_trusted_project_cannot_redirect_the_users_key(
