@@ -129,7 +129,7 @@ def test_no_editor_question_still_tells_once_and_ignores(
     proc = subprocess.run(
         [*CROW, "run", "write"], env=env, cwd=root, capture_output=True, text=True, timeout=60
     )
-    assert "is not trusted, so crow ignored it" in proc.stderr
+    assert proc.stderr.count("is not trusted, so crow ignored it") == 1
     assert f"crow trust {root}" in proc.stderr
     assert not (root / "a.txt").exists()  # ask mode without a terminal: refused, not yolo
 
