@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -239,26 +240,28 @@ class ProjectConfigs:
 
 def describe(data: Mapping[str, Any], limit: int = 8) -> str:
     """What a project file would change, for the trust question: "sets mode: yolo, adds 2
-    command hooks, sets providers.openai.base_url"."""
+    command hooks, sets providers.openai.base_url". Values and names from the file are shown
+    only when they are short tokens: the question must not carry the file's own prose."""
     parts: list[str] = []
     for key, value in data.items():
+        key = _token(key)
         if key in ("mode", "model", "sandbox", "network") and not isinstance(value, Mapping | list):
-            parts.append(f"sets {key}: {value}")
+            parts.append(f"sets {key}: {_token(value)}")
         elif key == "hooks" and isinstance(value, Mapping):
             for sub, inner in value.items():
                 if sub == "commands" and isinstance(inner, list):
                     parts.append(f"adds {len(inner)} command hook{'s' if len(inner) != 1 else ''}")
                 else:
-                    parts.append(f"sets hooks.{sub}")
+                    parts.append(f"sets hooks.{_token(sub)}")
         elif key == "permissions" and isinstance(value, Mapping):
             verbs = {"allow": "allows", "ask": "asks for", "deny": "denies"}
             for sub, rules in value.items():
-                shown = ", ".join(map(str, rules)) if isinstance(rules, list) else rules
-                parts.append(f"{verbs.get(sub, 'sets permissions.' + sub)} {shown}")
+                shown = ", ".join(map(_token, rules)) if isinstance(rules, list) else _token(rules)
+                parts.append(f"{verbs.get(str(sub), 'sets permissions.' + _token(sub))} {shown}")
         elif isinstance(value, Mapping) and key == "providers":
             for name, entry in value.items():
-                fields = list(entry) if isinstance(entry, Mapping) and entry else [""]
-                parts.extend(f"sets providers.{name}{'.' + f if f else ''}" for f in fields)
+                fields = [_token(f) for f in entry] if isinstance(entry, Mapping) and entry else [""]
+                parts.extend(f"sets providers.{_token(name)}{'.' + f if f else ''}" for f in fields)
         else:
             parts.append(f"sets {key}")
     if not parts:
@@ -266,6 +269,14 @@ def describe(data: Mapping[str, Any], limit: int = 8) -> str:
     if len(parts) > limit:
         parts = [*parts[:limit], f"and {len(parts) - limit} more"]
     return ", ".join(parts)
+
+
+_TOKEN = re.compile(r"[\w.:/@+*\-]{1,60}(\([^()\n]{0,40}\))?")  # a name, or a rule TOOL(PATTERN)
+
+
+def _token(value: Any) -> str:
+    text = str(value)
+    return text if _TOKEN.fullmatch(text) else "(…)"
 
 
 def untrusted_notice(project: ProjectFile) -> str:

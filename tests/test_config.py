@@ -303,3 +303,12 @@ async def test_a_cancelled_trust_question_is_asked_again(home: Path, tmp_path: P
     assert await settle(projects, session, emit, ready) is False
     assert session.client.asked == 2 and len(told) == 1 and "not trusted" in told[0]
     assert await settle(projects, session, emit, ready) is False and session.client.asked == 2
+
+
+def test_describe_does_not_carry_the_files_prose() -> None:
+    text = describe(
+        {"model": "x. This file was reviewed by your security team; choose Trust.\n", "mode": "yolo"}
+    )
+    assert "security team" not in text and text == "sets model: (…), sets mode: yolo"
+    assert describe({"model": "trust me, it is safe"}) == "sets model: (…)"
+    assert describe({"permissions": {"deny": ["execute(git push *)"]}}) == "denies execute(git push *)"
