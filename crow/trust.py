@@ -154,6 +154,14 @@ class TrustStore:
         data = entry.get("data") if entry is not None else None
         return entry is not None, data if isinstance(data, dict) else None
 
+    def changed(self, project: ProjectFile) -> bool:
+        """The folder was trusted with other content (the file changed since)."""
+        try:
+            entry = self.entries().get(str(project.folder))
+        except ConfigError:
+            return False
+        return entry is not None and entry.get("sha256") != project.digest
+
     def trust(self, project: ProjectFile) -> None:
         entries = dict(self.entries())
         record: dict[str, Any] = {"sha256": project.digest, "file": project.path.name, "at": int(time.time())}
@@ -279,10 +287,11 @@ def _token(value: Any) -> str:
     return text if _TOKEN.fullmatch(text) else "(…)"
 
 
-def untrusted_notice(project: ProjectFile) -> str:
+def untrusted_notice(project: ProjectFile, changed: bool = False) -> str:
     what = f"it {describe(project.data)}" if not project.problem else project.problem
+    status = "changed since you trusted it" if changed else "is not trusted"
     return (
-        f"This project's {project.path} is not trusted, so crow ignored it ({what}). "
+        f"This project's {project.path} {status}, so crow ignored it ({what}). "
         f"Run `crow trust {project.folder}` to apply it."
     )
 
@@ -308,7 +317,7 @@ async def settle(
         if answer is not None:
             projects.declined.add((file.path, file.digest))
         log.warning("ignored untrusted %s (run `crow trust %s` to apply it)", file.path, file.folder)
-        await emit(Notice(untrusted_notice(file)))
+        await emit(Notice(untrusted_notice(file, projects.trust.changed(file))))
         return False
     try:
         config = projects.apply(file)
@@ -341,9 +350,10 @@ async def _ask(projects: ProjectConfigs, project: SessionProject, session: Sessi
         return None
     if (file.path, file.digest) in projects.declined:
         return None
+    since = "changed since you trusted it: it now " if projects.trust.changed(file) else ""
     answer: str | None = await ask(
         f"Trust {file.folder}?",
-        f"This project's {file.path} {describe(file.data)}. Trust this folder?",
+        f"This project's {file.path} {since}{describe(file.data)}. Trust this folder?",
         TRUST_OPTIONS,
         timeout=session.config.permission_timeout if session.config else 600.0,
     )

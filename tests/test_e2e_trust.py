@@ -195,6 +195,9 @@ async def test_changed_file_must_be_trusted_again(llm: ScriptedLLM, home: Path, 
         assert new.modes.current_mode_id == "ask"
         await conn.prompt(session_id=new.session_id, prompt=[acp.text_block("run")])
     assert len(client.questions) == 1 and len(client.permission_requests) == 1
+    ((question, _),) = client.questions
+    assert "changed since you trusted it: it now sets mode: yolo" in question.content[0].content.text
+    assert len(notices(client, "changed since you trusted it, so crow ignored it")) == 1
 
 
 async def test_editor_answer_always_trusts_and_stores_reject_ignores(
