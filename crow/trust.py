@@ -16,6 +16,7 @@ session/new in a known project costs a few `stat` calls.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -109,7 +110,7 @@ class TrustStore:
     def __init__(self, home: Path) -> None:
         self.path = home / TRUST_FILE
         self._entries: dict[str, dict[str, Any]] = {}
-        self._seen: tuple[int, int] | None = None
+        self._seen: tuple[int, int, int] | None = None
 
     def entries(self) -> dict[str, dict[str, Any]]:
         try:
@@ -117,7 +118,7 @@ class TrustStore:
         except FileNotFoundError:
             self._entries, self._seen = {}, None
             return {}
-        signature = (st.st_mtime_ns, st.st_size)
+        signature = (st.st_mtime_ns, st.st_size, st.st_ino)  # each write is a new inode
         if signature != self._seen:
             self._entries = self._read()
             self._seen = signature
@@ -163,21 +164,36 @@ class TrustStore:
         return entry is not None and entry.get("sha256") != project.digest
 
     def trust(self, project: ProjectFile) -> None:
-        entries = dict(self.entries())
         record: dict[str, Any] = {"sha256": project.digest, "file": project.path.name, "at": int(time.time())}
         try:  # the parsed form, so that a session/new need not import a YAML parser
             record["data"] = json.loads(json.dumps(project.data))
         except (TypeError, ValueError):
             pass  # YAML-only values (dates...): parsed again when used
-        entries[str(project.folder)] = record
-        self._write(entries)
+
+        def change(entries: dict[str, dict[str, Any]]) -> bool:
+            entries[str(project.folder)] = record
+            return True
+
+        self._update(change)
 
     def untrust(self, folder: Path) -> bool:
-        entries = dict(self.entries())
-        found = entries.pop(str(folder.resolve()), None) is not None
-        if found:
-            self._write(entries)
-        return found
+        key = str(folder.resolve())
+        return self._update(lambda entries: entries.pop(key, None) is not None)
+
+    def _update(self, change: Callable[[dict[str, dict[str, Any]]], bool]) -> bool:
+        """Read, change and write under a lock: two `crow trust` at once both land."""
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self.path.parent / ".trust.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._seen = None  # re-read: another process may have written meanwhile
+            entries = dict(self.entries())
+            changed = change(entries)
+            if changed:
+                self._write(entries)
+            return changed
+        finally:
+            os.close(fd)  # releases the lock
 
     def _write(self, entries: dict[str, dict[str, Any]]) -> None:
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

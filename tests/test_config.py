@@ -312,3 +312,21 @@ def test_describe_does_not_carry_the_files_prose() -> None:
     assert "security team" not in text and text == "sets model: (…), sets mode: yolo"
     assert describe({"model": "trust me, it is safe"}) == "sets model: (…)"
     assert describe({"permissions": {"deny": ["execute(git push *)"]}}) == "denies execute(git push *)"
+
+
+def _trust_one(home: str, folder: str) -> None:
+    TrustStore(Path(home)).trust(read_project(Path(folder) / "crow.yaml"))
+
+
+def test_concurrent_trust_commands_all_land(home: Path, tmp_path: Path) -> None:
+    import multiprocessing
+
+    folders = [project(tmp_path / f"p{i}", {"mode": "yolo"}).parent for i in range(8)]
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_trust_one, args=(str(home), str(f))) for f in folders]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0] * 8
+    assert sorted(TrustStore(home).entries()) == sorted(str(f.resolve()) for f in folders)
