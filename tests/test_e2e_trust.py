@@ -304,3 +304,21 @@ async def test_trusted_project_command_hooks_run_for_its_sessions_only(
         await conn.prompt(session_id=inside, prompt=[acp.text_block("hi")])
         await conn.prompt(session_id=outside, prompt=[acp.text_block("hi")])
     assert log.read_text().split() == [inside]
+
+
+async def test_a_restored_session_gets_its_projects_config(
+    llm: ScriptedLLM, home: Path, tmp_path: Path
+) -> None:
+    root, sub = make_repo(tmp_path, {"system_prompt": "PROJECT RULES for {cwd}", "max_iterations": 3})
+    env = user_env(llm, home)
+    assert crow_cli(env, "trust", str(root)).returncode == 0
+    llm.push(Reply(text="one"), Reply(text="two"))
+    async with spawn_crow(env, cwd=tmp_path) as (conn, _proc, _client):
+        await conn.initialize(protocol_version=1)
+        sid = (await conn.new_session(cwd=str(sub), mcp_servers=[])).session_id
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
+    async with spawn_crow(env, cwd=tmp_path) as (conn, _proc, _client):
+        await conn.initialize(protocol_version=1)
+        await conn.resume_session(session_id=sid, cwd=str(sub), mcp_servers=[])
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("again")])
+    assert [r.system for r in llm.requests] == [f"PROJECT RULES for {sub}"] * 2
