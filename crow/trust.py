@@ -111,6 +111,14 @@ class TrustStore:
         self.path = home / TRUST_FILE
         self._entries: dict[str, dict[str, Any]] = {}
         self._seen: tuple[int, int, int] | None = None
+        self._real: Path | None = None
+
+    def _resolved(self) -> Path:
+        # Once: each path component is a syscall, and each syscall hands the GIL to the
+        # warm-up thread while a session/new waits.
+        if self._real is None:
+            self._real = self.path.resolve()
+        return self._real
 
     def entries(self) -> dict[str, dict[str, Any]]:
         try:
@@ -139,7 +147,7 @@ class TrustStore:
     def _entry(self, project: ProjectFile) -> dict[str, Any] | None:
         if not project.digest:
             return None
-        if self.path.resolve().is_relative_to(project.folder):
+        if self._resolved().is_relative_to(project.folder):
             log.warning("%s is inside %s: trust is not honoured there", self.path, project.folder)
             return None
         try:
