@@ -3,7 +3,8 @@
 The user's own `hooks.commands` are registered once for every session (builtin_hooks
 `install`). A trusted project's crow.yaml may add commands; they are in its sessions'
 config (`ctx.session.config.hooks.commands`, after the user's) and this hook runs the ones
-that are not the user's, at the phases they name, exactly as a command hook would. An
+that are not the user's, at the phases they name, exactly as a command hook would, after
+the user's hooks (innermost in the onions: the user's see a tool call first). An
 untrusted project's file never reaches a session's config, so its commands never run.
 """
 
@@ -21,6 +22,7 @@ log = logging.getLogger("crow.project_commands")
 
 class ProjectCommandsHook(Hook):
     name = "project_commands"
+    order = 1  # after (inside) every hook of the user's, their command hooks included
 
     def __init__(self, user_commands: list[CommandHookEntry]) -> None:
         self.user_commands = list(user_commands)

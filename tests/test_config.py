@@ -330,3 +330,39 @@ def test_concurrent_trust_commands_all_land(home: Path, tmp_path: Path) -> None:
         p.join(60)
     assert [p.exitcode for p in procs] == [0] * 8
     assert sorted(TrustStore(home).entries()) == sorted(str(f.resolve()) for f in folders)
+
+
+@pytest.mark.anyio
+async def test_project_commands_run_once_and_the_users_are_not_repeated(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from builtin_hooks.project_commands import ProjectCommandsHook
+    from crow.agent import Agent
+    from crow.command_hooks import command_hook
+    from crow.messages import human
+    from tests.llm_server import Reply, ScriptedLLM
+
+    log = tmp_path / "log"
+    mine = {"command": f"echo user >> {log}", "phases": ["before_agent"]}
+    theirs = {"command": f"echo project >> {log}", "phases": ["before_agent"]}
+    path = project(tmp_path / "p", {"hooks": {"commands": [mine, theirs]}})  # lists the user's too
+    TrustStore(home).trust(read_project(path))
+    config = user(home, {"model": "openai:scripted", "hooks": {"commands": [mine]}})
+    with ScriptedLLM(default=Reply(text="ok")) as llm:
+        monkeypatch.setenv("OPENAI_BASE_URL", llm.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "k")
+        agent = Agent(config, builtin_hooks=False)
+        agent.hooks.add(ProjectCommandsHook(config.hooks.commands))  # registered first, as a builtin
+        agent.hooks.add(command_hook(config.hooks.commands[0]), name="command-1")
+        try:
+            inside = agent.create_session(tmp_path / "p")
+            outside = agent.create_session(tmp_path)
+
+            async def ignore(_: object) -> None:
+                return None
+
+            await agent.run_turn(inside, human("hi"), ignore)
+            await agent.run_turn(outside, human("hi"), ignore)
+        finally:
+            await agent.aclose()
+    assert log.read_text().split() == ["user", "project", "user"]
