@@ -24,9 +24,24 @@ from bench.common import (
 G = "startup"
 
 
-async def _one(ctx: Ctx, cmd: list[str], llm: object, *, full: bool) -> dict[str, float]:
+def _trusted_project(ctx: Ctx, env: dict[str, str]) -> str:
+    """A repository whose crow.yaml the user trusted (`crow trust`)."""
+    import subprocess
+    from pathlib import Path
+
+    root = ctx.home("project")
+    (Path(root) / ".git").mkdir()
+    (Path(root) / "crow.yaml").write_text("mode: accept_edits\npermissions:\n  allow: [read_file]\n")
+    subprocess.run([*CROW_CMD, "trust", str(root)], env=env, check=True, capture_output=True)
+    return str(root)
+
+
+async def _one(
+    ctx: Ctx, cmd: list[str], llm: object, *, full: bool, project: bool = False
+) -> dict[str, float]:
     home = ctx.home("home")
     env = agent_env(home, llm)
+    cwd = _trusted_project(ctx, env) if project else str(home)
     t0 = time.perf_counter()
     out: dict[str, float] = {}
     async with spawn(cmd, env, home) as (conn, _proc, client):
@@ -34,7 +49,7 @@ async def _one(ctx: Ctx, cmd: list[str], llm: object, *, full: bool) -> dict[str
         out["init"] = time.perf_counter() - t0
         if full:
             t1 = time.perf_counter()
-            session = await conn.new_session(cwd=str(home), mcp_servers=[])
+            session = await conn.new_session(cwd=cwd, mcp_servers=[])
             out["new"] = time.perf_counter() - t1
             out["to_new"] = time.perf_counter() - t0
             reply = await prompt_text(conn, session.session_id, "hello")
@@ -63,6 +78,8 @@ async def run(ctx: Ctx) -> list[Figure]:
             pair = [(ECHO_CMD, None, False, echo), (CROW_CMD, llm, True, crow)]
             for cmd, model, full, sink in pair if i % 2 else pair[::-1]:
                 sink.append(await _one(ctx, cmd, model, full=full))
+        # session/new in a trusted project: its crow.yaml composed over the user's config
+        projects = [await _one(ctx, CROW_CMD, llm, full=True, project=True) for _ in range(ctx.reps(6, 2))]
     base = median([r["init"] for r in echo])
     return [
         Figure(G, "spawn -> initialize", ms(median([r["init"] for r in crow])), baseline=ms(base),
@@ -70,6 +87,9 @@ async def run(ctx: Ctx) -> list[Figure]:
                samples=n),
         Figure(G, "session/new after initialize", ms(median([r["new"] for r in crow])),
                target="< 10 ms", check=("value", "<", 10), samples=n),
+        Figure(G, "session/new after initialize, in a trusted project", ms(median([r["new"] for r in projects])),
+               baseline=ms(median([r["new"] for r in crow])), baseline_name="no project file",
+               target="< 10 ms", check=("value", "<", 10), samples=len(projects)),
         Figure(G, "session/new on a warm crow (after a prompt)", ms(median([r["new_warm"] for r in crow])),
                target="< 10 ms", check=("value", "<", 10), samples=n),
         Figure(G, "spawn -> session/new", ms(median([r["to_new"] for r in crow])),

@@ -49,4 +49,5 @@ BUILTINS: list[tuple[str, str]] = [
     ("skills", "builtin_hooks.skills:factory"),
     ("memory", "builtin_hooks.memory:factory"),
     ("summarization", "builtin_hooks.summarization:factory"),
+    ("project_commands", "builtin_hooks.project_commands:factory"),  # a trusted crow.yaml's commands
 ]

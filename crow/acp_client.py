@@ -7,6 +7,7 @@ Each capability is used only when the client advertised it in `initialize`.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,22 @@ class AcpSessionClient:
                 return chosen if any(o.option_id == chosen for o in offered) else None
         log.info("%s unanswered after %.0f s: rejected", what, timeout)
         return None
+
+    async def ask_choice(
+        self, title: str, text: str, options: list[tuple[str, str]], *, timeout: float = 600.0
+    ) -> str | None:
+        """A question that is not a tool call (e.g. trusting a folder), through
+        session/request_permission. `options` are (kind, label) pairs; returns the chosen
+        kind, or None (cancelled, failed or unanswered)."""
+        update = ToolCallUpdate(
+            tool_call_id=f"crow-question-{uuid.uuid4().hex[:12]}",
+            title=title,
+            kind="other",
+            status="pending",
+            content=[tool_content(text_block(text))],
+        )
+        offered = [PermissionOption(option_id=kind, name=name, kind=kind) for kind, name in options]
+        return await self._request(update, offered, f"question {title!r}", timeout)
 
     async def read_text(self, path: Path) -> str:
         try:

@@ -155,7 +155,7 @@ class AcpServer:
             session.client = AcpSessionClient(self.conn, session.id, self.client_capabilities, session.cwd)
 
     def _options(self, session: Session) -> list[Any]:
-        return acp_sessions.config_options(session, self.agent.config.model_choices())
+        return acp_sessions.config_options(session, (session.config or self.agent.config).model_choices())
 
     async def _restore(self, session_id: str, cwd: str | None, mcp_servers: list[Any] | None) -> Session:
         try:
@@ -250,7 +250,8 @@ class AcpServer:
         if config_id == "mode":
             await self._set_mode(session, str(value))
         elif config_id == "model":
-            choices = acp_sessions.model_choices(self.agent.config.model_choices(), session)
+            config = session.config or self.agent.config
+            choices = acp_sessions.model_choices(config.model_choices(), session)
             if value not in choices:
                 raise RequestError.invalid_params({"value": f"unknown model {value!r}; one of {choices}"})
             await self.agent.session_ready(session)
@@ -298,6 +299,10 @@ class AcpServer:
                     return PromptResponse(stop_reason="end_turn")
                 if not session.title:
                     await self._set_title(session, message.content)
+                # A project's crow.yaml is asked about here, before the first turn (not at
+                # session/new: clients drop requests that precede its answer).
+                if await self.agent.settle_project(session, lambda e: self._emit(session, e)):
+                    await self._emit(session, ModeChanged(session.mode))  # and the config options
                 result = await self.agent.run_turn(session, message, lambda e: self._emit(session, e))
         finally:
             self._running.pop(session_id, None)

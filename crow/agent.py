@@ -26,6 +26,7 @@ from crow.llm.base import Provider
 from crow.messages import Message, Messages, close_dangling_tool_calls
 from crow.session import Session
 from crow.tools import ServerSpec, ToolHub, function_server, import_mcp
+from crow.trust import CONFIG_ERROR, PROJECT, ProjectConfigs, SessionProject, settle
 
 if TYPE_CHECKING:
     from crow.loop import LoopSettings, TurnResult
@@ -47,6 +48,7 @@ class Agent:
         store: Any = None,
     ) -> None:
         self.config = config if config is not None else load_config()
+        self.projects = ProjectConfigs(self.config)
         self.hooks = HookRegistry()
         self.sessions: dict[str, Session] = {}
         self._functions: list[tuple[Callable[..., Any], bool]] = []
@@ -139,20 +141,25 @@ class Agent:
     def model_ref(self, session: Session | None = None) -> str | None:
         if session is not None and session.model:
             return session.model
-        return self.config.model
+        return (session.config if session is not None and session.config else self.config).model
 
-    def provider_for(self, ref: str | None) -> Provider | None:
+    def provider_for(self, ref: str | None, config: Config | None = None) -> Provider | None:
+        """The provider for `ref` as `config` (a session's; default the user's) defines it."""
         if self._provider is not None:
             return self._provider
         if not ref:
             return None
-        if ref not in self._providers:
+        config = config or self.config
+        key = ref
+        if config is not self.config:  # a project's providers: its own provider objects
+            key += " " + config.model_dump_json(include={"providers", "model_settings"})
+        if key not in self._providers:
             from crow.llm.registry import create_provider
 
-            self._providers[ref] = create_provider(
-                ref, providers=self.config.providers_settings(), models=self.config.models_settings()
+            self._providers[key] = create_provider(
+                ref, providers=config.providers_settings(), models=config.models_settings()
             )
-        return self._providers[ref]
+        return self._providers[key]
 
     # ------------------------------------------------------------ sessions
     def create_session(
@@ -162,13 +169,15 @@ class Agent:
         path = Path(cwd)
         if not path.is_absolute():
             raise SessionError(f"cwd must be an absolute path, got {str(cwd)!r}")
+        project = self.session_config(path)
         session = Session(
             id=session_id or uuid.uuid4().hex,
             cwd=path,
-            mode=self.config.mode,
-            model=self.config.model or "",
-            config=self.config,
+            mode=project.config.mode,
+            model=project.config.model or "",
+            config=project.config,
         )
+        session.state[PROJECT] = project
         self.sessions[session.id] = session
         self._session_ready[session.id] = asyncio.create_task(
             self._prepare(session, list(mcp_servers), new=True), name=f"crow.session:{session.id}"
@@ -248,17 +257,20 @@ class Agent:
         else:
             stored = await self._store.load_context(session_id)
         repaired = close_dangling_tool_calls(stored)
+        path = Path(cwd or record.cwd)
+        project = self.session_config(path)
         session = Session(
             id=session_id,
-            cwd=Path(cwd or record.cwd),
-            mode=record.mode or self.config.mode,
+            cwd=path,
+            mode=record.mode or project.config.mode,
             model=record.model or "",
             title=record.title or "",
             todos=list(record.todos or []),
             files=dict(record.files or {}),
             messages=Messages(stored),
-            config=self.config,
+            config=project.config,
         )
+        session.state[PROJECT] = project
         if prepare is not None:
             prepare(session)
         session.store = self._store
@@ -293,7 +305,7 @@ class Agent:
         """Compact a session through the one CompactService."""
         await self.session_ready(session)
         self._ensure_compactor()
-        provider = self.provider_for(self.model_ref(session))
+        provider = self.provider_for(self.model_ref(session), session.config)
         if provider is None:
             raise ConfigError(NO_MODEL_MESSAGE)
         return await self.compactor.compact(session, provider, instructions=instructions, emit=emit)
@@ -320,11 +332,24 @@ class Agent:
         if session is not None and session.tools is not None:
             await session.tools.aclose()
 
+    # ------------------------------------------------------------ project config
+    def session_config(self, cwd: Path) -> SessionProject:
+        """The configuration for a session in `cwd`: the user's, with the nearest crow.yaml
+        merged over it if the user trusts it (cached per project file; a few stats)."""
+        if not cwd.is_absolute():
+            raise SessionError(f"cwd must be an absolute path, got {str(cwd)!r}")
+        return self.projects.for_cwd(cwd)
+
+    async def settle_project(self, session: Session, emit: Emit) -> bool:
+        """Before a session's first turn: an untrusted crow.yaml is asked about (when the
+        front end can ask) or reported once. Returns True when the session's config changed."""
+        return await settle(self.projects, session, emit, self.session_ready)
+
     # ------------------------------------------------------------ turns
     def loop_settings(self, session: Session) -> LoopSettings:
         from crow.loop import LoopSettings
 
-        c = self.config
+        c = session.config or self.config
         return LoopSettings(
             system_prompt=c.system_prompt.replace("{cwd}", str(session.cwd)),
             max_iterations=c.max_iterations,
@@ -334,13 +359,17 @@ class Agent:
         )
 
     async def run_turn(self, session: Session, prompt: Message, emit: Emit) -> TurnResult:
+        await self.settle_project(session, emit)
         await self.session_ready(session)
         if session.tools is not None and session.tools.failures:
             for failure in session.tools.failures:  # told once, at the first prompt
                 await emit(Notice(failure))
             session.tools.failures.clear()
+        config_error = session.state.get(CONFIG_ERROR)
         try:
-            provider = self.provider_for(self.model_ref(session))
+            if config_error:  # a trusted crow.yaml that is invalid: no request is sent
+                raise ConfigError(config_error)
+            provider = self.provider_for(self.model_ref(session), session.config)
         except ConfigError as exc:
             provider, no_model = None, str(exc)
         else:

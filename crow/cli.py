@@ -5,6 +5,8 @@
     crow mcp filesystem|todos run a builtin MCP server over stdio
     crow sessions ...         list / show / delete / export stored sessions
     crow compact SESSION_ID   compact a stored session
+    crow trust [DIR]          apply DIR's crow.yaml (as it is now) to sessions there
+    crow untrust [DIR]        stop applying it; `crow trust --list` shows what is trusted
 
 Only argparse and logging are imported before the command is known: the ACP path must
 answer `initialize` fast.
@@ -34,7 +36,7 @@ def _setup_logging(level: str | None, log_file: str | None) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="crow", description="ACP coding-agent server")
-    p.add_argument("--config", help="YAML config file (default: ./crow.yaml or ~/.crow/config.yaml)")
+    p.add_argument("--config", help="your YAML config file (default: $CROW_HOME/config.yaml)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default; or CROW_LOG_LEVEL)")
     p.add_argument("--log-file", help="write logs here instead of stderr")
     sub = p.add_subparsers(dest="command")
@@ -54,6 +56,11 @@ def _parser() -> argparse.ArgumentParser:
     compact = sub.add_parser("compact", help="compact a stored session")
     compact.add_argument("session_id")
     compact.add_argument("instructions", nargs="*")
+    trust = sub.add_parser("trust", help="trust a project's crow.yaml (found from DIR up to the repo root)")
+    trust.add_argument("dir", nargs="?", default=os.getcwd())
+    trust.add_argument("--list", action="store_true", help="list the trusted project folders")
+    untrust = sub.add_parser("untrust", help="stop trusting a project's crow.yaml")
+    untrust.add_argument("dir", nargs="?", default=os.getcwd())
     return p
 
 
@@ -79,6 +86,8 @@ def main(argv: list[str] | None = None) -> None:
         elif command == "run":
             args.cwd = os.path.abspath(args.cwd)
             sys.exit(asyncio.run(_run(args)))
+        elif command in ("trust", "untrust"):
+            sys.exit(_trust(args))
         else:
             from crow import cli_sessions
 
@@ -96,6 +105,42 @@ async def _serve(config_path: str | None) -> None:
     from crow.config import load_config
 
     await serve(Agent(load_config(config_path)))
+
+
+def _trust(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from crow.config import compose, find_project_file, load_config
+    from crow.trust import TrustStore, describe, read_project
+
+    user = load_config(args.config)
+    store = TrustStore(user.home)
+    if getattr(args, "list", False):
+        for folder, entry in sorted(store.entries().items()):
+            print(f"{folder}\t{entry.get('file', 'crow.yaml')} sha256:{str(entry.get('sha256'))[:12]}")
+        return 0
+    start = Path(args.dir).expanduser().absolute()
+    if not start.is_dir():
+        print(f"crow: {start} is not a folder", file=sys.stderr)
+        return 2
+    found = find_project_file(start)
+    if args.command == "untrust":
+        folders = {start.resolve(), *([found.resolve().parent] if found else [])}
+        removed = [f for f in folders if store.untrust(f)]
+        print(f"untrusted {', '.join(map(str, removed))}" if removed else f"{start} was not trusted")
+        return 0
+    if found is None:
+        print(f"crow: no crow.yaml in {start} or above it (up to the repository root)", file=sys.stderr)
+        return 2
+    project = read_project(found)
+    if project.problem:
+        print(f"crow: {project.problem}", file=sys.stderr)
+        return 2
+    compose(user, project.data, project.path)  # an invalid file is refused now, not at a prompt
+    store.trust(project)
+    print(f"trusted {project.path} as it is now: it {describe(project.data)}")
+    print("a change to the file must be trusted again", file=sys.stderr)
+    return 0
 
 
 def _run_mcp(server: str, rest: list[str]) -> None:
@@ -116,12 +161,11 @@ async def _run(args: argparse.Namespace) -> int:
     from crow.events import Event, ModeChanged, Notice, TextDelta, ToolCallEnd, ToolCallStart
     from crow.messages import human
 
-    config = load_config(args.config)
-    if args.model:
-        config.model = args.model
+    # Flags are the top layer: a project's crow.yaml cannot override them.
+    overrides: dict[str, Any] = {"model": args.model} if args.model else {}
     if args.yolo:
-        config.mode = "yolo"
-    agent = Agent(config)
+        overrides["mode"] = "yolo"
+    agent = Agent(load_config(args.config, overrides=overrides))
     agent.warm_up()
     wrote_text = False
 

@@ -1,9 +1,11 @@
-"""Configuration: defaults < YAML file < environment.
+"""Configuration: defaults < the user's file < a trusted project's crow.yaml < environment.
 
-The file is the first of `--config PATH`, `./crow.yaml`, `$CROW_HOME/config.yaml`
-(`CROW_HOME` defaults to `~/.crow`). Environment overrides: `CROW_MODEL`, `CROW_HOME`,
-`CROW_TRACE`, `CROW_MODE`, `CROW_SANDBOX`. Provider keys and base URLs come from the
-provider's own variables (`OPENAI_API_KEY`, `OPENAI_BASE_URL`, `ANTHROPIC_API_KEY`, ...).
+The user's file is `--config PATH` or `$CROW_HOME/config.yaml` (`CROW_HOME` defaults to
+`~/.crow`). A project's `crow.yaml` is the nearest one from a session's cwd up to the
+repository root; it applies to that session only, merged key by key over the user's file,
+and only when the user trusts it (crow/trust.py). Environment overrides: `CROW_MODEL`,
+`CROW_HOME`, `CROW_TRACE`, `CROW_MODE`, `CROW_SANDBOX`. Provider keys and base URLs come
+from the provider's own variables (`OPENAI_API_KEY`, `OPENAI_BASE_URL`, `ANTHROPIC_API_KEY`, ...).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from crow.errors import ConfigError
 
@@ -36,6 +38,8 @@ class ProviderEntry(_Model):
     read_timeout: float | None = None
     max_retries: int | None = None
     headers: dict[str, str] = Field(default_factory=dict)
+    # User config only: a trusted project's crow.yaml may point this provider elsewhere.
+    allow_project_base_url: bool = False
 
 
 class ModelEntry(_Model):
@@ -119,6 +123,8 @@ class Config(_Model):
     hooks: HooksConfig = Field(default_factory=HooksConfig)
     tools: list[str] = Field(default_factory=list)  # "module:function" served as tools
     home: Path = Field(default_factory=lambda: Path("~/.crow").expanduser())
+    # The environment and command-line layer, re-applied over a project's file.
+    _top: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     @field_validator("sandbox", mode="before")
     @classmethod
@@ -134,7 +140,7 @@ class Config(_Model):
         from crow.llm.registry import ProviderSettings
 
         return {
-            name: ProviderSettings(**entry.model_dump(exclude_unset=True))
+            name: ProviderSettings(**entry.model_dump(exclude_unset=True, exclude={"allow_project_base_url"}))
             for name, entry in self.providers.items()
         }
 
@@ -151,54 +157,231 @@ class Config(_Model):
         return list(dict.fromkeys([*seen, *self.models]))
 
 
-def find_config_file(explicit: str | None, cwd: Path, home: Path) -> Path | None:
+# Keys a project's crow.yaml may not set, and why (the message names the reason).
+PROJECT_FORBIDDEN: dict[str, str] = {
+    "home": "crow's own folder (store, trust) is the user's choice",
+    "trace": "the trace file is written in the user's space",
+    "tools": "Python tools load into crow's process for every session",
+    "hooks.extra": "Python hooks load into crow's process for every session",
+    "hooks.entry_points": "installed hooks are the user's choice",
+    "hooks.disable": "builtin hooks are shared by every session of this crow process",
+}
+# Lists that a project extends rather than replaces: it may add rules, never drop the user's.
+ADDITIVE_LISTS = {
+    ("permissions", "allow"),
+    ("permissions", "ask"),
+    ("permissions", "deny"),
+    ("environment", "exclude"),
+    ("hooks", "commands"),  # a project's commands run after the user's (builtin_hooks/project_commands)
+}
+PROJECT_FILE = "crow.yaml"
+
+
+def merge(base: Mapping[str, Any], over: Mapping[str, Any], path: tuple[str, ...] = ()) -> dict[str, Any]:
+    """`over` merged key by key into `base`: mappings merge deeply, lists replace (except
+    ADDITIVE_LISTS, which append), anything else is replaced. Neither input is changed."""
+    out = dict(base)
+    for key, value in over.items():
+        where = (*path, key)
+        old = out.get(key)
+        if isinstance(old, Mapping) and isinstance(value, Mapping):
+            out[key] = merge(old, value, where)
+        elif where in ADDITIVE_LISTS and isinstance(old, list) and isinstance(value, list):
+            out[key] = [*old, *(v for v in value if v not in old)]
+        else:
+            out[key] = value
+    return out
+
+
+def read_yaml(path: Path, raw: bytes | None = None) -> dict[str, Any]:
+    """`path` (or its bytes already read, `raw`) as a YAML mapping."""
+    import yaml
+
+    try:
+        text = raw.decode("utf-8") if raw is not None else path.read_text(encoding="utf-8")
+        loaded = yaml.safe_load(text) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return loaded
+
+
+def find_config_file(explicit: str | None, home: Path) -> Path | None:
+    """The user's config: `--config PATH`, else `$CROW_HOME/config.yaml` if it exists."""
     if explicit:
         path = Path(explicit).expanduser()
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
         return path
-    for candidate in (cwd / "crow.yaml", home / "config.yaml"):
+    candidate = home / "config.yaml"
+    return candidate if candidate.is_file() else None
+
+
+def find_project_file(cwd: Path, stop: Path | None = None) -> Path | None:
+    """The nearest crow.yaml from `cwd` up to the repository root (the nearest folder with
+    `.git`), else up to the user's home or `/`. Only the nearest applies: files higher up
+    are not merged, so what a folder gets is one file the user can read and trust."""
+    stop = stop if stop is not None else Path.home()
+    folder = cwd
+    while True:
+        candidate = folder / PROJECT_FILE
         if candidate.is_file():
             return candidate
-    return None
+        if folder == stop or folder.parent == folder or (folder / ".git").exists():
+            return None
+        folder = folder.parent
+
+
+def _env_layer(env: Mapping[str, str]) -> dict[str, Any]:
+    return {
+        key: env[var]
+        for var, key in (
+            ("CROW_MODEL", "model"),
+            ("CROW_TRACE", "trace"),
+            ("CROW_MODE", "mode"),
+            ("CROW_SANDBOX", "sandbox"),
+        )
+        if env.get(var)
+    }
+
+
+def _validate(data: Mapping[str, Any], where: str) -> Config:
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid configuration{where}: {exc}") from exc
+    unknown = sorted(set(config.hooks.disable) - set(builtin_hook_names()))
+    if unknown:  # an installed hook may be switched off by its entry-point name too
+        unknown = sorted(set(unknown) - _entry_point_hook_names())
+    if unknown:
+        raise ConfigError(
+            f"invalid configuration{where}: hooks.disable names unknown hook(s) "
+            f"{', '.join(map(repr, unknown))}; the builtin hooks are {', '.join(builtin_hook_names())}"
+        )
+    return config
+
+
+def builtin_hook_names() -> list[str]:
+    from builtin_hooks import BUILTINS  # a light module: the hooks themselves load at install
+
+    return [name for name, _ in BUILTINS]
+
+
+def _entry_point_hook_names() -> set[str]:
+    from importlib.metadata import entry_points
+
+    installed = entry_points()
+    groups = [g for g in installed.groups if g == "crow.hooks" or g.startswith("crow.hooks.")]
+    return {ep.name for g in groups for ep in installed.select(group=g)}
 
 
 def load_config(
-    explicit: str | None = None, *, env: Mapping[str, str] | None = None, cwd: Path | None = None
+    explicit: str | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> Config:
+    """The user's configuration: defaults < `--config PATH` or `$CROW_HOME/config.yaml` <
+    environment < `overrides` (command-line flags). A project's crow.yaml is not read here:
+    it is merged per session, for that session's cwd, by `compose` (and only if trusted)."""
     env = os.environ if env is None else env
     home = Path(env.get("CROW_HOME") or "~/.crow").expanduser()
-    data: dict[str, Any] = {}
-    path = find_config_file(explicit, cwd or Path.cwd(), home)
-    if path is not None:
-        import yaml
-
-        try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"cannot read {path}: {exc}") from exc
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: expected a mapping at the top level")
-        data.update(loaded)
+    path = find_config_file(explicit, home)
+    data: dict[str, Any] = read_yaml(path) if path is not None else {}
     data["home"] = home
-    for var, key in (
-        ("CROW_MODEL", "model"),
-        ("CROW_TRACE", "trace"),
-        ("CROW_MODE", "mode"),
-        ("CROW_SANDBOX", "sandbox"),
-    ):
-        if env.get(var):
-            data[key] = env[var]
-    try:
-        return Config.model_validate(data)
-    except ValidationError as exc:
-        where = f" in {path}" if path else ""
-        raise ConfigError(f"invalid configuration{where}: {exc}") from exc
+    top = {**_env_layer(env), **(overrides or {})}
+    config = _validate({**data, **top}, f" in {path}" if path else "")
+    config._top = top
+    return config
+
+
+def compose(user: Config, project: Mapping[str, Any], path: Path) -> Config:
+    """`project` (a trusted crow.yaml's data) merged key by key over the user's config,
+    then the environment and flags again: the project never replaces the user's file."""
+    where = f" in {path}"
+    for dotted, why in PROJECT_FORBIDDEN.items():
+        head, _, tail = dotted.partition(".")
+        value = project.get(head)
+        if tail and isinstance(value, Mapping):
+            value = value.get(tail)
+        if value is not None:
+            raise ConfigError(
+                f"invalid configuration{where}: {dotted} cannot be set by a project's {PROJECT_FILE} "
+                f"({why}); set it in your own config ({user.home / 'config.yaml'}) instead"
+            )
+    check_credentials(user, project, where)
+    _check_commands(project, where)
+    base = user.model_dump(exclude_unset=True)
+    config = _validate({**merge(base, project), **user._top, "home": user.home}, where)
+    config._top = user._top
+    return config
+
+
+def _check_commands(project: Mapping[str, Any], where: str) -> None:
+    """A project's command hooks are checked here, not at their first phase."""
+    hooks = project.get("hooks")
+    commands = hooks.get("commands") if isinstance(hooks, Mapping) else None
+    if not isinstance(commands, list):
+        return  # absent, or the schema check reports it
+    from crow.command_hooks import command_hook
+    from crow.errors import HookError
+
+    for i, entry in enumerate(commands):
+        try:
+            command_hook(CommandHookEntry.model_validate(entry))
+        except (ValidationError, HookError) as exc:
+            raise ConfigError(f"invalid configuration{where}: hooks.commands[{i}]: {exc}") from exc
+
+
+def check_credentials(user: Config, project: Mapping[str, Any], where: str) -> None:
+    """A project may not send the user's key somewhere else: a provider whose `base_url` or
+    `headers` the project sets must get its key from the project too (`api_key`, or an
+    `api_key_env` that is not a key variable of any builtin or user provider), unless the
+    user's own config says `allow_project_base_url: true` for that provider."""
+    providers = project.get("providers")
+    if not isinstance(providers, Mapping):
+        return
+    from crow.llm.registry import BUILTIN_PROVIDERS
+
+    user_keys = {p.api_key_env for p in BUILTIN_PROVIDERS.values()}
+    user_keys |= {e.api_key_env for e in user.providers.values() if e.api_key_env}
+    user_keys |= {f"{n.upper().replace('-', '_')}_API_KEY" for n in [*BUILTIN_PROVIDERS, *user.providers]}
+    for name, entry in providers.items():
+        if not isinstance(entry, Mapping):
+            continue  # the schema check reports it
+        if "allow_project_base_url" in entry:
+            raise ConfigError(
+                f"invalid configuration{where}: providers.{name}.allow_project_base_url can only be "
+                "set in the user's own config"
+            )
+        mine = user.providers.get(name)
+        builtin = BUILTIN_PROVIDERS.get(name)
+        its_own = {f"{name.upper().replace('-', '_')}_API_KEY"}
+        its_own |= {p.api_key_env for p in (builtin, mine) if p is not None and p.api_key_env}
+        key_env = entry.get("api_key_env")
+        if key_env and key_env in user_keys and key_env not in its_own:
+            raise ConfigError(
+                f"invalid configuration{where}: providers.{name}.api_key_env names {key_env}, the key "
+                f"of another provider: a project may not send one provider's key to another"
+            )
+        redirects = [k for k in ("base_url", "headers") if entry.get(k)]
+        if not redirects:
+            continue
+        own_key = entry.get("api_key") or (entry.get("api_key_env") and entry["api_key_env"] not in user_keys)
+        if own_key or (mine is not None and mine.allow_project_base_url):
+            continue
+        raise ConfigError(
+            f"invalid configuration{where}: providers.{name} sets {' and '.join(redirects)}, but its "
+            "API key would come from your environment or config; a project may redirect a provider "
+            "only with a key it names itself (api_key_env: A_VARIABLE_FOR_THIS_PROJECT), or if your "
+            f"own config sets providers.{name}.allow_project_base_url: true. No request was sent."
+        )
 
 
 NO_MODEL_MESSAGE = (
     "No model is configured. Set CROW_MODEL=provider:model (for example "
     "`openai:gpt-4.1-mini` with OPENAI_API_KEY, `anthropic:claude-sonnet-4-5` with "
     "ANTHROPIC_API_KEY, or `ollama:qwen3:8b` for a local Ollama), or put `model:` in "
-    "crow.yaml or ~/.crow/config.yaml."
+    "~/.crow/config.yaml (or a trusted project's crow.yaml)."
 )

@@ -158,10 +158,14 @@ class RecordingClient:
 
 @contextlib.asynccontextmanager
 async def spawn_crow(
-    env: dict[str, str], *args: str, client: RecordingClient | None = None, stderr_path: Path | None = None
+    env: dict[str, str],
+    *args: str,
+    client: RecordingClient | None = None,
+    stderr_path: Path | None = None,
+    cwd: Path | None = None,
 ) -> AsyncIterator[tuple[Any, Any, RecordingClient]]:
-    """Spawn `python -m crow` and connect an ACP client to it. stderr goes to a file so a
-    chatty agent can never block on a full pipe."""
+    """Spawn `python -m crow` (in `cwd`, default this process's) and connect an ACP client
+    to it. stderr goes to a file so a chatty agent can never block on a full pipe."""
     import acp
 
     client = client or RecordingClient()
@@ -169,7 +173,7 @@ async def spawn_crow(
     err_path.parent.mkdir(parents=True, exist_ok=True)
     with open(err_path, "ab") as err:
         async with acp.spawn_agent_process(
-            client, *CROW, *args, env=env, transport_kwargs={"stderr": err}
+            client, *CROW, *args, env=env, cwd=cwd, transport_kwargs={"stderr": err}
         ) as (conn, proc):
             yield conn, proc, client
 
