@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from crow.events import (
     ToolCallStart,
     UsageUpdated,
 )
-from crow.messages import Image, Message
+from crow.messages import Image, Message, valid_text
 from crow.tools import ServerSpec
 
 log = logging.getLogger("crow.acp")
@@ -74,8 +76,48 @@ def server_specs(servers: list[Any] | None) -> list[ServerSpec]:
     return specs
 
 
+# What every provider crow speaks accepts (OpenAI, Anthropic): anything else is refused at
+# the edge, because a stored image is re-sent with every later request of the session.
+IMAGE_TYPES: dict[str, tuple[bytes, ...]] = {  # mime type -> the file's possible first bytes
+    "image/png": (b"\x89PNG\r\n\x1a\n",),
+    "image/jpeg": (b"\xff\xd8\xff",),
+    "image/gif": (b"GIF87a", b"GIF89a"),
+    "image/webp": (b"RIFF",),  # and "WEBP" at offset 8
+}
+MAX_IMAGE_BASE64 = 5 * 1024 * 1024  # Anthropic's limit per image, on the base64 text
+MAX_IMAGES = 20  # per prompt
+
+
+def prompt_image(number: int, mime_type: str, data: str) -> Image:
+    """A client's image block, checked: a supported type, strict base64 (whitespace
+    dropped), content that matches the type, within the size limit. Raises -32602."""
+
+    def refuse(problem: str) -> RequestError:
+        detail = f"image {number}: {problem}"
+        return RequestError(-32602, f"Invalid params: {detail}", {"prompt": detail})
+
+    mime = mime_type.strip().lower()
+    if mime not in IMAGE_TYPES:
+        supported = ", ".join(IMAGE_TYPES)
+        raise refuse(f"unsupported type {mime_type[:60]!r}; supported: {supported}")
+    text = "".join(data.split())
+    if len(text) > MAX_IMAGE_BASE64:
+        raise refuse(f"{len(text):,} bytes of base64, over the limit of {MAX_IMAGE_BASE64:,}")
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise refuse(f"data is not valid base64 ({exc})") from exc
+    if not raw:
+        raise refuse("data is empty")
+    webp = mime != "image/webp" or raw[8:12] == b"WEBP"
+    if not raw.startswith(IMAGE_TYPES[mime]) or not webp:
+        raise refuse(f"data is not a {mime} image (it starts with {raw[:8]!r})")
+    return Image(mime, text)
+
+
 def prompt_message(blocks: list[Any]) -> Message:
-    """ACP content blocks -> one user message."""
+    """ACP content blocks -> one user message. Images are checked (`prompt_image`) and
+    text is made valid Unicode: what a client sends is stored and re-sent every turn."""
     texts: list[str] = []
     images: list[Image] = []
     for block in blocks:
@@ -83,7 +125,9 @@ def prompt_message(blocks: list[Any]) -> Message:
         if kind == "text":
             texts.append(block.text)
         elif kind == "image":
-            images.append(Image(block.mime_type, block.data))
+            if len(images) == MAX_IMAGES:
+                raise RequestError.invalid_params({"prompt": f"more than {MAX_IMAGES} images in one prompt"})
+            images.append(prompt_image(len(images) + 1, block.mime_type, block.data))
         elif kind == "resource_link":
             texts.append(f"[@{block.name}]({block.uri})")
         elif kind == "resource":
@@ -94,7 +138,7 @@ def prompt_message(blocks: list[Any]) -> Message:
                 texts.append(f"[attached binary resource {res.uri}]")
         elif kind == "audio":
             texts.append("[audio attachment: not supported]")
-    text = "\n".join(texts).strip()
+    text = valid_text("\n".join(texts).strip())
     if not text and not images:
         raise RequestError.invalid_params({"prompt": "the prompt is empty"})
     return Message("user", text, images=tuple(images))

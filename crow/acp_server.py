@@ -54,7 +54,7 @@ from crow.events import (
     Notice,
     ToolCallEnd,
 )
-from crow.messages import Message
+from crow.messages import Message, valid_value
 from crow.session import Session
 
 log = logging.getLogger("crow.acp")
@@ -77,7 +77,11 @@ def notification_params(session_id: str, update: Any) -> bytes:
     """`session/update` params as the SDK serializes them (by alias, without None or default
     values), written by the update's own serializer in pydantic's Rust core: no
     `SessionNotification` (a union of every update kind) is built or checked per chunk."""
-    body = update.model_dump_json(by_alias=True, exclude_none=True, exclude_defaults=True)
+    options: dict[str, Any] = {"by_alias": True, "exclude_none": True, "exclude_defaults": True}
+    try:
+        body = update.model_dump_json(**options)
+    except ValueError:  # text that is not valid Unicode (a lone surrogate): sent with U+FFFD
+        body = json.dumps(valid_value(update.model_dump(mode="json", **options)), ensure_ascii=False)
     return b'{"sessionId":' + json.dumps(session_id).encode() + b',"update":' + body.encode() + b"}"
 
 

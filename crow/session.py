@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from crow.llm.base import ModelRequest, Usage
-from crow.messages import Message, Messages
+from crow.messages import Message, Messages, valid_value
 
 if TYPE_CHECKING:
     from crow.config import Config
@@ -63,7 +63,10 @@ class Session:
         return self.last_usage.context_tokens + tail.estimate_tokens()
 
     async def add(self, *messages: Message, in_context: bool = True) -> None:
-        """Append and persist at once: every message is durable when it is produced."""
+        """Append and persist at once: every message is durable when it is produced. Text is
+        made valid Unicode first (`Message.valid`): a lone surrogate from a model, a tool or
+        a hook must not make every later store write and model request fail."""
+        messages = tuple(m.valid() for m in messages)
         if in_context:
             self.messages.extend(messages)
         if self.store is not None:
@@ -71,13 +74,14 @@ class Session:
 
     async def set_messages(self, messages: Sequence[Message]) -> None:
         """Rewrite the model context (compaction, replace); the transcript is untouched."""
-        self.messages = Messages(messages)
+        self.messages = Messages(m.valid() for m in messages)
         self.last_usage, self.usage_covers = None, 0
         if self.store is not None:
-            await self.store.set_context(self.id, list(messages))
+            await self.store.set_context(self.id, list(self.messages))
 
     async def save(self, **fields: Any) -> None:
         """Persist metadata fields (todos, files, title, mode, model) that changed."""
+        fields = {key: valid_value(value) for key, value in fields.items()}
         for key, value in fields.items():
             setattr(self, key, value)
         if self.store is not None:

@@ -1,0 +1,137 @@
+"""End to end: sessions that stay usable. Bad content from a client (an invalid image, a
+lone surrogate) is refused or repaired at the edge, and text that is not valid Unicode from
+the model or a tool never reaches the store or the wire: the next prompt still works."""
+
+from __future__ import annotations
+
+import base64
+import os
+from pathlib import Path
+
+import acp
+import pytest
+from acp import RequestError
+
+from tests.conftest import crow_env, spawn_crow
+from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
+
+pytestmark = pytest.mark.anyio
+
+PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 32).decode()
+JPEG = base64.b64encode(b"\xff\xd8\xff\xe0" + b"\0" * 32).decode()
+
+
+async def open_session(conn, workspace: Path) -> str:  # type: ignore[no-untyped-def]
+    await conn.initialize(protocol_version=1)
+    return (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+
+
+def image_parts(request) -> list[dict]:  # type: ignore[no-untyped-def]
+    return [
+        part
+        for m in request.body["messages"]
+        if isinstance(m.get("content"), list)
+        for part in m["content"]
+        if part.get("type") == "image_url"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("mime", "data", "problem"),
+    [
+        ("image/png", "!!!not base64!!!", "not valid base64"),
+        ("image/png", PNG[:-2] + "=", "not valid base64"),  # bad padding
+        ("image/svg+xml", PNG, "unsupported type 'image/svg+xml'"),
+        ("image/png", JPEG, "is not a image/png image"),
+        ("image/png", "", "data is empty"),
+        ("image/png", "A" * (5 * 1024 * 1024 + 4), "over the limit"),
+    ],
+)
+async def test_an_invalid_image_is_refused_and_the_session_goes_on(
+    llm: ScriptedLLM, home: Path, workspace: Path, mime: str, data: str, problem: str
+) -> None:
+    llm.push(Reply(text="fine"))
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, _client):
+        sid = await open_session(conn, workspace)
+        with pytest.raises(RequestError) as refused:
+            await conn.prompt(session_id=sid, prompt=[acp.text_block("look"), acp.image_block(data, mime)])
+        assert refused.value.code == -32602
+        assert problem in str(refused.value), str(refused.value)
+        assert "image 1" in str(refused.value)
+        response = await conn.prompt(session_id=sid, prompt=[acp.text_block("hello")])
+    assert response.stop_reason == "end_turn" and response.field_meta is None
+    assert len(llm.requests) == 1, "the refused prompt never reached the model"
+    sent = llm.requests[0]
+    assert image_parts(sent) == [], "nothing of the refused prompt was stored"
+    assert [m["content"] for m in sent.messages if m["role"] == "user"] == ["hello"]
+
+
+async def test_a_valid_image_reaches_the_model(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
+    llm.push(Reply(text="a picture"))
+    wrapped = "\n".join(PNG[i : i + 16] for i in range(0, len(PNG), 16))  # MIME-style lines
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, _client):
+        sid = await open_session(conn, workspace)
+        response = await conn.prompt(
+            session_id=sid, prompt=[acp.text_block("look"), acp.image_block(wrapped, "image/png")]
+        )
+    assert response.stop_reason == "end_turn"
+    assert image_parts(llm.requests[0]) == [
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}
+    ]
+
+
+async def test_a_lone_surrogate_from_the_model_does_not_poison_the_session(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    # Half an emoji in the text, the thinking and a tool call's arguments, as JSON escapes.
+    llm.push(
+        Reply(
+            text="smile \ud83d ok",
+            reasoning="think \udfff",
+            tool_calls=[
+                ToolCallSpec("write_todos", {"todos": [{"id": "1", "title": "t\ud800", "status": "pending"}]})
+            ],
+            chunk_size=3,
+        ),
+        Reply(text="after \ud83d tools"),
+        Reply(text="second answer"),
+    )
+    env = crow_env(llm, home, CROW_MODE="yolo")
+    async with spawn_crow(env) as (conn, _proc, client):
+        sid = await open_session(conn, workspace)
+        first = await conn.prompt(session_id=sid, prompt=[acp.text_block("hi \ud800 there")])
+        assert first.stop_reason == "end_turn" and first.field_meta is None, first
+        assert client.text() == "smile \ufffd okafter \ufffd tools"
+        second = await conn.prompt(session_id=sid, prompt=[acp.text_block("again")])
+        assert second.stop_reason == "end_turn" and second.field_meta is None, second
+    sent = llm.requests[-1].messages
+    assert [m["content"] for m in sent if m["role"] == "user"] == ["hi \ufffd there", "again"]
+    assistant = [m for m in sent if m["role"] == "assistant"]
+    assert assistant[0]["content"] == "smile \ufffd ok"
+    assert assistant[0]["tool_calls"][0]["arguments"]["todos"][0]["title"] == "t\ufffd"
+    assert assistant[1]["content"] == "after \ufffd tools"
+    async with spawn_crow(env) as (conn, _proc, client):
+        await conn.initialize(protocol_version=1)
+        await conn.load_session(cwd=str(workspace), session_id=sid, mcp_servers=[])
+        assert client.text() == "smile \ufffd okafter \ufffd toolssecond answer"
+        thoughts = "".join(u.content.text for u in client.of_type("AgentThoughtChunk"))
+        assert thoughts == "think \ufffd"
+
+
+@pytest.mark.skipif(os.uname().sysname != "Linux", reason="needs a file system that takes any bytes")
+async def test_a_tool_output_that_is_not_unicode_does_not_poison_the_session(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    # A file name that is not UTF-8 reaches Python as a lone surrogate (surrogateescape).
+    os.close(os.open(os.path.join(os.fsencode(workspace), b"bad\xff.txt"), os.O_CREAT | os.O_WRONLY))
+    llm.push(Reply(tool_calls=[ToolCallSpec("ls", {"path": "."})]), Reply(text="listed"), Reply(text="more"))
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
+        sid = await open_session(conn, workspace)
+        first = await conn.prompt(session_id=sid, prompt=[acp.text_block("list")])
+        assert first.stop_reason == "end_turn" and first.field_meta is None, first
+        second = await conn.prompt(session_id=sid, prompt=[acp.text_block("again")])
+        assert second.stop_reason == "end_turn" and second.field_meta is None, second
+        shown = [c.content.text for u in client.of_type("ToolCallProgress") for c in u.content or ()]
+        assert any("bad\ufffd.txt" in text for text in shown), shown
+    tool = [m for m in llm.requests[-1].messages if m["role"] == "tool"]
+    assert "bad\ufffd.txt" in tool[0]["content"]
