@@ -48,7 +48,7 @@ from acp.schema import (
 from crow import __version__, acp_convert, acp_sessions, acp_view
 from crow.acp_client import AcpSessionClient
 from crow.agent import Agent
-from crow.errors import CrowError, SessionError
+from crow.errors import CrowError, SessionBusy, SessionError
 from crow.events import (
     Event,
     Notice,
@@ -59,7 +59,7 @@ from crow.session import Session
 
 log = logging.getLogger("crow.acp")
 
-BUSY = -32001  # a prompt is already running in this session
+BUSY = -32001  # a prompt is already running in this session (here or in another crow process)
 UNKNOWN_SESSION = -32002
 
 COMMANDS = [
@@ -295,12 +295,16 @@ class AcpServer:
         self._running[session_id] = scope
         try:
             with scope:
-                if command is not None and command[0] == "compact":
-                    await self._compact_command(session, message, command[1])
-                    return PromptResponse(stop_reason="end_turn")
-                if not session.title:
-                    await self._set_title(session, message.content)
-                result = await self.agent.run_turn(session, message, lambda e: self._emit(session, e))
+                await self.agent.session_ready(session)
+                async with session.exclusive():  # one crow process at a time; nothing stored before
+                    if command is not None and command[0] == "compact":
+                        await self._compact_command(session, message, command[1])
+                        return PromptResponse(stop_reason="end_turn")
+                    if not session.title:
+                        await self._set_title(session, message.content)
+                    result = await self.agent.run_turn(session, message, lambda e: self._emit(session, e))
+        except SessionBusy as exc:
+            raise RequestError(BUSY, str(exc)) from exc
         finally:
             self._running.pop(session_id, None)
         if scope.cancelled_caught:
@@ -326,6 +330,8 @@ class AcpServer:
     async def _compact(self, session: Session, instructions: str | None) -> Any:
         try:
             return await self.agent.compact(session, instructions, emit=lambda e: self._emit(session, e))
+        except SessionBusy as exc:
+            raise RequestError(BUSY, str(exc)) from exc
         except CrowError as exc:
             raise RequestError(-32000, f"compaction failed: {exc}") from exc
 

@@ -12,13 +12,14 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from crow.config import NO_MODEL_MESSAGE, Config, load_config
-from crow.errors import ConfigError, SessionError, StoreError
+from crow.errors import ConfigError, SessionBusy, SessionError, StoreError
 from crow.events import Emit, Notice
 from crow.hooks import HookRegistry
 from crow.llm.base import Provider
@@ -267,13 +268,13 @@ class Agent:
             self._prepare(session, list(mcp_servers), new=False)
         )
         if len(repaired) != len(stored):
-            # A crash left tool calls without results: answer them, durably.
-            if repaired[: len(stored)] == stored:
-                await session.add(*repaired[len(stored) :])
-                if transcript is not None:
-                    transcript.extend(repaired[len(stored) :])
-            else:
-                await session.set_messages(repaired)
+            # A crash left tool calls without results: answer them, durably, holding the
+            # session; not while another crow process runs a turn in it (its results come).
+            with suppress(SessionBusy):
+                async with session.exclusive():
+                    added = await session.close_dangling()
+                    if transcript is not None:
+                        transcript.extend(added)
         return session, transcript
 
     async def fork_session(self, session_id: str) -> str:
@@ -295,7 +296,8 @@ class Agent:
         provider = self.provider_for(self.model_ref(session))
         if provider is None:
             raise ConfigError(NO_MODEL_MESSAGE)
-        return await self.compactor.compact(session, provider, instructions=instructions, emit=emit)
+        async with session.exclusive():
+            return await self.compactor.compact(session, provider, instructions=instructions, emit=emit)
 
     def _ensure_compactor(self) -> Any:
         """The one CompactService (the summarization hook may have configured it)."""
@@ -333,7 +335,13 @@ class Agent:
         )
 
     async def run_turn(self, session: Session, prompt: Message, emit: Emit) -> TurnResult:
+        """One prompt, holding the session (`Session.exclusive`): raises `SessionBusy` while
+        another crow process runs a turn in it."""
         await self.session_ready(session)
+        async with session.exclusive():
+            return await self._run_turn(session, prompt, emit)
+
+    async def _run_turn(self, session: Session, prompt: Message, emit: Emit) -> TurnResult:
         if session.tools is not None and session.tools.failures:
             for failure in session.tools.failures:  # told once, at the first prompt
                 await emit(Notice(failure))

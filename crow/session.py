@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
+from crow.errors import StoreError
 from crow.llm.base import ModelRequest, Usage
-from crow.messages import Message, Messages, valid_value
+from crow.messages import Message, Messages, close_dangling_tool_calls, valid_value
 
 if TYPE_CHECKING:
     from crow.config import Config
@@ -40,6 +44,56 @@ class Session:
     # The configuration in force for this session: the user's, with a trusted project's
     # crow.yaml (found from `cwd`) merged over it. Hooks read their settings here.
     config: Config | None = None
+    holds: int = 0  # nesting depth of `exclusive()` in this process
+
+    @asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        """Run a turn (or a compaction) as this session's only writer across crow processes.
+        Raises `SessionBusy` while another live crow process holds it. When another process
+        wrote since this one last read the session, its context and todos are reloaded first.
+        Nested uses in one process share the outer lock."""
+        lock = getattr(self.store, "lock_session", None)  # a store without locks runs unlocked
+        if self.holds or lock is None:
+            self.holds += 1
+            try:
+                yield
+            finally:
+                self.holds -= 1
+            return
+        stale = await lock(self.id)
+        self.holds = 1
+        try:
+            if stale:
+                await self._reload()
+            yield
+        finally:
+            self.holds = 0
+            with anyio.CancelScope(shield=True), suppress(StoreError):
+                await self.store.unlock_session(self.id)  # type: ignore[union-attr]
+
+    async def _reload(self) -> None:
+        assert self.store is not None
+        record = await self.store.get_session(self.id)
+        stored = await self.store.load_context(self.id)
+        if record is not None:
+            self.todos, self.files, self.title = list(record.todos), dict(record.files), record.title
+        self.messages = Messages(stored)
+        self.last_usage, self.usage_covers, self.last_request = None, 0, None
+        self.state.pop("crow.tool_ids", None)
+        await self.close_dangling()
+
+    async def close_dangling(self) -> list[Message]:
+        """Answer tool calls left without a result (a crash mid-turn), durably. Returns the
+        answers appended (none when they had to go mid-history: the context is rewritten)."""
+        current = list(self.messages)
+        repaired = close_dangling_tool_calls(current)
+        if len(repaired) == len(current):
+            return []
+        if repaired[: len(current)] == current:
+            await self.add(*repaired[len(current) :])
+            return repaired[len(current) :]
+        await self.set_messages(repaired)
+        return []
 
     def unique_tool_ids(self, message: Message) -> Message:
         """Give tool calls whose id the session already used (local servers reuse `call_0`)

@@ -6,6 +6,10 @@ One SQLite file (WAL, `synchronous=NORMAL`, foreign keys on) holds two tables:
               `context_head` (JSON list of messages) and `context_from` (a seq)
     entries   (session_id, seq) -> message JSON, in_context flag; append-only
 
+A third, `session_locks`, names the crow process running a turn in a session (see
+`crow.locks`): a session runs turns in one process at a time. Its `generation` counts lock
+changes, so a process taking the lock knows whether another one wrote since it last read.
+
 The transcript is every entry in seq order and is never rewritten. The model context
 is `context_head` followed by the entries with `seq >= context_from AND in_context = 1`,
 so a compaction (`set_context`) rewrites one row and leaves the transcript whole.
@@ -25,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -39,11 +44,13 @@ from pathlib import Path
 from queue import SimpleQueue
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from crow.errors import StoreError
+from crow.errors import SessionBusy, StoreError
+from crow.locks import BEAT, holder_alive, process_token
 from crow.messages import Message
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore", "SessionRecord", "Store"]
 
+log = logging.getLogger("crow.store")
 T = TypeVar("T")
 SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -60,6 +67,13 @@ CREATE TABLE entries (
   session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE, seq INTEGER NOT NULL,
   message TEXT NOT NULL, in_context INTEGER NOT NULL DEFAULT 1, PRIMARY KEY (session_id, seq)
 ) WITHOUT ROWID;
+"""
+# Created when missing (not a schema version): an older crow ignores it and still opens the file.
+_LOCKS = """
+CREATE TABLE IF NOT EXISTS session_locks (
+  session_id TEXT PRIMARY KEY REFERENCES sessions (id) ON DELETE CASCADE, owner TEXT,
+  pid INTEGER, heartbeat REAL NOT NULL DEFAULT 0, generation INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID
 """
 _COLUMNS = "id, cwd, title, created_at, updated_at, model, mode, todos, files, config, message_count"
 _UPDATABLE = frozenset({"title", "model", "mode", "todos", "files", "config"})
@@ -103,6 +117,8 @@ class Store(Protocol):
     async def set_context(self, session_id: str, messages: Sequence[Message]) -> None: ...
     async def load_context(self, session_id: str) -> list[Message]: ...
     async def load_transcript(self, session_id: str) -> list[Message]: ...
+    async def lock_session(self, session_id: str) -> bool: ...
+    async def unlock_session(self, session_id: str) -> None: ...
     async def aclose(self) -> None: ...
 
 
@@ -124,12 +140,19 @@ class SQLiteStore:
         # per connection, so they keep everything on the worker.
         self._writer = _Slot()
         self._inline = self._path != ":memory:"
+        # Session locks: this store's token, the sessions it holds, and per session the lock
+        # generation its in-memory state reflects (None: unknown, reload before a turn).
+        self._token = ""
+        self._held: set[str] = set()
+        self._generations: dict[str, int] = {}
+        self._heartbeat: asyncio.Task[None] | None = None
 
     # lifecycle
     async def open(self) -> SQLiteStore:
         if self._state != "new":
             raise StoreError(f"store {self._state}" if self._state == "closed" else "store open")
         self._state = "open"
+        self._token = process_token()
         self._thread.start()
         try:
             await self._run(self._connect)
@@ -141,7 +164,14 @@ class SQLiteStore:
         return self
 
     async def aclose(self) -> None:
-        """Close the connection (after every job queued before) and end the worker."""
+        """Close the connection (after every job queued before) and end the worker. Session
+        locks still held (a turn cut short by the exit) are released first."""
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        if self._state == "open" and self._held:
+            with suppress(StoreError):
+                await self._write(self._release_all)
+            self._held.clear()
         was, self._state = self._state, "closed"
         _close(self._writer)
         if was == "open":
@@ -211,6 +241,35 @@ class SQLiteStore:
         """(context, transcript) from one read: what a `session/load` needs."""
         return await self._run(self._load_both, session_id)
 
+    # session locks: one turn at a time per session, across processes
+    async def lock_session(self, session_id: str) -> bool:
+        """Take `session_id` for a turn. Raises `SessionBusy` (naming the pid) when another
+        live crow process holds it; a lock left by a process that is gone is taken over.
+        Returns True when the session may have changed since this store last read or wrote
+        it (another process ran a turn): the caller reloads its context."""
+        stale = await self._write(self._lock, session_id, time.time())
+        self._held.add(session_id)
+        if self._heartbeat is None or self._heartbeat.done():
+            self._heartbeat = asyncio.get_running_loop().create_task(
+                self._beat(), name="crow.store.heartbeat"
+            )
+        return stale
+
+    async def unlock_session(self, session_id: str) -> None:
+        self._held.discard(session_id)
+        await self._write(self._unlock, session_id)
+
+    async def _beat(self) -> None:
+        """Refresh the heartbeat of held locks (what a process in another PID namespace,
+        which cannot see ours, goes by): one small write every BEAT seconds while a turn runs."""
+        while self._held and self._state == "open":
+            await asyncio.sleep(BEAT)
+            if self._held and self._state == "open":
+                try:
+                    await self._write(self._touch, time.time())
+                except StoreError as exc:
+                    log.warning("cannot refresh session locks: %s", exc)
+
     # the worker thread and its hand-off; the inline writer
     @property
     def _conn(self) -> sqlite3.Connection:
@@ -274,6 +333,7 @@ class SQLiteStore:
                     if statement.strip():
                         c.execute(statement)
                 c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            c.execute(_LOCKS)
 
     def _open_connection(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=True)
@@ -307,6 +367,7 @@ class SQLiteStore:
                 (r.id, r.cwd, r.title, created, updated, r.model, r.mode,
                  *map(_json, (r.todos, r.files, r.config))),
             )  # fmt: skip
+            self._generations[r.id] = 0
             return self._record(c, r.id)
 
     def _get(self, session_id: str) -> SessionRecord | None:
@@ -412,6 +473,7 @@ class SQLiteStore:
 
     def _load_context(self, session_id: str) -> list[Message]:
         conn = self._conn
+        self._seen(conn, session_id)
         head, start = self._get_row(conn, "context_head, context_from", session_id)
         rows = conn.execute(
             "SELECT message FROM entries WHERE session_id = ? AND seq >= ? AND in_context = 1 ORDER BY seq",
@@ -421,6 +483,7 @@ class SQLiteStore:
 
     def _load_both(self, session_id: str) -> tuple[list[Message], list[Message]]:
         conn = self._conn
+        self._seen(conn, session_id)
         head, start = self._get_row(conn, "context_head, context_from", session_id)
         rows = conn.execute(
             "SELECT seq, in_context, message FROM entries WHERE session_id = ? ORDER BY seq", (session_id,)
@@ -435,6 +498,64 @@ class SQLiteStore:
         self._get_row(conn, "1", session_id)
         rows = conn.execute("SELECT message FROM entries WHERE session_id = ? ORDER BY seq", (session_id,))
         return [_load(json.loads(t)) for (t,) in rows]
+
+    def _seen(self, c: sqlite3.Connection, session_id: str) -> None:
+        """Remember the lock generation of a session being read. Read before the messages:
+        a turn that starts after this read bumps it, so the next lock reloads."""
+        row = c.execute("SELECT generation FROM session_locks WHERE session_id = ?", (session_id,)).fetchone()
+        self._generations[session_id] = row[0] if row else 0
+
+    def _lock(self, session_id: str, now: float) -> bool:
+        with self._tx() as c:
+            self._get_row(c, "1", session_id)
+            row = c.execute(
+                "SELECT owner, pid, heartbeat, generation FROM session_locks WHERE session_id = ?",
+                (session_id,),
+            ).fetchone()
+            generation = 0
+            if row is not None:
+                owner, pid, beat, generation = row
+                if owner and owner != self._token:
+                    if holder_alive(owner, beat, now, self._token):
+                        raise SessionBusy(
+                            f"busy: session {session_id} is running a turn in another crow"
+                            f" process (pid {pid}); try again when it ends",
+                            pid=pid,
+                        )
+                    log.warning(
+                        "session %s: took over the lock of crow process %s, which is gone", session_id, pid
+                    )
+            c.execute(
+                "INSERT INTO session_locks VALUES (?, ?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET"
+                " owner = excluded.owner, pid = excluded.pid, heartbeat = excluded.heartbeat,"
+                " generation = excluded.generation",
+                (session_id, self._token, os.getpid(), now, generation + 1),
+            )
+        stale = self._generations.get(session_id) != generation
+        self._generations[session_id] = generation + 1
+        return stale
+
+    def _unlock(self, session_id: str) -> None:
+        with self._tx() as c:
+            rows = c.execute(
+                "UPDATE session_locks SET owner = NULL, pid = NULL, generation = generation + 1"
+                " WHERE session_id = ? AND owner = ? RETURNING generation",
+                (session_id, self._token),
+            ).fetchall()
+        if rows:  # else the lock was taken over meanwhile: the next lock reloads
+            self._generations[session_id] = rows[0][0]
+
+    def _release_all(self) -> None:
+        with self._tx() as c:
+            c.execute(
+                "UPDATE session_locks SET owner = NULL, pid = NULL, generation = generation + 1"
+                " WHERE owner = ?",
+                (self._token,),
+            )
+
+    def _touch(self, now: float) -> None:
+        with self._tx() as c:
+            c.execute("UPDATE session_locks SET heartbeat = ? WHERE owner = ?", (now, self._token))
 
     @staticmethod
     def _get_row(c: sqlite3.Connection, columns: str, session_id: str) -> tuple[Any, ...]:

@@ -4,8 +4,10 @@ the model or a tool never reaches the store or the wire: the next prompt still w
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
+import signal
 from pathlib import Path
 
 import acp
@@ -135,3 +137,44 @@ async def test_a_tool_output_that_is_not_unicode_does_not_poison_the_session(
         assert any("bad\ufffd.txt" in text for text in shown), shown
     tool = [m for m in llm.requests[-1].messages if m["role"] == "tool"]
     assert "bad\ufffd.txt" in tool[0]["content"]
+
+
+@pytest.mark.slow
+async def test_two_crow_processes_take_turns_in_one_session(
+    llm: ScriptedLLM, home: Path, workspace: Path, tmp_path: Path
+) -> None:
+    env = crow_env(llm, home)
+    llm.push(Reply(text="ready"))
+    async with spawn_crow(env) as (a, a_proc, a_client):
+        sid = await open_session(a, workspace)
+        await a.prompt(session_id=sid, prompt=[acp.text_block("setup")])
+        async with spawn_crow(env, stderr_path=tmp_path / "b.log") as (b, _b_proc, b_client):
+            await b.initialize(protocol_version=1)
+            await b.load_session(cwd=str(workspace), session_id=sid, mcp_servers=[])
+            assert b_client.text(sid) == "ready"
+            llm.push(Reply(text="slow " * 400, chunk_delay=0.02), Reply(text="taken over"))
+            slow = asyncio.create_task(a.prompt(session_id=sid, prompt=[acp.text_block("slow")]))
+            for _ in range(500):
+                if "slow" in a_client.text():
+                    break
+                await asyncio.sleep(0.01)
+            with pytest.raises(RequestError) as busy:
+                await b.prompt(session_id=sid, prompt=[acp.text_block("me too")])
+            assert busy.value.code == -32001
+            assert f"running a turn in another crow process (pid {a_proc.pid})" in str(busy.value)
+            # Loading stays possible, read-only: the replay shows the turn so far.
+            async with spawn_crow(env, stderr_path=tmp_path / "c.log") as (c, _c_proc, c_client):
+                await c.initialize(protocol_version=1)
+                await c.load_session(cwd=str(workspace), session_id=sid, mcp_servers=[])
+                shown = [u.content.text for u in c_client.of_type("UserMessageChunk")]
+                assert shown == ["setup", "slow"]
+            a_proc.send_signal(signal.SIGKILL)
+            await a_proc.wait()
+            slow.cancel()
+            taken = await b.prompt(session_id=sid, prompt=[acp.text_block("take over")])
+            assert taken.stop_reason == "end_turn" and taken.field_meta is None
+    sent = llm.requests[-1].messages
+    # b loaded before the slow turn began: it reloaded what a wrote since, and nothing of
+    # the refused prompt was stored.
+    assert [m["content"] for m in sent if m["role"] == "user"] == ["setup", "slow", "take over"]
+    assert "took over the lock of crow process" in (tmp_path / "b.log").read_text()
