@@ -178,3 +178,34 @@ async def test_two_crow_processes_take_turns_in_one_session(
     # the refused prompt was stored.
     assert [m["content"] for m in sent if m["role"] == "user"] == ["setup", "slow", "take over"]
     assert "took over the lock of crow process" in (tmp_path / "b.log").read_text()
+
+
+@pytest.mark.slow
+async def test_loading_a_session_mid_tool_call_elsewhere_writes_nothing(
+    llm: ScriptedLLM, home: Path, workspace: Path, tmp_path: Path
+) -> None:
+    env = crow_env(llm, home, CROW_MODE="yolo")
+    command = "while [ ! -e go ]; do sleep 0.02; done; echo done"  # runs until the test says go
+    llm.push(Reply(tool_calls=[ToolCallSpec("execute", {"command": command})]), Reply(text="finished"))
+    async with spawn_crow(env) as (a, _a_proc, a_client):
+        sid = await open_session(a, workspace)
+        turn = asyncio.create_task(a.prompt(session_id=sid, prompt=[acp.text_block("run it")]))
+        for _ in range(500):
+            if a_client.of_type("ToolCallProgress"):
+                break
+            await asyncio.sleep(0.01)
+        async with spawn_crow(env, stderr_path=tmp_path / "b.log") as (b, _b_proc, b_client):
+            await b.initialize(protocol_version=1)
+            await b.load_session(cwd=str(workspace), session_id=sid, mcp_servers=[])
+            starts = b_client.of_type("ToolCallStart")
+            assert [s.status for s in starts] == ["pending"], "shown as still running, not interrupted"
+        (workspace / "go").touch()
+        assert (await turn).stop_reason == "end_turn"
+    llm.push(Reply(text="next"))
+    async with spawn_crow(env) as (c, _c_proc, _client):
+        await c.initialize(protocol_version=1)
+        await c.load_session(cwd=str(workspace), session_id=sid, mcp_servers=[])
+        response = await c.prompt(session_id=sid, prompt=[acp.text_block("and?")])
+    assert response.stop_reason == "end_turn" and response.field_meta is None
+    tools = [m for m in llm.requests[-1].messages if m["role"] == "tool"]
+    assert len(tools) == 1 and "done" in tools[0]["content"], tools

@@ -52,9 +52,7 @@ async def test_a_lock_of_a_dead_process_is_taken_over(tmp_path: Path) -> None:
         pid = dead_pid()
         boot, namespace, *_ = process_token().split("|")
         token = f"{boot}|{namespace}|{pid}|12345|deadbeef"
-        store._conn.execute(
-            "INSERT INTO session_locks VALUES ('s', ?, ?, ?, 7)", (token, pid, time.time())
-        )
+        store._conn.execute("INSERT INTO session_locks VALUES ('s', ?, ?, ?, 7)", (token, pid, time.time()))
         assert await store.lock_session("s") is True
         owner, held_pid, generation = store._conn.execute(
             "SELECT owner, pid, generation FROM session_locks"
@@ -95,7 +93,11 @@ async def test_exclusive_reloads_what_another_process_wrote(tmp_path: Path) -> N
             async with ours.exclusive():  # nested in one process: shares the lock
                 pass
             await ours.add(Message("user", "q2"))
-        assert await a.load_context("s") == [Message("user", "q"), Message("assistant", "a"), Message("user", "q2")]
+        assert await a.load_context("s") == [
+            Message("user", "q"),
+            Message("assistant", "a"),
+            Message("user", "q2"),
+        ]
 
 
 async def test_closing_the_store_releases_its_locks(tmp_path: Path) -> None:
