@@ -105,7 +105,7 @@ class Agent:
         if self._store is None:
             from crow.store import SQLiteStore
 
-            self._store = SQLiteStore(self.config.db_path)
+            self._store = SQLiteStore(self.config.db_path, home=self.config.home)
             await self._store.open()
         self._warm_provider()
 

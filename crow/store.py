@@ -47,6 +47,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 from crow.errors import SessionBusy, StoreError
 from crow.locks import BEAT, holder_alive, process_token
 from crow.messages import Message
+from crow.private import secure_store
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore", "SessionRecord", "Store"]
 
@@ -123,10 +124,12 @@ class Store(Protocol):
 
 
 class SQLiteStore:
-    """`async with SQLiteStore(path) as store:`; `path` may be ":memory:"."""
+    """`async with SQLiteStore(path) as store:`; `path` may be ":memory:". The database is
+    private to the user (`crow.private`); so is `home` (CROW_HOME) when given."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, home: str | os.PathLike[str] | None = None) -> None:
         self._path = str(path)
+        self._home = Path(home) if home is not None else None  # CROW_HOME: made private at open
         self._state = "new"  # -> "open" -> "closed"
         # The worker and the close job hold the slot and the queue, never the store, so an
         # unclosed store can still be collected (and warn).
@@ -317,7 +320,7 @@ class SQLiteStore:
     # everything below runs on the worker thread
     def _connect(self) -> None:
         if self._path != ":memory:" and not self._path.startswith("file:"):
-            Path(self._path).parent.mkdir(parents=True, exist_ok=True)
+            secure_store(Path(self._path), self._home)
         conn = self._open_connection()
         self._slot.conn = conn
         conn.execute("PRAGMA journal_mode = WAL")

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import acp
 import pytest
 from acp import RequestError
 
-from tests.conftest import crow_env, spawn_crow
+from tests.conftest import CROW, crow_env, spawn_crow
 from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
 
 pytestmark = pytest.mark.anyio
@@ -209,3 +211,72 @@ async def test_loading_a_session_mid_tool_call_elsewhere_writes_nothing(
     assert response.stop_reason == "end_turn" and response.field_meta is None
     tools = [m for m in llm.requests[-1].messages if m["role"] == "tool"]
     assert len(tools) == 1 and "done" in tools[0]["content"], tools
+
+
+def mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+@pytest.mark.slow
+async def test_the_store_is_private_and_loose_modes_are_tightened(
+    llm: ScriptedLLM, tmp_path: Path, workspace: Path
+) -> None:
+    home = tmp_path / "fresh" / "crow-home"  # does not exist yet: crow creates it
+    trace = home / "trace.jsonl"
+    env = crow_env(llm, home, CROW_TRACE=str(trace))
+    llm.push(Reply(text="one"), Reply(text="two"))
+    old_umask = os.umask(0o022)  # what most users have: files 0644, folders 0755 by default
+    try:
+        async with spawn_crow(env, stderr_path=tmp_path / "first.log") as (conn, _proc, _client):
+            sid = await open_session(conn, workspace)
+            await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
+            assert mode(home) == 0o700
+            assert {p.name: mode(p) for p in home.glob("crow.db*")} == {
+                "crow.db": 0o600,
+                "crow.db-wal": 0o600,
+                "crow.db-shm": 0o600,
+            }
+            assert mode(trace) == 0o600
+        assert "private" not in (tmp_path / "first.log").read_text(), "nothing to tighten"
+        # Files made by an older crow (or by hand) with the usual modes are tightened at start.
+        (home / "config.yaml").write_text("providers: {}\n")
+        for path, loose in (
+            (home, 0o755),
+            (home / "crow.db", 0o644),
+            (home / "config.yaml", 0o644),
+            (trace, 0o644),
+        ):
+            path.chmod(loose)
+        async with spawn_crow(env, stderr_path=tmp_path / "second.log") as (conn, _proc, _client):
+            await conn.initialize(protocol_version=1)
+            await conn.load_session(cwd=str(workspace), session_id=sid, mcp_servers=[])
+            await conn.prompt(session_id=sid, prompt=[acp.text_block("again")])
+        assert (mode(home), mode(home / "crow.db"), mode(home / "config.yaml"), mode(trace)) == (
+            0o700,
+            0o600,
+            0o600,
+            0o600,
+        )
+        log = (tmp_path / "second.log").read_text()
+        lines = [line for line in log.splitlines() if "made crow's files" in line]
+        assert len(lines) == 1, log
+        assert "crow-home 0755→0700" in lines[0] and "crow.db 0644→0600" in lines[0]
+        assert "config.yaml 0644→0600" in lines[0]
+        assert f"made trace file {trace} private: 0644→0600" in log
+        export = tmp_path / "export.json"
+        with open(export, "w") as out:
+            export.chmod(0o644)
+            done = await asyncio.to_thread(
+                subprocess.run,
+                [*CROW, "sessions", "export", sid],
+                env=env,
+                stdout=out,
+                stderr=subprocess.PIPE,
+                timeout=60,
+            )
+        assert done.returncode == 0, done.stderr
+        assert mode(export) == 0o600
+        assert f"made export {export} private: 0644→0600" in done.stderr.decode()
+        assert json.loads(export.read_text())["session"]["id"] == sid
+    finally:
+        os.umask(old_umask)
