@@ -147,7 +147,7 @@ class SQLiteStore:
         # generation its in-memory state reflects (None: unknown, reload before a turn).
         self._token = ""
         self._held: set[str] = set()
-        self._generations: dict[str, int] = {}
+        self._generations: dict[str, int | None] = {}
         self._heartbeat: asyncio.Task[None] | None = None
 
     # lifecycle
@@ -504,9 +504,13 @@ class SQLiteStore:
 
     def _seen(self, c: sqlite3.Connection, session_id: str) -> None:
         """Remember the lock generation of a session being read. Read before the messages:
-        a turn that starts after this read bumps it, so the next lock reloads."""
-        row = c.execute("SELECT generation FROM session_locks WHERE session_id = ?", (session_id,)).fetchone()
-        self._generations[session_id] = row[0] if row else 0
+        a turn that starts after this read bumps it, so the next lock reloads. A read while
+        another process holds the session sees a turn in progress: unknown, reload."""
+        row = c.execute(
+            "SELECT generation, owner FROM session_locks WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        busy = row is not None and row[1] is not None and row[1] != self._token
+        self._generations[session_id] = None if busy else (row[0] if row else 0)
 
     def _lock(self, session_id: str, now: float) -> bool:
         with self._tx() as c:
@@ -515,7 +519,7 @@ class SQLiteStore:
                 "SELECT owner, pid, heartbeat, generation FROM session_locks WHERE session_id = ?",
                 (session_id,),
             ).fetchone()
-            generation = 0
+            generation, took_over = 0, False
             if row is not None:
                 owner, pid, beat, generation = row
                 if owner and owner != self._token:
@@ -525,6 +529,7 @@ class SQLiteStore:
                             f" process (pid {pid}); try again when it ends",
                             pid=pid,
                         )
+                    took_over = True  # it may have written anything since we read
                     log.warning(
                         "session %s: took over the lock of crow process %s, which is gone", session_id, pid
                     )
@@ -534,7 +539,7 @@ class SQLiteStore:
                 " generation = excluded.generation",
                 (session_id, self._token, os.getpid(), now, generation + 1),
             )
-        stale = self._generations.get(session_id) != generation
+        stale = took_over or self._generations.get(session_id) != generation
         self._generations[session_id] = generation + 1
         return stale
 

@@ -280,3 +280,31 @@ async def test_the_store_is_private_and_loose_modes_are_tightened(
         assert json.loads(export.read_text())["session"]["id"] == sid
     finally:
         os.umask(old_umask)
+
+
+@pytest.mark.slow
+async def test_a_session_killed_mid_tool_call_is_taken_over_with_a_valid_history(
+    llm: ScriptedLLM, home: Path, workspace: Path, tmp_path: Path
+) -> None:
+    env = crow_env(llm, home, CROW_MODE="yolo")
+    command = "while [ ! -e go ]; do sleep 0.02; done; echo done"
+    llm.push(Reply(tool_calls=[ToolCallSpec("execute", {"command": command})]))
+    async with spawn_crow(env) as (a, a_proc, a_client):
+        sid = await open_session(a, workspace)
+        turn = asyncio.create_task(a.prompt(session_id=sid, prompt=[acp.text_block("run it")]))
+        for _ in range(500):
+            if a_client.of_type("ToolCallProgress"):
+                break
+            await asyncio.sleep(0.01)
+        async with spawn_crow(env, stderr_path=tmp_path / "b.log") as (b, _b_proc, _client):
+            await b.initialize(protocol_version=1)
+            await b.load_session(cwd=str(workspace), session_id=sid, mcp_servers=[])  # mid-call
+            a_proc.send_signal(signal.SIGKILL)
+            await a_proc.wait()
+            turn.cancel()
+            llm.push(Reply(text="taken over"))
+            response = await b.prompt(session_id=sid, prompt=[acp.text_block("go on")])
+    assert response.stop_reason == "end_turn" and response.field_meta is None
+    sent = [m for m in llm.requests[-1].messages if m["role"] != "system"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "user"]
+    assert "interrupted" in sent[2]["content"]

@@ -107,3 +107,17 @@ async def test_closing_the_store_releases_its_locks(tmp_path: Path) -> None:
             await a.create_session(id="s", cwd="/w")
             await a.lock_session("s")
         assert await b.lock_session("s") is True
+
+
+async def test_a_read_during_another_process_turn_is_reloaded_after_a_takeover(tmp_path: Path) -> None:
+    db = tmp_path / "crow.db"
+    async with SQLiteStore(db) as a, SQLiteStore(db) as b:
+        await a.create_session(id="s", cwd="/w")
+        await a.lock_session("s")
+        await b.load_context("s")  # mid-turn: what it read may be half a turn
+        await a.append("s", [Message("user", "more")])
+        # a dies without releasing: its token now names a process that is gone
+        boot, namespace, *_ = process_token().split("|")
+        dead = f"{boot}|{namespace}|{dead_pid()}|1|x"
+        a._conn.execute("UPDATE session_locks SET owner = ?", (dead,))
+        assert await b.lock_session("s") is True
