@@ -121,3 +121,23 @@ async def test_a_read_during_another_process_turn_is_reloaded_after_a_takeover(t
         dead = f"{boot}|{namespace}|{dead_pid()}|1|x"
         a._conn.execute("UPDATE session_locks SET owner = ?", (dead,))
         assert await b.lock_session("s") is True
+
+
+async def test_a_holder_refreshes_its_heartbeat_while_it_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    import crow.store
+
+    monkeypatch.setattr(crow.store, "BEAT", 0.02)
+    async with SQLiteStore(tmp_path / "crow.db") as store:
+        await store.create_session(id="s", cwd="/w")
+        await store.lock_session("s")
+        [(first,)] = store._conn.execute("SELECT heartbeat FROM session_locks").fetchall()
+        await asyncio.sleep(0.1)
+        [(later,)] = store._conn.execute("SELECT heartbeat FROM session_locks").fetchall()
+        assert later > first
+        await store.unlock_session("s")
+        await asyncio.sleep(0.05)
+        assert store._heartbeat is not None and store._heartbeat.done(), "no beat without a lock"
