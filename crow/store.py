@@ -44,8 +44,8 @@ from pathlib import Path
 from queue import SimpleQueue
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from crow.errors import SessionBusy, StoreError
-from crow.locks import BEAT, holder_alive, process_token
+from crow import locks
+from crow.errors import StoreError
 from crow.messages import Message
 from crow.private import secure_store
 
@@ -68,13 +68,6 @@ CREATE TABLE entries (
   session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE, seq INTEGER NOT NULL,
   message TEXT NOT NULL, in_context INTEGER NOT NULL DEFAULT 1, PRIMARY KEY (session_id, seq)
 ) WITHOUT ROWID;
-"""
-# Created when missing (not a schema version): an older crow ignores it and still opens the file.
-_LOCKS = """
-CREATE TABLE IF NOT EXISTS session_locks (
-  session_id TEXT PRIMARY KEY REFERENCES sessions (id) ON DELETE CASCADE, owner TEXT,
-  pid INTEGER, heartbeat REAL NOT NULL DEFAULT 0, generation INTEGER NOT NULL DEFAULT 0
-) WITHOUT ROWID
 """
 _COLUMNS = "id, cwd, title, created_at, updated_at, model, mode, todos, files, config, message_count"
 _UPDATABLE = frozenset({"title", "model", "mode", "todos", "files", "config"})
@@ -155,7 +148,7 @@ class SQLiteStore:
         if self._state != "new":
             raise StoreError(f"store {self._state}" if self._state == "closed" else "store open")
         self._state = "open"
-        self._token = process_token()
+        self._token = locks.process_token()
         self._thread.start()
         try:
             await self._run(self._connect)
@@ -266,7 +259,7 @@ class SQLiteStore:
         """Refresh the heartbeat of held locks (what a process in another PID namespace,
         which cannot see ours, goes by): one small write every BEAT seconds while a turn runs."""
         while self._held and self._state == "open":
-            await asyncio.sleep(BEAT)
+            await asyncio.sleep(locks.BEAT)
             if self._held and self._state == "open":
                 try:
                     await self._write(self._touch, time.time())
@@ -336,7 +329,7 @@ class SQLiteStore:
                     if statement.strip():
                         c.execute(statement)
                 c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            c.execute(_LOCKS)
+            c.execute(locks.TABLE)
 
     def _open_connection(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=True)
@@ -503,67 +496,30 @@ class SQLiteStore:
         return [_load(json.loads(t)) for (t,) in rows]
 
     def _seen(self, c: sqlite3.Connection, session_id: str) -> None:
-        """Remember the lock generation of a session being read. Read before the messages:
-        a turn that starts after this read bumps it, so the next lock reloads. A read while
-        another process holds the session sees a turn in progress: unknown, reload."""
-        row = c.execute(
-            "SELECT generation, owner FROM session_locks WHERE session_id = ?", (session_id,)
-        ).fetchone()
-        busy = row is not None and row[1] is not None and row[1] != self._token
-        self._generations[session_id] = None if busy else (row[0] if row else 0)
+        self._generations[session_id] = locks.seen(c, session_id, self._token)
 
     def _lock(self, session_id: str, now: float) -> bool:
         with self._tx() as c:
             self._get_row(c, "1", session_id)
-            row = c.execute(
-                "SELECT owner, pid, heartbeat, generation FROM session_locks WHERE session_id = ?",
-                (session_id,),
-            ).fetchone()
-            generation, took_over = 0, False
-            if row is not None:
-                owner, pid, beat, generation = row
-                if owner and owner != self._token:
-                    if holder_alive(owner, beat, now, self._token):
-                        raise SessionBusy(
-                            f"busy: session {session_id} is running a turn in another crow"
-                            f" process (pid {pid}); try again when it ends",
-                            pid=pid,
-                        )
-                    took_over = True  # it may have written anything since we read
-                    log.warning(
-                        "session %s: took over the lock of crow process %s, which is gone", session_id, pid
-                    )
-            c.execute(
-                "INSERT INTO session_locks VALUES (?, ?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET"
-                " owner = excluded.owner, pid = excluded.pid, heartbeat = excluded.heartbeat,"
-                " generation = excluded.generation",
-                (session_id, self._token, os.getpid(), now, generation + 1),
-            )
+            generation, took_over = locks.take(c, session_id, self._token, now)
+        # A holder that is gone may have written anything since this store read.
         stale = took_over or self._generations.get(session_id) != generation
         self._generations[session_id] = generation + 1
         return stale
 
     def _unlock(self, session_id: str) -> None:
         with self._tx() as c:
-            rows = c.execute(
-                "UPDATE session_locks SET owner = NULL, pid = NULL, generation = generation + 1"
-                " WHERE session_id = ? AND owner = ? RETURNING generation",
-                (session_id, self._token),
-            ).fetchall()
-        if rows:  # else the lock was taken over meanwhile: the next lock reloads
-            self._generations[session_id] = rows[0][0]
+            generation = locks.release(c, session_id, self._token)
+        if generation is not None:  # else it was taken over meanwhile: the next lock reloads
+            self._generations[session_id] = generation
 
     def _release_all(self) -> None:
         with self._tx() as c:
-            c.execute(
-                "UPDATE session_locks SET owner = NULL, pid = NULL, generation = generation + 1"
-                " WHERE owner = ?",
-                (self._token,),
-            )
+            locks.release_all(c, self._token)
 
     def _touch(self, now: float) -> None:
         with self._tx() as c:
-            c.execute("UPDATE session_locks SET heartbeat = ? WHERE owner = ?", (now, self._token))
+            locks.touch(c, self._token, now)
 
     @staticmethod
     def _get_row(c: sqlite3.Connection, columns: str, session_id: str) -> tuple[Any, ...]:

@@ -128,9 +128,9 @@ async def test_a_holder_refreshes_its_heartbeat_while_it_holds(
 ) -> None:
     import asyncio
 
-    import crow.store
+    import crow.locks
 
-    monkeypatch.setattr(crow.store, "BEAT", 0.02)
+    monkeypatch.setattr(crow.locks, "BEAT", 0.02)
     async with SQLiteStore(tmp_path / "crow.db") as store:
         await store.create_session(id="s", cwd="/w")
         await store.lock_session("s")
