@@ -126,7 +126,8 @@ def prompt_message(blocks: list[Any]) -> Message:
             texts.append(block.text)
         elif kind == "image":
             if len(images) == MAX_IMAGES:
-                raise RequestError.invalid_params({"prompt": f"more than {MAX_IMAGES} images in one prompt"})
+                detail = f"more than {MAX_IMAGES} images in one prompt"
+                raise RequestError(-32602, f"Invalid params: {detail}", {"prompt": detail})
             images.append(prompt_image(len(images) + 1, block.mime_type, block.data))
         elif kind == "resource_link":
             texts.append(f"[@{block.name}]({block.uri})")

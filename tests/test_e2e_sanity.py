@@ -70,6 +70,15 @@ async def test_an_invalid_image_is_refused_and_the_session_goes_on(
     assert [m["content"] for m in sent.messages if m["role"] == "user"] == ["hello"]
 
 
+async def test_more_than_twenty_images_are_refused(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, _client):
+        sid = await open_session(conn, workspace)
+        with pytest.raises(RequestError) as refused:
+            await conn.prompt(session_id=sid, prompt=[acp.image_block(PNG, "image/png")] * 21)
+    assert refused.value.code == -32602 and "more than 20 images" in str(refused.value)
+    assert llm.requests == []
+
+
 async def test_a_valid_image_reaches_the_model(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
     llm.push(Reply(text="a picture"))
     wrapped = "\n".join(PNG[i : i + 16] for i in range(0, len(PNG), 16))  # MIME-style lines
