@@ -45,8 +45,8 @@ async def _sessions(agent: Any, action: str, session_id: str | None, cwd: str | 
         print(f"deleted {session_id}", file=sys.stderr)
         return 0
     transcript = await store.load_transcript(session_id)
+    _private_stdout()  # export and show print the conversation
     if action == "export":
-        _private_stdout()
         data = {
             "session": {
                 k: getattr(record, k)
@@ -66,7 +66,7 @@ async def _sessions(agent: Any, action: str, session_id: str | None, cwd: str | 
 
 
 def _private_stdout() -> None:
-    """An export redirected to a file (`> session.json`) holds the whole conversation: the
+    """An export or show redirected to a file (`> session.json`) holds the conversation: the
     file is made private (0600), with a line on stderr saying so, before anything is written."""
     from crow.private import tighten_fd
 
