@@ -23,7 +23,7 @@ from crow.errors import ConfigError, SessionBusy, SessionError, StoreError
 from crow.events import Emit, Notice
 from crow.hooks import HookRegistry
 from crow.llm.base import Provider
-from crow.messages import Message, Messages, close_dangling_tool_calls
+from crow.messages import Message, Messages, close_dangling_tool_calls, valid_text
 from crow.session import Session
 from crow.tools import ServerSpec, ToolHub, function_server, import_mcp
 
@@ -162,6 +162,8 @@ class Agent:
         path = Path(cwd)
         if not path.is_absolute():
             raise SessionError(f"cwd must be an absolute path, got {str(cwd)!r}")
+        if valid_text(str(cwd)) != str(cwd):  # it could not be stored: refuse, not fail later
+            raise SessionError(f"cwd must be valid Unicode, got {str(cwd)!r}")
         session = Session(
             id=session_id or uuid.uuid4().hex,
             cwd=path,

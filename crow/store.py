@@ -280,7 +280,7 @@ class SQLiteStore:
             raise StoreError("store closed" if self._state == "closed" else "store not open")
         try:
             return fn(*args)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, UnicodeEncodeError) as exc:  # text not valid Unicode: a clear error
             raise StoreError(f"{fn.__name__.lstrip('_')} failed: {exc}") from exc
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -297,7 +297,7 @@ class SQLiteStore:
             error: BaseException | None = None
             try:
                 result = fn(*args)
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, UnicodeEncodeError) as exc:
                 error = StoreError(f"{fn.__name__.lstrip('_')} failed: {exc}")
                 error.__cause__ = exc
             except BaseException as exc:

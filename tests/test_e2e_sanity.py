@@ -317,3 +317,15 @@ async def test_a_session_killed_mid_tool_call_is_taken_over_with_a_valid_history
     sent = [m for m in llm.requests[-1].messages if m["role"] != "system"]
     assert [m["role"] for m in sent] == ["user", "assistant", "tool", "user"]
     assert "interrupted" in sent[2]["content"]
+
+
+async def test_a_cwd_that_is_not_unicode_is_refused(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, _client):
+        await conn.initialize(protocol_version=1)
+        with pytest.raises(RequestError) as refused:
+            await conn.new_session(cwd=f"{workspace}/\udcff", mcp_servers=[])
+        assert refused.value.code == -32602 and "valid Unicode" in str(refused.value.data)
+        sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+        llm.push(Reply(text="fine"))
+        response = await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
+    assert response.stop_reason == "end_turn"

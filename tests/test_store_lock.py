@@ -141,3 +141,12 @@ async def test_a_holder_refreshes_its_heartbeat_while_it_holds(
         await store.unlock_session("s")
         await asyncio.sleep(0.05)
         assert store._heartbeat is not None and store._heartbeat.done(), "no beat without a lock"
+
+
+async def test_text_that_is_not_unicode_is_a_store_error(tmp_path: Path) -> None:
+    from crow.errors import StoreError
+
+    for path in (tmp_path / "crow.db", ":memory:"):  # the inline writer and the worker thread
+        async with SQLiteStore(path) as store:
+            with pytest.raises(StoreError, match="surrogates not allowed"):
+                await store.create_session(id="s", cwd="/w/\udcff")
