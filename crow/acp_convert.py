@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
 from pathlib import Path
 from typing import Any
@@ -12,7 +10,7 @@ import acp
 from acp import RequestError
 from acp.schema import UsageUpdate
 
-from crow import acp_view
+from crow import acp_view, images
 from crow.events import (
     Event,
     Notice,
@@ -76,59 +74,29 @@ def server_specs(servers: list[Any] | None) -> list[ServerSpec]:
     return specs
 
 
-# What every provider crow speaks accepts (OpenAI, Anthropic): anything else is refused at
-# the edge, because a stored image is re-sent with every later request of the session.
-IMAGE_TYPES: dict[str, tuple[bytes, ...]] = {  # mime type -> the file's possible first bytes
-    "image/png": (b"\x89PNG\r\n\x1a\n",),
-    "image/jpeg": (b"\xff\xd8\xff",),
-    "image/gif": (b"GIF87a", b"GIF89a"),
-    "image/webp": (b"RIFF",),  # and "WEBP" at offset 8
-}
-MAX_IMAGE_BASE64 = 5 * 1024 * 1024  # Anthropic's limit per image, on the base64 text
-MAX_IMAGES = 20  # per prompt
-
-
 def prompt_image(number: int, mime_type: str, data: str) -> Image:
-    """A client's image block, checked: a supported type, strict base64 (whitespace
-    dropped), content that matches the type, within the size limit. Raises -32602."""
-
-    def refuse(problem: str) -> RequestError:
-        detail = f"image {number}: {problem}"
-        return RequestError(-32602, f"Invalid params: {detail}", {"prompt": detail})
-
-    mime = mime_type.strip().lower()
-    if mime not in IMAGE_TYPES:
-        supported = ", ".join(IMAGE_TYPES)
-        raise refuse(f"unsupported type {mime_type[:60]!r}; supported: {supported}")
-    text = "".join(data.split())
-    if len(text) > MAX_IMAGE_BASE64:
-        raise refuse(f"{len(text):,} bytes of base64, over the limit of {MAX_IMAGE_BASE64:,}")
+    """A client's image block, checked (`crow.images.checked`); else -32602 naming it."""
     try:
-        raw = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise refuse(f"data is not valid base64 ({exc})") from exc
-    if not raw:
-        raise refuse("data is empty")
-    webp = mime != "image/webp" or raw[8:12] == b"WEBP"
-    if not raw.startswith(IMAGE_TYPES[mime]) or not webp:
-        raise refuse(f"data is not a {mime} image (it starts with {raw[:8]!r})")
-    return Image(mime, text)
+        return images.checked(mime_type, data)
+    except ValueError as exc:
+        detail = f"image {number}: {exc}"
+        raise RequestError(-32602, f"Invalid params: {detail}", {"prompt": detail}) from exc
 
 
 def prompt_message(blocks: list[Any]) -> Message:
     """ACP content blocks -> one user message. Images are checked (`prompt_image`) and
     text is made valid Unicode: what a client sends is stored and re-sent every turn."""
     texts: list[str] = []
-    images: list[Image] = []
+    attached: list[Image] = []
     for block in blocks:
         kind = getattr(block, "type", None)
         if kind == "text":
             texts.append(block.text)
         elif kind == "image":
-            if len(images) == MAX_IMAGES:
-                detail = f"more than {MAX_IMAGES} images in one prompt"
+            if len(attached) == images.MAX_PER_PROMPT:
+                detail = f"more than {images.MAX_PER_PROMPT} images in one prompt"
                 raise RequestError(-32602, f"Invalid params: {detail}", {"prompt": detail})
-            images.append(prompt_image(len(images) + 1, block.mime_type, block.data))
+            attached.append(prompt_image(len(attached) + 1, block.mime_type, block.data))
         elif kind == "resource_link":
             texts.append(f"[@{block.name}]({block.uri})")
         elif kind == "resource":
@@ -140,6 +108,6 @@ def prompt_message(blocks: list[Any]) -> Message:
         elif kind == "audio":
             texts.append("[audio attachment: not supported]")
     text = valid_text("\n".join(texts).strip())
-    if not text and not images:
+    if not text and not attached:
         raise RequestError.invalid_params({"prompt": "the prompt is empty"})
-    return Message("user", text, images=tuple(images))
+    return Message("user", text, images=tuple(attached))

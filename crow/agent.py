@@ -23,7 +23,7 @@ from crow.errors import ConfigError, SessionBusy, SessionError, StoreError
 from crow.events import Emit, Notice
 from crow.hooks import HookRegistry
 from crow.llm.base import Provider
-from crow.messages import Message, Messages, close_dangling_tool_calls, valid_text
+from crow.messages import Message, Messages, valid_text
 from crow.session import Session
 from crow.tools import ServerSpec, ToolHub, function_server, import_mcp
 
@@ -249,7 +249,6 @@ class Agent:
             stored, transcript = await self._store.load_both(session_id)
         else:
             stored = await self._store.load_context(session_id)
-        repaired = close_dangling_tool_calls(stored)
         session = Session(
             id=session_id,
             cwd=Path(cwd or record.cwd),
@@ -269,12 +268,13 @@ class Agent:
         self._session_ready[session_id] = asyncio.create_task(
             self._prepare(session, list(mcp_servers), new=False)
         )
-        if len(repaired) != len(stored):
-            # A crash left tool calls without results: answer them, durably, holding the
-            # session; not while another crow process runs a turn in it (its results come).
+        if Session.needs_repair(stored):
+            # A crash left tool calls without results, or an older crow stored an image no
+            # provider takes: repair, durably, holding the session; not while another crow
+            # process runs a turn in it (its results are on the way).
             with suppress(SessionBusy):
                 async with session.exclusive():
-                    added = await session.close_dangling()
+                    added = await session.repair()
                     if transcript is not None:
                         transcript.extend(added)
         return session, transcript

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from crow import images
 from crow.errors import StoreError
 from crow.llm.base import ModelRequest, Usage
 from crow.messages import Message, Messages, close_dangling_tool_calls, valid_value
@@ -80,12 +81,16 @@ class Session:
         self.messages = Messages(stored)
         self.last_usage, self.usage_covers, self.last_request = None, 0, None
         self.state.pop("crow.tool_ids", None)
-        await self.close_dangling()
+        await self.repair()
 
-    async def close_dangling(self) -> list[Message]:
-        """Answer tool calls left without a result (a crash mid-turn), durably. Returns the
-        answers appended (none when they had to go mid-history: the context is rewritten)."""
+    async def repair(self) -> list[Message]:
+        """Make a stored context sendable again, durably: drop images no provider accepts
+        (stored before prompts were checked: a note says so) and answer tool calls left
+        without a result (a crash mid-turn). Returns the answers appended at the end."""
         current = list(self.messages)
+        if (kept := images.without_invalid(current)) is not current:
+            await self.set_messages(kept)  # the context only: the transcript stays as shown
+            current = list(kept)
         repaired = close_dangling_tool_calls(current)
         if len(repaired) == len(current):
             return []
@@ -94,6 +99,12 @@ class Session:
             return repaired[len(current) :]
         await self.set_messages(repaired)
         return []
+
+    @staticmethod
+    def needs_repair(messages: Sequence[Message]) -> bool:
+        return images.without_invalid(messages) is not messages or len(
+            close_dangling_tool_calls(list(messages))
+        ) != len(messages)
 
     def unique_tool_ids(self, message: Message) -> Message:
         """Give tool calls whose id the session already used (local servers reuse `call_0`)

@@ -329,3 +329,29 @@ async def test_a_cwd_that_is_not_unicode_is_refused(llm: ScriptedLLM, home: Path
         llm.push(Reply(text="fine"))
         response = await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
     assert response.stop_reason == "end_turn"
+
+
+async def test_a_session_stored_with_an_invalid_image_is_healed_on_load(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    from crow.messages import Image, Message
+    from crow.store import SQLiteStore
+
+    # What an older crow stored: the image went in unchecked, every later request failed.
+    async with SQLiteStore(home / "crow.db") as store:
+        await store.create_session(id="old", cwd=str(workspace))
+        bad = Message("user", "look", images=(Image("image/png", "!!!"), Image("image/png", PNG)))
+        await store.append("old", [bad, Message("assistant", "seen")])
+    llm.push(Reply(text="fine"))
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
+        await conn.initialize(protocol_version=1)
+        await conn.load_session(cwd=str(workspace), session_id="old", mcp_servers=[])
+        assert client.of_type("UserMessageChunk")[0].content.text == "look\n[image]\n[image]", (
+            "the transcript is as shown"
+        )
+        response = await conn.prompt(session_id="old", prompt=[acp.text_block("again")])
+    assert response.stop_reason == "end_turn"
+    sent = llm.requests[0]
+    assert [p["image_url"]["url"] for p in image_parts(sent)] == [f"data:image/png;base64,{PNG}"]
+    first = sent.messages[1]["content"]
+    assert first.startswith("look\n[an image was removed here: data is not valid base64"), first
