@@ -54,6 +54,12 @@ async def _in_process(ctx: Ctx, home: Path) -> list[Figure]:
                 t0 = time.perf_counter()
                 await store.append(sid, [human(f"one more {i}")])
                 appends[sid].append(time.perf_counter() - t0)
+        locks: list[float] = []
+        for _ in range(ctx.reps(300, 60)):  # what a turn adds: taking and releasing its session
+            t0 = time.perf_counter()
+            await store.lock_session("short")
+            await store.unlock_session("short")
+            locks.append(time.perf_counter() - t0)
     return [
         Figure(
             G,
@@ -72,6 +78,17 @@ async def _in_process(ctx: Ctx, home: Path) -> list[Figure]:
             target="ratio <= 1.2",
             check=("ratio", "<=", 1.2),
             samples=len(appends["long"]),
+        ),
+        Figure(
+            G,
+            "lock + unlock a session (once per turn)",
+            ms(median(locks)),
+            baseline=ms(median(appends["short"])),
+            baseline_name="append 1 msg",
+            target="ratio <= 3",
+            check=("ratio", "<=", 3),
+            samples=len(locks),
+            note="two small write transactions; appends take no lock",
         ),
     ]
 

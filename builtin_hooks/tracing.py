@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import threading
 import time
 from pathlib import Path
@@ -51,8 +52,7 @@ class TraceWriter:
             line = json.dumps(span, ensure_ascii=False, default=str) + "\n"
             with self._lock:
                 if self._file is None:
-                    self.path.parent.mkdir(parents=True, exist_ok=True)
-                    self._file = open(self.path, "a", encoding="utf-8")  # kept open: one append handle
+                    self._file = self._open()
                 self._file.write(line)
                 self._file.flush()
         except Exception as exc:
@@ -60,11 +60,34 @@ class TraceWriter:
                 log.warning("cannot write trace to %s: %s", self.path, exc)
             self._failed = True
 
+    def _open(self) -> TextIO:
+        """One append handle, kept open. The file is private (0600: traces hold prompts and
+        tool output), an existing looser one is tightened; text that is not valid Unicode
+        (a surrogateescaped file name in a tool's output) is written as "?"."""
+        if not self.path.parent.exists():
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        file = open(self.path, "a", encoding="utf-8", errors="replace", opener=_private)
+        try:
+            st = os.fstat(file.fileno())
+            loose = stat.S_IMODE(st.st_mode) & 0o077
+            if stat.S_ISREG(st.st_mode) and loose and st.st_uid == os.geteuid():
+                os.fchmod(file.fileno(), stat.S_IMODE(st.st_mode) & 0o600)
+                log.warning(
+                    "made trace file %s private: %04o→%04o", self.path, st.st_mode & 0o777, st.st_mode & 0o600
+                )
+        except OSError as exc:
+            log.warning("cannot make trace file %s private: %s", self.path, exc)
+        return file
+
     def close(self) -> None:
         with self._lock:
             if self._file is not None:
                 self._file.close()
                 self._file = None
+
+
+def _private(path: str, flags: int) -> int:
+    return os.open(path, flags, 0o600)
 
 
 def _error_text(exc: BaseException) -> str:

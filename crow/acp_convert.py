@@ -11,7 +11,7 @@ from acp import RequestError
 from acp.helpers import update_current_mode
 from acp.schema import UsageUpdate
 
-from crow import acp_view
+from crow import acp_view, images
 from crow.events import (
     Event,
     ModeChanged,
@@ -24,7 +24,7 @@ from crow.events import (
     ToolCallStart,
     UsageUpdated,
 )
-from crow.messages import Image, Message
+from crow.messages import Image, Message, valid_text
 from crow.tools import ServerSpec
 
 log = logging.getLogger("crow.acp")
@@ -78,16 +78,29 @@ def server_specs(servers: list[Any] | None) -> list[ServerSpec]:
     return specs
 
 
+def prompt_image(number: int, mime_type: str, data: str) -> Image:
+    """A client's image block, checked (`crow.images.checked`); else -32602 naming it."""
+    try:
+        return images.checked(mime_type, data)
+    except ValueError as exc:
+        detail = f"image {number}: {exc}"
+        raise RequestError(-32602, f"Invalid params: {detail}", {"prompt": detail}) from exc
+
+
 def prompt_message(blocks: list[Any]) -> Message:
-    """ACP content blocks -> one user message."""
+    """ACP content blocks -> one user message. Images are checked (`prompt_image`) and
+    text is made valid Unicode: what a client sends is stored and re-sent every turn."""
     texts: list[str] = []
-    images: list[Image] = []
+    attached: list[Image] = []
     for block in blocks:
         kind = getattr(block, "type", None)
         if kind == "text":
             texts.append(block.text)
         elif kind == "image":
-            images.append(Image(block.mime_type, block.data))
+            if len(attached) == images.MAX_PER_PROMPT:
+                detail = f"more than {images.MAX_PER_PROMPT} images in one prompt"
+                raise RequestError(-32602, f"Invalid params: {detail}", {"prompt": detail})
+            attached.append(prompt_image(len(attached) + 1, block.mime_type, block.data))
         elif kind == "resource_link":
             texts.append(f"[@{block.name}]({block.uri})")
         elif kind == "resource":
@@ -98,7 +111,7 @@ def prompt_message(blocks: list[Any]) -> Message:
                 texts.append(f"[attached binary resource {res.uri}]")
         elif kind == "audio":
             texts.append("[audio attachment: not supported]")
-    text = "\n".join(texts).strip()
-    if not text and not images:
+    text = valid_text("\n".join(texts).strip())
+    if not text and not attached:
         raise RequestError.invalid_params({"prompt": "the prompt is empty"})
-    return Message("user", text, images=tuple(images))
+    return Message("user", text, images=tuple(attached))

@@ -49,19 +49,19 @@ from acp.schema import (
 from crow import __version__, acp_convert, acp_sessions, acp_view
 from crow.acp_client import AcpSessionClient
 from crow.agent import Agent
-from crow.errors import CrowError, SessionError
+from crow.errors import CrowError, SessionBusy, SessionError
 from crow.events import (
     Event,
     ModeChanged,
     Notice,
     ToolCallEnd,
 )
-from crow.messages import Message
+from crow.messages import Message, valid_value
 from crow.session import Session
 
 log = logging.getLogger("crow.acp")
 
-BUSY = -32001  # a prompt is already running in this session
+BUSY = -32001  # a prompt is already running in this session (here or in another crow process)
 UNKNOWN_SESSION = -32002
 
 COMMANDS = [
@@ -79,7 +79,11 @@ def notification_params(session_id: str, update: Any) -> bytes:
     """`session/update` params as the SDK serializes them (by alias, without None or default
     values), written by the update's own serializer in pydantic's Rust core: no
     `SessionNotification` (a union of every update kind) is built or checked per chunk."""
-    body = update.model_dump_json(by_alias=True, exclude_none=True, exclude_defaults=True)
+    options: dict[str, Any] = {"by_alias": True, "exclude_none": True, "exclude_defaults": True}
+    try:
+        body = update.model_dump_json(**options)
+    except ValueError:  # text that is not valid Unicode (a lone surrogate): sent with U+FFFD
+        body = json.dumps(valid_value(update.model_dump(mode="json", **options)), ensure_ascii=False)
     return b'{"sessionId":' + json.dumps(session_id).encode() + b',"update":' + body.encode() + b"}"
 
 
@@ -294,16 +298,20 @@ class AcpServer:
         self._running[session_id] = scope
         try:
             with scope:
-                if command is not None and command[0] == "compact":
-                    await self._compact_command(session, message, command[1])
-                    return PromptResponse(stop_reason="end_turn")
-                if not session.title:
-                    await self._set_title(session, message.content)
-                # A project's crow.yaml is asked about here, before the first turn (not at
-                # session/new: clients drop requests that precede its answer).
-                if await self.agent.settle_project(session, lambda e: self._emit(session, e)):
-                    await self._emit(session, ModeChanged(session.mode))  # and the config options
-                result = await self.agent.run_turn(session, message, lambda e: self._emit(session, e))
+                await self.agent.session_ready(session)
+                async with session.exclusive():  # one crow process at a time; nothing stored before
+                    if command is not None and command[0] == "compact":
+                        await self._compact_command(session, message, command[1])
+                        return PromptResponse(stop_reason="end_turn")
+                    if not session.title:
+                        await self._set_title(session, message.content)
+                    # A project's crow.yaml is asked about here, before the first turn (not at
+                    # session/new: clients drop requests that precede its answer).
+                    if await self.agent.settle_project(session, lambda e: self._emit(session, e)):
+                        await self._emit(session, ModeChanged(session.mode))  # and the config options
+                    result = await self.agent.run_turn(session, message, lambda e: self._emit(session, e))
+        except SessionBusy as exc:
+            raise RequestError(BUSY, str(exc)) from exc
         finally:
             self._running.pop(session_id, None)
         if scope.cancelled_caught:
@@ -329,6 +337,8 @@ class AcpServer:
     async def _compact(self, session: Session, instructions: str | None) -> Any:
         try:
             return await self.agent.compact(session, instructions, emit=lambda e: self._emit(session, e))
+        except SessionBusy as exc:
+            raise RequestError(BUSY, str(exc)) from exc
         except CrowError as exc:
             raise RequestError(-32000, f"compaction failed: {exc}") from exc
 

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,11 +20,11 @@ import anyio
 
 from crow.config import NO_MODEL_MESSAGE, Config, load_config
 from crow.environment import child_environment
-from crow.errors import ConfigError, SessionError, StoreError
+from crow.errors import ConfigError, SessionBusy, SessionError, StoreError
 from crow.events import Emit, Notice
 from crow.hooks import HookRegistry
 from crow.llm.base import Provider
-from crow.messages import Message, Messages, close_dangling_tool_calls
+from crow.messages import Message, Messages, valid_text
 from crow.session import Session
 from crow.tools import ServerSpec, ToolHub, function_server, import_mcp
 from crow.trust import CONFIG_ERROR, PROJECT, ProjectConfigs, SessionProject, settle
@@ -107,7 +108,7 @@ class Agent:
         if self._store is None:
             from crow.store import SQLiteStore
 
-            self._store = SQLiteStore(self.config.db_path)
+            self._store = SQLiteStore(self.config.db_path, home=self.config.home)
             await self._store.open()
         self._warm_provider()
 
@@ -169,6 +170,8 @@ class Agent:
         path = Path(cwd)
         if not path.is_absolute():
             raise SessionError(f"cwd must be an absolute path, got {str(cwd)!r}")
+        if valid_text(str(cwd)) != str(cwd):  # it could not be stored: refuse, not fail later
+            raise SessionError(f"cwd must be valid Unicode, got {str(cwd)!r}")
         project = self.session_config(path)
         session = Session(
             id=session_id or uuid.uuid4().hex,
@@ -256,7 +259,6 @@ class Agent:
             stored, transcript = await self._store.load_both(session_id)
         else:
             stored = await self._store.load_context(session_id)
-        repaired = close_dangling_tool_calls(stored)
         path = Path(cwd or record.cwd)
         project = self.session_config(path)
         session = Session(
@@ -279,14 +281,15 @@ class Agent:
         self._session_ready[session_id] = asyncio.create_task(
             self._prepare(session, list(mcp_servers), new=False)
         )
-        if len(repaired) != len(stored):
-            # A crash left tool calls without results: answer them, durably.
-            if repaired[: len(stored)] == stored:
-                await session.add(*repaired[len(stored) :])
-                if transcript is not None:
-                    transcript.extend(repaired[len(stored) :])
-            else:
-                await session.set_messages(repaired)
+        if Session.needs_repair(stored):
+            # A crash left tool calls without results, or an older crow stored an image no
+            # provider takes: repair, durably, holding the session; not while another crow
+            # process runs a turn in it (its results are on the way).
+            with suppress(SessionBusy):
+                async with session.exclusive():
+                    added = await session.repair()
+                    if transcript is not None:
+                        transcript.extend(added)
         return session, transcript
 
     async def fork_session(self, session_id: str) -> str:
@@ -308,7 +311,8 @@ class Agent:
         provider = self.provider_for(self.model_ref(session), session.config)
         if provider is None:
             raise ConfigError(NO_MODEL_MESSAGE)
-        return await self.compactor.compact(session, provider, instructions=instructions, emit=emit)
+        async with session.exclusive():
+            return await self.compactor.compact(session, provider, instructions=instructions, emit=emit)
 
     def _ensure_compactor(self) -> Any:
         """The one CompactService (the summarization hook may have configured it)."""
@@ -359,8 +363,14 @@ class Agent:
         )
 
     async def run_turn(self, session: Session, prompt: Message, emit: Emit) -> TurnResult:
+        """One prompt, holding the session (`Session.exclusive`): raises `SessionBusy` while
+        another crow process runs a turn in it."""
         await self.settle_project(session, emit)
         await self.session_ready(session)
+        async with session.exclusive():
+            return await self._run_turn(session, prompt, emit)
+
+    async def _run_turn(self, session: Session, prompt: Message, emit: Emit) -> TurnResult:
         if session.tools is not None and session.tools.failures:
             for failure in session.tools.failures:  # told once, at the first prompt
                 await emit(Notice(failure))

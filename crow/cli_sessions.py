@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -44,6 +45,7 @@ async def _sessions(agent: Any, action: str, session_id: str | None, cwd: str | 
         print(f"deleted {session_id}", file=sys.stderr)
         return 0
     transcript = await store.load_transcript(session_id)
+    _private_stdout()  # export and show print the conversation
     if action == "export":
         data = {
             "session": {
@@ -61,6 +63,20 @@ async def _sessions(agent: Any, action: str, session_id: str | None, cwd: str | 
     print(f"# {record.title or '(untitled)'}\n{record.id} · {record.cwd} · {record.updated_at}\n")
     print(pretty(m for m in transcript if m.role != "system"))
     return 0
+
+
+def _private_stdout() -> None:
+    """An export or show redirected to a file (`> session.json`) holds the conversation: the
+    file is made private (0600), with a line on stderr saying so, before anything is written."""
+    from crow.private import tighten_fd
+
+    try:
+        fd = sys.stdout.fileno()
+        tighten_fd(
+            fd, os.readlink(f"/proc/self/fd/{fd}") if os.path.exists("/proc/self/fd") else "stdout", "export"
+        )
+    except (OSError, ValueError):  # not a file descriptor (captured), or not ours to change
+        pass
 
 
 async def _compact(agent: Any, session_id: str, instructions: str | None) -> int:

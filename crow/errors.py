@@ -11,6 +11,7 @@
      ├── StoreError           the session store failed
      ├── HookError            a hook is invalid (at load) or failed (at run)
      └── SessionError         unknown session, busy session, bad request from a client
+          └── SessionBusy      another crow process is running a turn in it (carries its pid)
 
 Each layer translates its library's exceptions at its boundary (`map_http_errors` in
 `crow.llm`, the store, the tool hub): no httpx, sqlite3 or MCP exception escapes.
@@ -76,3 +77,9 @@ class HookError(CrowError):
 
 class SessionError(CrowError):
     pass
+
+
+class SessionBusy(SessionError):
+    def __init__(self, message: str, *, pid: int | None = None) -> None:
+        super().__init__(message)
+        self.pid = pid

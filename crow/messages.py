@@ -19,6 +19,41 @@ ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
 USER_INPUT_ROLES: frozenset[str] = frozenset({"user", "system"})
 
 INTERRUPTED = "Tool call interrupted: crow stopped before it finished."
+REPLACEMENT = "\ufffd"
+
+
+def valid_text(text: str) -> str:
+    """`text` as valid Unicode, so it encodes as UTF-8 (SQLite, JSON on the wire, HTTP).
+
+    Python strings can hold lone UTF-16 surrogates: JSON escapes like `"\\ud83d"` from a
+    model or a client, and `surrogateescape`d bytes of a file name. Each becomes U+FFFD;
+    a high and low surrogate that arrived as two code points are joined into one character.
+    """
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return text
+
+
+def valid_value(value: Any) -> Any:
+    """`value` (JSON-like: str, list, tuple, dict) with every string made valid; the same
+    object when nothing needed to change."""
+    if isinstance(value, str):
+        return valid_text(value)
+    if isinstance(value, Mapping):
+        pairs = [(valid_value(k), valid_value(v), k, v) for k, v in value.items()]
+        if all(k2 is k and v2 is v for k2, v2, k, v in pairs):
+            return value
+        return {k2: v2 for k2, v2, _, _ in pairs}
+    if isinstance(value, list | tuple):
+        cleaned = [valid_value(v) for v in value]
+        if all(a is b for a, b in zip(cleaned, value, strict=True)):
+            return value
+        return cleaned if isinstance(value, list) else tuple(cleaned)
+    return value
 
 
 class InvalidMessages(ValueError):
@@ -61,6 +96,16 @@ class ToolCall:
 
     def replace(self, **changes: Any) -> ToolCall:
         return dataclasses.replace(self, **changes)
+
+    def valid(self) -> ToolCall:
+        """This call with every string valid Unicode (`valid_text`); itself when it is."""
+        changes = _changed_texts(self, ("id", "name", "raw_args"))
+        if self.parse_error and (error := valid_text(self.parse_error)) is not self.parse_error:
+            changes["parse_error"] = error
+        if (args := valid_value(self.args)) is not self.args:
+            # The raw JSON escaped the surrogate (`"\\ud800"`): send the repaired arguments back.
+            changes["args"], changes["raw_args"] = args, json.dumps(args, ensure_ascii=False)
+        return self.replace(**changes) if changes else self
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"id": self.id, "name": self.name, "args": dict(self.args)}
@@ -149,6 +194,20 @@ class Message:
     def tokens(self) -> int:
         return self.chars // 4 + 4
 
+    def valid(self) -> Message:
+        """This message with every string valid Unicode (`valid_text`); itself when it is.
+        `Session.add` stores only valid messages, so none can poison the history."""
+        changes = _changed_texts(self, ("content", "tool_call_id", "name", "thinking", "thinking_signature"))
+        calls = tuple(c.valid() for c in self.tool_calls)
+        if any(a is not b for a, b in zip(calls, self.tool_calls, strict=True)):
+            changes["tool_calls"] = calls
+        images = tuple(Image(valid_text(i.mime_type), valid_text(i.data)) for i in self.images)
+        if images != self.images:
+            changes["images"] = images
+        if self.meta and (meta := valid_value(self.meta)) is not self.meta:
+            changes["meta"] = meta
+        return self.replace(**changes) if changes else self
+
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.tool_calls:
@@ -178,6 +237,15 @@ class Message:
             bool(d.get("is_error", False)),
             d.get("meta"),
         )
+
+
+def _changed_texts(obj: Any, names: tuple[str, ...]) -> dict[str, str]:
+    changes = {}
+    for name in names:
+        text = getattr(obj, name)
+        if (clean := valid_text(text)) is not text:
+            changes[name] = clean
+    return changes
 
 
 # Builders (seed: agent.System / Human / AI / ToolMsg)

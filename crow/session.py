@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
+from crow import images
+from crow.errors import StoreError
 from crow.llm.base import ModelRequest, Usage
-from crow.messages import Message, Messages
+from crow.messages import Message, Messages, close_dangling_tool_calls, valid_value
 
 if TYPE_CHECKING:
     from crow.config import Config
@@ -40,6 +45,66 @@ class Session:
     # The configuration in force for this session: the user's, with a trusted project's
     # crow.yaml (found from `cwd`) merged over it. Hooks read their settings here.
     config: Config | None = None
+    holds: int = 0  # nesting depth of `exclusive()` in this process
+
+    @asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        """Run a turn (or a compaction) as this session's only writer across crow processes.
+        Raises `SessionBusy` while another live crow process holds it. When another process
+        wrote since this one last read the session, its context and todos are reloaded first.
+        Nested uses in one process share the outer lock."""
+        lock = getattr(self.store, "lock_session", None)  # a store without locks runs unlocked
+        if self.holds or lock is None:
+            self.holds += 1
+            try:
+                yield
+            finally:
+                self.holds -= 1
+            return
+        stale = await lock(self.id)
+        self.holds = 1
+        try:
+            if stale:
+                await self._reload()
+            yield
+        finally:
+            self.holds = 0
+            with anyio.CancelScope(shield=True), suppress(StoreError):
+                await self.store.unlock_session(self.id)  # type: ignore[union-attr]
+
+    async def _reload(self) -> None:
+        assert self.store is not None
+        record = await self.store.get_session(self.id)
+        stored = await self.store.load_context(self.id)
+        if record is not None:
+            self.todos, self.files, self.title = list(record.todos), dict(record.files), record.title
+        self.messages = Messages(stored)
+        self.last_usage, self.usage_covers, self.last_request = None, 0, None
+        self.state.pop("crow.tool_ids", None)
+        await self.repair()
+
+    async def repair(self) -> list[Message]:
+        """Make a stored context sendable again, durably: drop images no provider accepts
+        (stored before prompts were checked: a note says so) and answer tool calls left
+        without a result (a crash mid-turn). Returns the answers appended at the end."""
+        current = list(self.messages)
+        if (kept := images.without_invalid(current)) is not current:
+            await self.set_messages(kept)  # the context only: the transcript stays as shown
+            current = list(kept)
+        repaired = close_dangling_tool_calls(current)
+        if len(repaired) == len(current):
+            return []
+        if repaired[: len(current)] == current:
+            await self.add(*repaired[len(current) :])
+            return repaired[len(current) :]
+        await self.set_messages(repaired)
+        return []
+
+    @staticmethod
+    def needs_repair(messages: Sequence[Message]) -> bool:
+        return images.without_invalid(messages) is not messages or len(
+            close_dangling_tool_calls(list(messages))
+        ) != len(messages)
 
     def unique_tool_ids(self, message: Message) -> Message:
         """Give tool calls whose id the session already used (local servers reuse `call_0`)
@@ -63,7 +128,10 @@ class Session:
         return self.last_usage.context_tokens + tail.estimate_tokens()
 
     async def add(self, *messages: Message, in_context: bool = True) -> None:
-        """Append and persist at once: every message is durable when it is produced."""
+        """Append and persist at once: every message is durable when it is produced. Text is
+        made valid Unicode first (`Message.valid`): a lone surrogate from a model, a tool or
+        a hook must not make every later store write and model request fail."""
+        messages = tuple(m.valid() for m in messages)
         if in_context:
             self.messages.extend(messages)
         if self.store is not None:
@@ -71,13 +139,14 @@ class Session:
 
     async def set_messages(self, messages: Sequence[Message]) -> None:
         """Rewrite the model context (compaction, replace); the transcript is untouched."""
-        self.messages = Messages(messages)
+        self.messages = Messages(m.valid() for m in messages)
         self.last_usage, self.usage_covers = None, 0
         if self.store is not None:
-            await self.store.set_context(self.id, list(messages))
+            await self.store.set_context(self.id, list(self.messages))
 
     async def save(self, **fields: Any) -> None:
         """Persist metadata fields (todos, files, title, mode, model) that changed."""
+        fields = {key: valid_value(value) for key, value in fields.items()}
         for key, value in fields.items():
             setattr(self, key, value)
         if self.store is not None:

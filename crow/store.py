@@ -6,6 +6,10 @@ One SQLite file (WAL, `synchronous=NORMAL`, foreign keys on) holds two tables:
               `context_head` (JSON list of messages) and `context_from` (a seq)
     entries   (session_id, seq) -> message JSON, in_context flag; append-only
 
+A third, `session_locks`, names the crow process running a turn in a session (see
+`crow.locks`): a session runs turns in one process at a time. Its `generation` counts lock
+changes, so a process taking the lock knows whether another one wrote since it last read.
+
 The transcript is every entry in seq order and is never rewritten. The model context
 is `context_head` followed by the entries with `seq >= context_from AND in_context = 1`,
 so a compaction (`set_context`) rewrites one row and leaves the transcript whole.
@@ -25,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -39,11 +44,14 @@ from pathlib import Path
 from queue import SimpleQueue
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from crow import locks
 from crow.errors import StoreError
 from crow.messages import Message
+from crow.private import secure_store
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore", "SessionRecord", "Store"]
 
+log = logging.getLogger("crow.store")
 T = TypeVar("T")
 SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -103,14 +111,18 @@ class Store(Protocol):
     async def set_context(self, session_id: str, messages: Sequence[Message]) -> None: ...
     async def load_context(self, session_id: str) -> list[Message]: ...
     async def load_transcript(self, session_id: str) -> list[Message]: ...
+    async def lock_session(self, session_id: str) -> bool: ...
+    async def unlock_session(self, session_id: str) -> None: ...
     async def aclose(self) -> None: ...
 
 
 class SQLiteStore:
-    """`async with SQLiteStore(path) as store:`; `path` may be ":memory:"."""
+    """`async with SQLiteStore(path) as store:`; `path` may be ":memory:". The database is
+    private to the user (`crow.private`); so is `home` (CROW_HOME) when given."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, home: str | os.PathLike[str] | None = None) -> None:
         self._path = str(path)
+        self._home = Path(home) if home is not None else None  # CROW_HOME: made private at open
         self._state = "new"  # -> "open" -> "closed"
         # The worker and the close job hold the slot and the queue, never the store, so an
         # unclosed store can still be collected (and warn).
@@ -124,12 +136,19 @@ class SQLiteStore:
         # per connection, so they keep everything on the worker.
         self._writer = _Slot()
         self._inline = self._path != ":memory:"
+        # Session locks: this store's token, the sessions it holds, and per session the lock
+        # generation its in-memory state reflects (None: unknown, reload before a turn).
+        self._token = ""
+        self._held: set[str] = set()
+        self._generations: dict[str, int | None] = {}
+        self._heartbeat: asyncio.Task[None] | None = None
 
     # lifecycle
     async def open(self) -> SQLiteStore:
         if self._state != "new":
             raise StoreError(f"store {self._state}" if self._state == "closed" else "store open")
         self._state = "open"
+        self._token = locks.process_token()
         self._thread.start()
         try:
             await self._run(self._connect)
@@ -141,7 +160,14 @@ class SQLiteStore:
         return self
 
     async def aclose(self) -> None:
-        """Close the connection (after every job queued before) and end the worker."""
+        """Close the connection (after every job queued before) and end the worker. Session
+        locks still held (a turn cut short by the exit) are released first."""
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        if self._state == "open" and self._held:
+            with suppress(StoreError):
+                await self._write(self._release_all)
+            self._held.clear()
         was, self._state = self._state, "closed"
         _close(self._writer)
         if was == "open":
@@ -211,6 +237,35 @@ class SQLiteStore:
         """(context, transcript) from one read: what a `session/load` needs."""
         return await self._run(self._load_both, session_id)
 
+    # session locks: one turn at a time per session, across processes
+    async def lock_session(self, session_id: str) -> bool:
+        """Take `session_id` for a turn. Raises `SessionBusy` (naming the pid) when another
+        live crow process holds it; a lock left by a process that is gone is taken over.
+        Returns True when the session may have changed since this store last read or wrote
+        it (another process ran a turn): the caller reloads its context."""
+        stale = await self._write(self._lock, session_id, time.time())
+        self._held.add(session_id)
+        if self._heartbeat is None or self._heartbeat.done():
+            self._heartbeat = asyncio.get_running_loop().create_task(
+                self._beat(), name="crow.store.heartbeat"
+            )
+        return stale
+
+    async def unlock_session(self, session_id: str) -> None:
+        self._held.discard(session_id)
+        await self._write(self._unlock, session_id)
+
+    async def _beat(self) -> None:
+        """Refresh the heartbeat of held locks (what a process in another PID namespace,
+        which cannot see ours, goes by): one small write every BEAT seconds while a turn runs."""
+        while self._held and self._state == "open":
+            await asyncio.sleep(locks.BEAT)
+            if self._held and self._state == "open":
+                try:
+                    await self._write(self._touch, time.time())
+                except StoreError as exc:
+                    log.warning("cannot refresh session locks: %s", exc)
+
     # the worker thread and its hand-off; the inline writer
     @property
     def _conn(self) -> sqlite3.Connection:
@@ -225,7 +280,7 @@ class SQLiteStore:
             raise StoreError("store closed" if self._state == "closed" else "store not open")
         try:
             return fn(*args)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, UnicodeEncodeError) as exc:  # text not valid Unicode: a clear error
             raise StoreError(f"{fn.__name__.lstrip('_')} failed: {exc}") from exc
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -242,7 +297,7 @@ class SQLiteStore:
             error: BaseException | None = None
             try:
                 result = fn(*args)
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, UnicodeEncodeError) as exc:
                 error = StoreError(f"{fn.__name__.lstrip('_')} failed: {exc}")
                 error.__cause__ = exc
             except BaseException as exc:
@@ -258,7 +313,7 @@ class SQLiteStore:
     # everything below runs on the worker thread
     def _connect(self) -> None:
         if self._path != ":memory:" and not self._path.startswith("file:"):
-            Path(self._path).parent.mkdir(parents=True, exist_ok=True)
+            secure_store(Path(self._path), self._home)
         conn = self._open_connection()
         self._slot.conn = conn
         conn.execute("PRAGMA journal_mode = WAL")
@@ -274,6 +329,7 @@ class SQLiteStore:
                     if statement.strip():
                         c.execute(statement)
                 c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            c.execute(locks.TABLE)
 
     def _open_connection(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=True)
@@ -307,6 +363,7 @@ class SQLiteStore:
                 (r.id, r.cwd, r.title, created, updated, r.model, r.mode,
                  *map(_json, (r.todos, r.files, r.config))),
             )  # fmt: skip
+            self._generations[r.id] = 0
             return self._record(c, r.id)
 
     def _get(self, session_id: str) -> SessionRecord | None:
@@ -412,6 +469,7 @@ class SQLiteStore:
 
     def _load_context(self, session_id: str) -> list[Message]:
         conn = self._conn
+        self._seen(conn, session_id)
         head, start = self._get_row(conn, "context_head, context_from", session_id)
         rows = conn.execute(
             "SELECT message FROM entries WHERE session_id = ? AND seq >= ? AND in_context = 1 ORDER BY seq",
@@ -421,6 +479,7 @@ class SQLiteStore:
 
     def _load_both(self, session_id: str) -> tuple[list[Message], list[Message]]:
         conn = self._conn
+        self._seen(conn, session_id)
         head, start = self._get_row(conn, "context_head, context_from", session_id)
         rows = conn.execute(
             "SELECT seq, in_context, message FROM entries WHERE session_id = ? ORDER BY seq", (session_id,)
@@ -435,6 +494,32 @@ class SQLiteStore:
         self._get_row(conn, "1", session_id)
         rows = conn.execute("SELECT message FROM entries WHERE session_id = ? ORDER BY seq", (session_id,))
         return [_load(json.loads(t)) for (t,) in rows]
+
+    def _seen(self, c: sqlite3.Connection, session_id: str) -> None:
+        self._generations[session_id] = locks.seen(c, session_id, self._token)
+
+    def _lock(self, session_id: str, now: float) -> bool:
+        with self._tx() as c:
+            self._get_row(c, "1", session_id)
+            generation, took_over = locks.take(c, session_id, self._token, now)
+        # A holder that is gone may have written anything since this store read.
+        stale = took_over or self._generations.get(session_id) != generation
+        self._generations[session_id] = generation + 1
+        return stale
+
+    def _unlock(self, session_id: str) -> None:
+        with self._tx() as c:
+            generation = locks.release(c, session_id, self._token)
+        if generation is not None:  # else it was taken over meanwhile: the next lock reloads
+            self._generations[session_id] = generation
+
+    def _release_all(self) -> None:
+        with self._tx() as c:
+            locks.release_all(c, self._token)
+
+    def _touch(self, now: float) -> None:
+        with self._tx() as c:
+            locks.touch(c, self._token, now)
 
     @staticmethod
     def _get_row(c: sqlite3.Connection, columns: str, session_id: str) -> tuple[Any, ...]:

@@ -33,6 +33,7 @@ from crow.errors import (
     StreamCutError,
 )
 from crow.llm.base import ModelEvent, ModelRequest
+from crow.messages import valid_value
 
 logger = logging.getLogger("crow.llm")
 
@@ -191,14 +192,21 @@ async def stream_with_retries(
 _PUBLIC_HOSTS = ("api.openai.com", "api.anthropic.com")
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
 def parse_event(provider: str, data: str) -> dict[str, Any]:
-    """One SSE event's JSON data, which must be an object."""
+    """One SSE event's JSON data, which must be an object. Every model's text passes here,
+    so here it is made valid Unicode: JSON can escape a lone UTF-16 surrogate (`"\\ud83d"`,
+    half an emoji), which no encoder downstream (store, wire, next request) accepts."""
     try:
         event = json.loads(data)
     except ValueError as exc:
         raise ProviderError(f"{provider}: malformed stream event: {data[:200]!r}") from exc
     if not isinstance(event, dict):
         raise ProviderError(f"{provider}: malformed stream event: {data[:200]!r}")
+    if _SURROGATE_ESCAPE.search(data):  # rare: walk the event only then
+        event = valid_value(event)
     return event
 
 

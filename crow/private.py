@@ -1,0 +1,65 @@
+"""crow's files are the user's alone: CROW_HOME 0700; the database, traces, exports and
+stored credentials 0600 (conversations hold code, secrets pasted in prompts, tool output).
+
+New files are created with their final mode (no moment at which they are readable by
+others); ones that exist with group or other bits are tightened, and one log line says
+what changed. Files of another owner and symlinks are left alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from pathlib import Path
+
+log = logging.getLogger("crow.private")
+
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+# What crow keeps in CROW_HOME besides the database: config.yaml may hold API keys.
+HOME_FILES = ("config.yaml", "trust.json")
+DB_SUFFIXES = ("", "-wal", "-shm", "-journal")
+
+
+def tighten(path: Path, mode: int) -> str | None:
+    """Drop permission bits of `path` beyond `mode`; returns what changed, or None."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    current = stat.S_IMODE(st.st_mode)
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid() or not current & ~mode:
+        return None
+    try:
+        os.chmod(path, current & mode)
+    except OSError as exc:
+        log.warning("cannot make %s private: %s", path, exc)
+        return None
+    return f"{path.name or path} {current:04o}→{current & mode:04o}"
+
+
+def tighten_fd(fd: int, path: str | os.PathLike[str], what: str) -> None:
+    """Make an open file private (a trace, an export): one log line when it was not."""
+    st = os.fstat(fd)
+    current = stat.S_IMODE(st.st_mode)
+    if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and current & ~FILE_MODE:
+        os.fchmod(fd, current & FILE_MODE)
+        log.warning("made %s %s private: %04o→%04o", what, path, current, current & FILE_MODE)
+
+
+def secure_store(db_path: Path, home: Path | None) -> None:
+    """Before the database opens: its folder created 0700 when missing and the file created
+    0600 (SQLite gives its -wal and -shm files the database's mode). Existing files with
+    looser modes are tightened, in one log line: the database's files, and with `home`
+    (CROW_HOME) that folder and HOME_FILES in it."""
+    folder = db_path.parent
+    if not folder.exists():
+        folder.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+    changed = [tighten(home, DIR_MODE), *(tighten(home / n, FILE_MODE) for n in HOME_FILES)] if home else []
+    changed += [tighten(Path(f"{db_path}{suffix}"), FILE_MODE) for suffix in DB_SUFFIXES]
+    if not db_path.exists():
+        os.close(os.open(db_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE))
+    if done := [c for c in changed if c]:
+        where = home or folder
+        log.warning("made crow's files in %s private (only you can read them): %s", where, ", ".join(done))

@@ -1,0 +1,152 @@
+"""Session locks in the store: one crow process runs turns in a session at a time; a lock
+left by a process that is gone is taken over; a reader learns that another one wrote."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from crow.errors import SessionBusy
+from crow.locks import LEASE, holder_alive, process_token, start_time
+from crow.messages import Message
+from crow.session import Session
+from crow.store import SQLiteStore
+
+pytestmark = pytest.mark.anyio
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+async def test_a_second_store_is_told_busy_then_takes_over_after_release(tmp_path: Path) -> None:
+    db = tmp_path / "crow.db"
+    async with SQLiteStore(db) as a, SQLiteStore(db) as b:
+        await a.create_session(id="s", cwd="/w")
+        await b.load_context("s")
+        assert await a.lock_session("s") is False, "a created it: nothing to reload"
+        with pytest.raises(SessionBusy) as busy:
+            await b.lock_session("s")
+        assert busy.value.pid == os.getpid()
+        assert f"pid {os.getpid()}" in str(busy.value) and str(busy.value).startswith("busy:")
+        await a.append("s", [Message("user", "from a")])
+        await a.unlock_session("s")
+        assert await b.lock_session("s") is True, "a wrote since b read: b must reload"
+        await b.unlock_session("s")
+        assert await a.lock_session("s") is True, "b held it since: a must reload"
+        await a.unlock_session("s")
+        assert await a.lock_session("s") is False, "nobody else held it"
+
+
+async def test_a_lock_of_a_dead_process_is_taken_over(tmp_path: Path) -> None:
+    db = tmp_path / "crow.db"
+    async with SQLiteStore(db) as store:
+        await store.create_session(id="s", cwd="/w")
+        pid = dead_pid()
+        boot, namespace, *_ = process_token().split("|")
+        token = f"{boot}|{namespace}|{pid}|12345|deadbeef"
+        store._conn.execute("INSERT INTO session_locks VALUES ('s', ?, ?, ?, 7)", (token, pid, time.time()))
+        assert await store.lock_session("s") is True
+        owner, held_pid, generation = store._conn.execute(
+            "SELECT owner, pid, generation FROM session_locks"
+        ).fetchone()
+        assert (held_pid, generation) == (os.getpid(), 8) and owner != token
+
+
+def test_liveness_rules() -> None:
+    mine = process_token()
+    boot, namespace, pid, started, _ = mine.split("|")
+    now = time.time()
+    assert started == start_time(os.getpid())
+    other_store_here = f"{boot}|{namespace}|{pid}|{started}|other"
+    assert holder_alive(other_store_here, 0, now, mine), "a live holder is live whatever its heartbeat"
+    assert not holder_alive(f"{boot}|{namespace}|{pid}|1|x", now, now, mine), "a reused pid is not the holder"
+    assert not holder_alive(f"{boot}|{namespace}|{dead_pid()}|1|x", now, now, mine)
+    assert not holder_alive(f"another-boot|{namespace}|{pid}|{started}|x", now, now, mine)
+    elsewhere = f"{boot}|pid:[1]|1|1|x"  # another PID namespace: the heartbeat decides
+    assert holder_alive(elsewhere, now - LEASE / 2, now, mine)
+    assert not holder_alive(elsewhere, now - LEASE - 1, now, mine)
+
+
+async def test_exclusive_reloads_what_another_process_wrote(tmp_path: Path) -> None:
+    db = tmp_path / "crow.db"
+    async with SQLiteStore(db) as a, SQLiteStore(db) as b:
+        await a.create_session(id="s", cwd="/w")
+        ours = Session(id="s", cwd=Path("/w"), store=b, messages=await b.load_context("s"))
+        theirs = Session(id="s", cwd=Path("/w"), store=a)
+        async with theirs.exclusive():
+            with pytest.raises(SessionBusy):
+                async with ours.exclusive():
+                    pass
+            await theirs.add(Message("user", "q"), Message("assistant", "a"))
+            await theirs.save(todos=[{"id": "1", "title": "t", "status": "pending"}])
+        async with ours.exclusive():
+            assert [m.content for m in ours.messages] == ["q", "a"]
+            assert ours.todos == [{"id": "1", "title": "t", "status": "pending"}]
+            async with ours.exclusive():  # nested in one process: shares the lock
+                pass
+            await ours.add(Message("user", "q2"))
+        assert await a.load_context("s") == [
+            Message("user", "q"),
+            Message("assistant", "a"),
+            Message("user", "q2"),
+        ]
+
+
+async def test_closing_the_store_releases_its_locks(tmp_path: Path) -> None:
+    db = tmp_path / "crow.db"
+    async with SQLiteStore(db) as b:
+        async with SQLiteStore(db) as a:
+            await a.create_session(id="s", cwd="/w")
+            await a.lock_session("s")
+        assert await b.lock_session("s") is True
+
+
+async def test_a_read_during_another_process_turn_is_reloaded_after_a_takeover(tmp_path: Path) -> None:
+    db = tmp_path / "crow.db"
+    async with SQLiteStore(db) as a, SQLiteStore(db) as b:
+        await a.create_session(id="s", cwd="/w")
+        await a.lock_session("s")
+        await b.load_context("s")  # mid-turn: what it read may be half a turn
+        await a.append("s", [Message("user", "more")])
+        # a dies without releasing: its token now names a process that is gone
+        boot, namespace, *_ = process_token().split("|")
+        dead = f"{boot}|{namespace}|{dead_pid()}|1|x"
+        a._conn.execute("UPDATE session_locks SET owner = ?", (dead,))
+        assert await b.lock_session("s") is True
+
+
+async def test_a_holder_refreshes_its_heartbeat_while_it_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    import crow.locks
+
+    monkeypatch.setattr(crow.locks, "BEAT", 0.02)
+    async with SQLiteStore(tmp_path / "crow.db") as store:
+        await store.create_session(id="s", cwd="/w")
+        await store.lock_session("s")
+        [(first,)] = store._conn.execute("SELECT heartbeat FROM session_locks").fetchall()
+        await asyncio.sleep(0.1)
+        [(later,)] = store._conn.execute("SELECT heartbeat FROM session_locks").fetchall()
+        assert later > first
+        await store.unlock_session("s")
+        await asyncio.sleep(0.05)
+        assert store._heartbeat is not None and store._heartbeat.done(), "no beat without a lock"
+
+
+async def test_text_that_is_not_unicode_is_a_store_error(tmp_path: Path) -> None:
+    from crow.errors import StoreError
+
+    for path in (tmp_path / "crow.db", ":memory:"):  # the inline writer and the worker thread
+        async with SQLiteStore(path) as store:
+            with pytest.raises(StoreError, match="surrogates not allowed"):
+                await store.create_session(id="s", cwd="/w/\udcff")
