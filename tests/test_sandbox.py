@@ -191,6 +191,63 @@ async def test_background_jobs_die_with_the_command(workspace: Path) -> None:
     assert ps.stdout.strip() == b""
 
 
+async def test_a_cancel_right_after_the_start_leaves_no_process(workspace: Path) -> None:
+    """Cancelled as soon as bwrap is spawned, many times: nothing the sandbox starts may
+    survive (with bwrap's --new-session the sandboxed init left the command's process group,
+    and a kill landing before its parent-death signal was set orphaned it)."""
+    b = backend(workspace)
+    marker = f"{os.getpid()}{id(b)}"
+    for i in range(40):
+        with anyio.CancelScope() as scope:
+            scope.cancel()  # lands at the first wait after the (shielded) spawn
+            await b.run(f"sleep 1{marker}{i} & sleep 1{marker}{i}", workspace, 20)
+        await anyio.sleep(i % 4 * 0.001)  # vary the moment a little
+    await anyio.sleep(0.3)
+    ps = await anyio.run_process(["pgrep", "-f", f"sleep 1{marker}"], check=False)
+    assert ps.stdout.strip() == b"", "sandboxed processes outlived a cancel"
+
+
+NO_TTY_CHECK = """
+import anyio, os, sys
+from pathlib import Path
+from crow.config import EnvironmentPolicy
+from crow.environment import compute_environment
+from mcp_servers.filesystem.backend import LocalBackend
+from mcp_servers.filesystem.sandbox import Sandbox
+
+os.close(os.open("/dev/tty", os.O_RDWR))  # this process has a controlling terminal
+print("parent has a terminal", flush=True)
+root = Path(sys.argv[1])
+env = compute_environment(EnvironmentPolicy(), os.environ)
+b = LocalBackend(root, Sandbox.create([root]), env)
+result = anyio.run(b.run, "(: </dev/tty) 2>&1 || echo no-terminal", root, 20)
+print(result.output, flush=True)
+"""
+
+
+def test_a_sandboxed_command_has_no_controlling_terminal(workspace: Path) -> None:
+    """crow has a terminal (crow run); the command it starts must not (no TIOCSTI into it):
+    each command starts in a session of its own."""
+    import pty
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child, with the pty as its controlling terminal
+        os.execv(sys.executable, [sys.executable, "-c", NO_TTY_CHECK, str(workspace)])
+    out = b""
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.waitpid(pid, 0)
+    os.close(fd)
+    text = out.decode(errors="replace")
+    assert "parent has a terminal" in text and "no-terminal" in text, text
+
+
 async def test_commands_get_the_environment_policy(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SANDBOX_TEST_API_KEY", "sk-leak")
     from crow.config import Config

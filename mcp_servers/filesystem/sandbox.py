@@ -3,8 +3,12 @@
 What a sandboxed command gets:
 
 - new PID, IPC and UTS namespaces (it sees and can signal only its own processes; the
-  `/proc/$PPID/root` trick reaches the sandbox's own root), `--new-session` (no TIOCSTI into
-  the caller's terminal), `--die-with-parent`, no capabilities, even as root;
+  `/proc/$PPID/root` trick reaches the sandbox's own root), `--die-with-parent`, no
+  capabilities, even as root;
+- no controlling terminal (no TIOCSTI into the user's): `run_command` starts every command
+  in a session of its own. Not bwrap's `--new-session`: that moves the sandbox's init out of
+  the command's process group, and a cancel landing before bwrap set its parent-death
+  signal then orphaned the whole sandbox;
 - `/` read-only, the writable roots (the session's workspace) read-write, a private `/tmp`,
   a fresh `/proc` and a minimal `/dev`;
 - hidden: `hidden` (crow's home, holding the session store) and the user's credential
@@ -149,7 +153,7 @@ class Sandbox:
         argv = [
             self.bwrap,
             "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-            "--die-with-parent", "--new-session",
+            "--die-with-parent",
             "--cap-drop", "ALL",
             "--ro-bind", "/", "/",
             "--dev", "/dev",
