@@ -110,7 +110,7 @@ def split_commands(line: str, _depth: int = 0) -> Parsed:
             in_word, special = True, special or dollar
             continue
         if c == "`":
-            end = _closing_backtick(line, i + 1)
+            end = _closing(line, i + 1, "`")
             nested(line[i + 1 : end])
             word.append(line[i : end + 1])
             in_word, special, i = True, True, end + 1
@@ -130,7 +130,7 @@ def split_commands(line: str, _depth: int = 0) -> Parsed:
                 in_word, special, i = True, True, end + 1
                 continue
             if nxt == "'":
-                end = _closing_ansi(line, i + 2)
+                end = _closing(line, i + 2, "'")
                 word.append(line[i + 2 : end].replace("\\", ""))
                 in_word, i = True, end + 1
                 continue
@@ -239,7 +239,7 @@ def _double_quoted(line: str, i: int, word: list[str], nested: Any) -> tuple[int
             i += 2
             continue
         if c == "`":
-            end = _closing_backtick(line, i + 1)
+            end = _closing(line, i + 1, "`")
             nested(line[i + 1 : end])
             i, dollar = end + 1, True
             continue
@@ -296,37 +296,18 @@ def _closing_brace(line: str, i: int) -> int:
     return n
 
 
+def _closing(line: str, i: int, char: str) -> int:
+    """The index of the next `char` not escaped by a backslash, from `i`; len(line) if none."""
+    n = len(line)
+    while i < n:
+        if line[i] == "\\":
+            i += 2
+            continue
+        if line[i] == char:
+            return i
+        i += 1
+    return n
+
+
 def _skip_double(line: str, i: int) -> int:
-    n = len(line)
-    while i < n:
-        if line[i] == "\\":
-            i += 2
-            continue
-        if line[i] == '"':
-            return i + 1
-        i += 1
-    return n
-
-
-def _closing_backtick(line: str, i: int) -> int:
-    n = len(line)
-    while i < n:
-        if line[i] == "\\":
-            i += 2
-            continue
-        if line[i] == "`":
-            return i
-        i += 1
-    return n
-
-
-def _closing_ansi(line: str, i: int) -> int:
-    n = len(line)
-    while i < n:
-        if line[i] == "\\":
-            i += 2
-            continue
-        if line[i] == "'":
-            return i
-        i += 1
-    return n
+    return min(_closing(line, i, '"') + 1, len(line))

@@ -4,10 +4,7 @@ never a torn or empty file; after a full disk the model is told, and the session
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,24 +18,6 @@ from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
 pytestmark = pytest.mark.anyio
 END = ("completed", "failed")
 EDIT = {"path": "big.txt", "old_text": "MARK", "new_text": "DONE"}
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 512 KB tmpfs as the workspace: needs root (CI runs as root)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(disk)], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"mounting a tmpfs is not permitted here: {done.stderr.strip()}")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 async def test_a_full_disk_during_an_edit_leaves_the_file_and_the_session_usable(

@@ -230,24 +230,6 @@ async def test_when_the_owner_cannot_be_kept_the_file_is_written_in_place(
 # --- a full disk ---------------------------------------------------------------------
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 512 KB tmpfs: needs root (CI runs as root) and a kernel that lets it mount."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(disk)], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"mounting a tmpfs is not permitted here: {done.stderr.strip()}")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
-
-
 async def test_a_full_disk_leaves_the_file_unchanged_and_says_so(small_disk: Path) -> None:
     body = "HEAD\n" + "filler line\n" * 25_000  # 300 KB: a second copy does not fit
     (small_disk / "app.py").write_text(body)
