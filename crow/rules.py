@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from crow.shell_parse import Command, Parsed, split_commands
+from crow.shell_parse import RUNS_OTHERS, Command, Parsed, split_commands
 
 FILE_TOOLS = frozenset({"read_file", "write_file", "edit_file", "ls", "glob", "grep"})
 EDIT_TOOLS = frozenset({"write_file", "edit_file"})
@@ -297,10 +297,13 @@ def _always(option_id: str, what: str, rules: tuple[str, ...]) -> Choice:
 
 
 def _scope(cmd: Command) -> str:
-    """`git status -s` -> `git status`; `ls -la` -> `ls`."""
+    """`git status -s` -> `git status`; `ls -la` -> `ls`; "" for no always-option: `sudo`,
+    `timeout`, `xargs` or `bash` "commands" would be every command."""
     if not cmd.plain or not cmd.words:
         return ""
     program = cmd.words[0]
+    if os.path.basename(program) in RUNS_OTHERS:
+        return ""
     if (
         os.path.basename(program) in _SUBCOMMAND_PROGRAMS
         and len(cmd.words) > 1

@@ -40,6 +40,8 @@ _WRAPPERS = frozenset(
      "stdbuf", "ionice", "chrt", "setsid", "time", "unbuffer"}
 )  # fmt: skip
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "fish", "busybox"})
+# Programs whose arguments (or input) are another command: `sudo rm`, `xargs rm`, `bash x.sh`.
+RUNS_OTHERS = _WRAPPERS | _SHELLS | {"eval", "source", "."}
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?\+?=")
 _SAFE_TARGETS = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr"})
 _GLOB_CHARS = frozenset("*?[{~")  # in the program's name: globbing, brace and tilde expansion

@@ -254,6 +254,18 @@ def test_the_rules_an_option_adds_cover_the_call_and_no_more() -> None:
         assert decide(subject(tool, other, ROOT), session)[0] is None, label
 
 
+@pytest.mark.parametrize(
+    "command",
+    ["timeout 10 pytest", "sudo ls", "env ls", "ls | xargs echo", "nice make", "bash build.sh",
+     "echo ls | sh", "exec ls", "command ls", "source env.sh", "/usr/bin/timeout 5 ls"],
+)  # fmt: skip
+def test_no_always_allow_for_a_program_that_runs_other_commands(command: str) -> None:
+    """An always-allow of `timeout` commands would allow `timeout 1 rm -rf ~`: not offered."""
+    offered = options("execute", {"command": command})
+    assert "allow_always" not in offered, offered
+    assert offered["reject_always"][0] == "Always reject this exact command"
+
+
 def test_exact_command_reject_matches_that_command() -> None:
     line = "echo $(rm -rf x) [1]*"
     (rule,) = options("execute", {"command": line})["reject_always"][1]
