@@ -133,8 +133,11 @@ def split_commands(line: str, _depth: int = 0) -> Parsed:
                 continue
             if nxt == "'":
                 end = _closing_ansi(line, i + 2)
-                word.append(line[i + 2 : end].replace("\\", ""))
+                word.append(_ansi_c(line[i + 2 : end]))
                 in_word, i = True, end + 1
+                continue
+            if nxt == '"':  # $"…": a translated string, the same words as "…"
+                i += 1
                 continue
             word.append(c)
             in_word, special, i = True, True, i + 1
@@ -320,6 +323,27 @@ def _closing_backtick(line: str, i: int) -> int:
             return i
         i += 1
     return n
+
+
+_ANSI = re.compile(r"\\(?:x[0-9A-Fa-f]{1,2}|u[0-9A-Fa-f]{1,4}|U[0-9A-Fa-f]{1,8}|[0-7]{1,3}|c.|.)", re.S)
+_ANSI_SIMPLE = {"a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "n": "\n", "r": "\r",
+                "t": "\t", "v": "\v", "\\": "\\", "'": "'", '"': '"', "?": "?"}  # fmt: skip
+
+
+def _ansi_c(body: str) -> str:
+    """The text of $'…' as bash decodes it: `$'\\x72m'` is `rm` (and a NUL ends it)."""
+
+    def one(m: re.Match[str]) -> str:
+        esc = m.group()[1:]
+        if esc[0] in "xuU" and len(esc) > 1:
+            return chr(min(int(esc[1:], 16), 0x10FFFF))
+        if esc[0] in "01234567":
+            return chr(int(esc, 8) & 0xFF)
+        if esc[0] == "c" and len(esc) == 2:
+            return chr(ord(esc[1].upper()) & 0x1F)
+        return _ANSI_SIMPLE.get(esc, "\\" + esc)  # an unknown escape keeps its backslash
+
+    return _ANSI.sub(one, body).split("\0", 1)[0]
 
 
 def _closing_ansi(line: str, i: int) -> int:

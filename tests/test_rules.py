@@ -142,6 +142,10 @@ def test_execute_allow_covers_every_command_of_the_line(command: str, expected: 
         "echo ok; rm  -rf   x",
         'echo > "$(rm -rf x)"',
         'cat <<< "$(rm -rf x)"',
+        "$'\\x72m' -rf x",  # ANSI-C quoting, as bash decodes it
+        "$'r\\155' -rf x",
+        "$'\\u0072'm -rf x",
+        '$"rm" -rf x',  # a translated string
     ],
 )
 def test_execute_deny_matches_any_command_of_the_line(command: str) -> None:
