@@ -275,3 +275,27 @@ async def test_an_always_answer_settles_the_calls_waiting_behind_it(
         await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])
     assert len(client.permission_requests) == 1, "the waiting echo calls were covered by the answer"
     assert all(results(llm, 1)[f"e{i}"].startswith(str(i)) for i in range(3))
+
+
+async def test_a_foreign_tools_path_argument_does_not_let_later_calls_pass_it(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """Only crow's file tools are known to touch nothing but their `path`: a read written
+    after another server's `build(path="src")` sees what the build wrote elsewhere."""
+    configure(home, "mode: yolo\n")
+    out = workspace / "dist.txt"
+    builder = McpServerStdio(
+        name="builder",
+        command=sys.executable,
+        args=[str(SUPPORT / "path_mcp.py")],
+        env=[EnvVariable(name="OUTPUT", value=str(out))],
+    )
+    llm.push(
+        Reply(tool_calls=[call("build", "b", path="src"), call("read_file", "r", path="dist.txt")]),
+        Reply(text="ok"),
+    )
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, _client):
+        sid = await start(conn, workspace, [builder])
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("build, then read the output")])
+    read = results(llm, 1)
+    assert read["b"] == "built src" and "built src" in read["r"], read
