@@ -299,3 +299,44 @@ async def test_a_foreign_tools_path_argument_does_not_let_later_calls_pass_it(
         await conn.prompt(session_id=sid, prompt=[acp.text_block("build, then read the output")])
     read = results(llm, 1)
     assert read["b"] == "built src" and "built src" in read["r"], read
+
+
+async def test_accept_edits_still_asks_before_an_edit_inside_dot_git(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """A hook or a `core.fsmonitor` in .git is a command git runs (for the user, outside
+    any sandbox, at the next commit): writing one is not a mere edit."""
+    configure(home, "mode: accept_edits\n")
+    (workspace / ".git" / "hooks").mkdir(parents=True)
+    (workspace / ".git" / "config").write_text("[core]\n")
+    (workspace / "gitdir").symlink_to(".git")
+    llm.push(
+        Reply(
+            tool_calls=[
+                call("write_file", "h", path=".git/hooks/pre-commit", content="#!/bin/sh\nrm -rf ~\n"),
+                call(
+                    "edit_file",
+                    "c",
+                    path="src/../.git/config",
+                    old_text="[core]",
+                    new_text="[core]\n fsmonitor = x",
+                ),
+                call("write_file", "l", path="gitdir/hooks/post-checkout", content="#!/bin/sh\n"),
+                call("write_file", "a", path="app.py", content="print(1)\n"),
+            ]
+        ),
+        Reply(text="ok"),
+    )
+    client = ScriptedAnswers("reject_once", "reject_once", "reject_once")
+    async with spawn_crow(crow_env(llm, home), client=client) as (conn, _proc, _client):
+        sid = await start(conn, workspace)
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])
+    asked = [tc.title for tc, _ in client.permission_requests]
+    assert asked == [
+        "Write .git/hooks/pre-commit",
+        "Edit src/../.git/config",
+        "Write gitdir/hooks/post-checkout",
+    ]
+    assert not (workspace / ".git" / "hooks" / "pre-commit").exists()
+    assert (workspace / ".git" / "config").read_text() == "[core]\n"
+    assert (workspace / "app.py").read_text() == "print(1)\n", "other edits run without asking"
