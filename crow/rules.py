@@ -225,7 +225,10 @@ def _matches_any(rule: Rule, subj: Subject) -> bool:
         return True
     if subj.tool == "execute":
         rx = rule._regex
-        return bool(rx.match(subj.line) or any(rx.match(c.text) or rx.match(c.bare) for c in subj.commands))
+        return bool(
+            rx.match(subj.line)
+            or any(rx.match(c.text) or rx.match(c.bare) or any(map(rx.match, c.tails)) for c in subj.commands)
+        )
     if subj.tool in FILE_TOOLS:
         return any(rule._spec.match_file(p) for p in subj.paths)
     return True

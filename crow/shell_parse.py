@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -23,6 +23,10 @@ class Command:
     text: str  # the words, unquoted, joined by single spaces
     bare: str  # without leading assignments, reserved words and wrappers like sudo
     plain: bool  # a simple command an allow rule may cover
+    # After a wrapper, each later word as a program (`sudo -u root rm x` -> `rm x`): the
+    # wrapper's options are not parsed, so deny and ask rules look at every tail; and the
+    # command after find's `-exec`.
+    tails: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -39,6 +43,7 @@ _WRAPPERS = frozenset(
     {"sudo", "doas", "env", "nice", "nohup", "timeout", "command", "builtin", "exec", "xargs",
      "stdbuf", "ionice", "chrt", "setsid", "time", "unbuffer"}
 )  # fmt: skip
+_EXEC_FLAGS = frozenset({"-exec", "-execdir", "-ok", "-okdir"})  # find: a command follows
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "fish", "busybox"})
 # Programs whose arguments (or input) are another command: `sudo rm`, `xargs rm`, `bash x.sh`.
 RUNS_OTHERS = _WRAPPERS | _SHELLS | {"eval", "source", "."}
@@ -188,13 +193,19 @@ def _finish(part: _Part, depth: int) -> list[Command]:
     if part.raw_words and part.raw_words[0]:
         plain = False  # `$cmd ...`, `*.sh`: which program runs is not written down
     bare = words[k:]
+    wrapped = bool(bare) and os.path.basename(bare[0]) in _WRAPPERS
+    tails = [
+        " ".join([os.path.basename(bare[j]), *bare[j + 1 :]])
+        for j in range(1, len(bare))
+        if wrapped or bare[j - 1] in _EXEC_FLAGS
+    ]
     while bare and os.path.basename(bare[0]) in _WRAPPERS:
         bare = bare[1:]
         while bare and (bare[0].startswith("-") or bare[0][:1].isdigit() or _ASSIGNMENT.match(bare[0])):
             bare = bare[1:]
     if bare:  # `/bin/rm -rf x` is `rm -rf x` to a deny rule
         bare = [os.path.basename(bare[0]), *bare[1:]]
-    out = [Command(words, " ".join(words), " ".join(bare), plain)]
+    out = [Command(words, " ".join(words), " ".join(bare), plain, tails)]
     if bare and os.path.basename(bare[0]) in _SHELLS and depth < 8:
         for flag_at, w in enumerate(bare[1:], 1):
             if w.startswith("-") and "c" in w and flag_at + 1 < len(bare):

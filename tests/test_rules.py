@@ -146,6 +146,12 @@ def test_execute_allow_covers_every_command_of_the_line(command: str, expected: 
         "$'r\\155' -rf x",
         "$'\\u0072'm -rf x",
         '$"rm" -rf x',  # a translated string
+        "sudo -u root rm -rf x",  # a wrapper's option with a value
+        "env -u HOME rm -rf x",
+        "timeout -s KILL 5 rm -rf x",
+        "ls | xargs -I {} rm -rf {}",
+        "find . -name x -exec rm -rf {} +",
+        "find . -execdir /bin/rm -rf {} \\;",
     ],
 )
 def test_execute_deny_matches_any_command_of_the_line(command: str) -> None:
