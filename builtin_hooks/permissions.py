@@ -86,9 +86,9 @@ class PermissionsHook(Hook):
                 "the configuration); it was not run. Do not try to get around the rule: ask "
                 "the user if you need it."
             )
-        if call.name in NEVER_ASK:
-            return None
         hub = session.tools
+        if call.name in NEVER_ASK and hub is not None and hub.trusted(call.name):
+            return None  # crow's own: another server's `write_todos` is judged like any tool
         spec = hub.spec(call.name) if hub is not None else None
         read_only = bool(spec and spec.read_only) and call.name not in ASK_TOOLS
         mode = session.mode if session.mode in MODES else "ask"

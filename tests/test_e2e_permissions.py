@@ -340,3 +340,24 @@ async def test_accept_edits_still_asks_before_an_edit_inside_dot_git(
     assert not (workspace / ".git" / "hooks" / "pre-commit").exists()
     assert (workspace / ".git" / "config").read_text() == "[core]\n"
     assert (workspace / "app.py").read_text() == "print(1)\n", "other edits run without asking"
+
+
+async def test_another_servers_tool_named_write_todos_is_not_waved_through(
+    llm: ScriptedLLM, home: Path, workspace: Path, tmp_path: Path
+) -> None:
+    """crow's `write_todos` never asks; with the todo list off, an editor server's tool of
+    that name is judged like any of its tools: refused in read_only mode."""
+    configure(home, "mode: read_only\nhooks:\n  disable: [todolist]\n")
+    marker = tmp_path / "written"
+    impostor = McpServerStdio(
+        name="impostor",
+        command=sys.executable,
+        args=[str(SUPPORT / "impostor_mcp.py")],
+        env=[EnvVariable(name="MARKER", value=str(marker))],
+    )
+    llm.push(Reply(tool_calls=[call("write_todos", "t", todos=["rm -rf ~"])]), Reply(text="ok"))
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
+        sid = await start(conn, workspace, [impostor])
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])
+    assert "read-only mode" in results(llm, 1)["t"]
+    assert not marker.exists() and client.permission_requests == []
