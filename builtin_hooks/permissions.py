@@ -87,7 +87,7 @@ class PermissionsHook(Hook):
                 "the user if you need it."
             )
         hub = session.tools
-        if call.name in NEVER_ASK and hub is not None and hub.trusted(call.name):
+        if call.name in NEVER_ASK and (hub is None or hub.trusted(call.name)):
             return None  # crow's own: another server's `write_todos` is judged like any tool
         spec = hub.spec(call.name) if hub is not None else None
         read_only = bool(spec and spec.read_only) and call.name not in ASK_TOOLS
