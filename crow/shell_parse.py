@@ -157,7 +157,7 @@ def split_commands(line: str, _depth: int = 0) -> Parsed:
             end = line.find("\n", i)
             i = n if end < 0 else end
             continue
-        if c in " \t\r":
+        if c in " \t":  # not \r: to bash it is part of a word (`a\r#; rm x` is no comment)
             end_word()
             i += 1
             continue

@@ -116,6 +116,7 @@ ALLOW = ("execute(git status *)", "execute(ls *)", "execute(echo *)")
         ("ls >| out", None),
         ("ls 2>&1|wc -l", None),
         ("ls >", None),
+        ("git status\r#; rm -rf x", None),  # bash runs rm: \r does not start a comment
     ],
 )
 def test_execute_allow_covers_every_command_of_the_line(command: str, expected: str | None) -> None:
@@ -152,6 +153,7 @@ def test_execute_allow_covers_every_command_of_the_line(command: str, expected: 
         "ls | xargs -I {} rm -rf {}",
         "find . -name x -exec rm -rf {} +",
         "find . -execdir /bin/rm -rf {} \\;",
+        "echo ok\r#; rm -rf x",  # \r is no blank to bash: `ok\r#` is a word, not a comment
     ],
 )
 def test_execute_deny_matches_any_command_of_the_line(command: str) -> None:
