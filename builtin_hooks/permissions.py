@@ -3,7 +3,8 @@
 Rules (`permissions: {allow, ask, deny}` in the config, see crow.rules) hold in every
 mode: deny > ask > allow. Then the session's mode:
     ask           ask before write_file, edit_file, execute and any tool not trusted read-only
-    accept_edits  file edits run without asking; commands and other tools still ask
+    accept_edits  file edits run without asking (but those inside a `.git` folder);
+                  commands and other tools still ask
     yolo          nothing else asks
     read_only     trusted read-only tools run, and tools an allow rule names (never edits);
                   the rest are refused without asking
@@ -24,7 +25,7 @@ from typing import Any
 import anyio
 
 from crow import Hook, HookContext, ToolCall, ToolResult
-from crow.rules import EDIT_TOOLS, RuleSet, compile_rules, decide, parse_rule, subject
+from crow.rules import EDIT_TOOLS, RuleSet, compile_rules, decide, parse_rule, path_candidates, subject
 from crow.rules import choices as prompt_choices
 
 MODES = ("ask", "accept_edits", "yolo", "read_only", "plan")
@@ -85,9 +86,9 @@ class PermissionsHook(Hook):
                 "the configuration); it was not run. Do not try to get around the rule: ask "
                 "the user if you need it."
             )
-        if call.name in NEVER_ASK:
-            return None
         hub = session.tools
+        if call.name in NEVER_ASK and (hub is None or hub.trusted(call.name)):
+            return None  # crow's own: another server's `write_todos` is judged like any tool
         spec = hub.spec(call.name) if hub is not None else None
         read_only = bool(spec and spec.read_only) and call.name not in ASK_TOOLS
         mode = session.mode if session.mode in MODES else "ask"
@@ -97,7 +98,9 @@ class PermissionsHook(Hook):
                 return _refusal(mode, call.name)
         if decision is not None:
             return "ask" if decision == "ask" else None
-        if read_only or mode == "yolo" or (mode == "accept_edits" and call.name in EDIT_TOOLS):
+        if read_only or mode == "yolo":
+            return None
+        if mode == "accept_edits" and call.name in EDIT_TOOLS and not _in_git(call, str(session.cwd)):
             return None
         return "ask"
 
@@ -131,6 +134,13 @@ class PermissionsHook(Hook):
                 "session. Ask what they would like instead."
             )
         return "The user declined this tool call. Ask what they would like instead."
+
+
+def _in_git(call: ToolCall, cwd: str) -> bool:
+    """An edit inside a `.git` folder: its config and hooks are commands git runs (a
+    `core.fsmonitor`, a `pre-commit`), so accept_edits still asks for it."""
+    paths, _ = path_candidates(call.args.get("path", "."), cwd)
+    return not paths or any(".git" in p.lower().split("/") for p in paths)
 
 
 def _refusal(mode: str, name: str) -> str:

@@ -7,6 +7,9 @@ with; all others run concurrently. Two calls conflict unless
 - both are read-only, or
 - both name a ``path`` argument and neither path lies inside the other.
 
+Only tools that `paths_of` names (crow's file tools) are taken at their ``path``: another
+server's ``build(path="src")`` may write anywhere, so it counts as naming no path.
+
 A call that may change something and names no path (``execute``, most MCP tools)
 conflicts with every call; a read-only call without a path conflicts with every writer.
 A folder path (``grep``/``glob``/``ls`` over ``src``) covers everything under it.
@@ -41,9 +44,15 @@ def _overlap(a: str | None, b: str | None) -> bool:
     return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
 
 
-def waits_for(calls: Sequence[ToolCall], read_only: Callable[[str], bool], cwd: str) -> list[list[int]]:
-    """For each call, the indexes of the earlier calls it must wait for."""
-    scopes = [scope(c, cwd) for c in calls]
+def waits_for(
+    calls: Sequence[ToolCall],
+    read_only: Callable[[str], bool],
+    cwd: str,
+    paths_of: Callable[[str], bool] = lambda name: True,
+) -> list[list[int]]:
+    """For each call, the indexes of the earlier calls it must wait for; `paths_of(name)`:
+    the tool touches only its ``path`` argument."""
+    scopes = [scope(c, cwd) if paths_of(c.name) else None for c in calls]
     ro = [read_only(c.name) for c in calls]
     return [
         [j for j in range(i) if not (ro[i] and ro[j]) and _overlap(scopes[i], scopes[j])]

@@ -171,18 +171,20 @@ async def _run(args: argparse.Namespace) -> int:
 
     async def emit(event: Event) -> None:
         nonlocal wrote_text
+        # The model's text and the tools' output share the terminal with the permission
+        # questions: an escape sequence in them could hide a question (`\x1b[8m`) or fake one.
         if isinstance(event, TextDelta):
-            sys.stdout.write(event.text)
+            sys.stdout.write(_printable(event.text) if sys.stdout.isatty() else event.text)
             sys.stdout.flush()
             wrote_text = True
         elif isinstance(event, ToolCallStart):
             from crow.acp_view import tool_title
 
-            print(f"\n→ {tool_title(event.call)}", file=sys.stderr)
+            print(f"\n→ {_printable(tool_title(event.call))}", file=sys.stderr)
         elif isinstance(event, ToolCallEnd):
             mark = "✗" if event.result.is_error else "✓"
             first = (event.result.text.splitlines() or [""])[0][:120]
-            print(f"  {mark} {first}", file=sys.stderr)
+            print(f"  {mark} {_printable(first)}", file=sys.stderr)
         elif isinstance(event, Notice):
             print(event.text, file=sys.stderr)
         elif isinstance(event, ModeChanged):
@@ -229,13 +231,13 @@ class TerminalClient:
         options = list(options or DEFAULT_CHOICES)
         keys = {self.KEYS.get(o.id, str(n)): o.id for n, o in enumerate(options, 1)}
         labels = {o.id: o.label for o in options}
-        menu = "  ".join(f"[{k}] {labels[i]}" for k, i in keys.items())
+        menu = _printable("  ".join(f"[{k}] {labels[i]}" for k, i in keys.items()))
         if self._lock is None:
             self._lock = anyio.Lock()
         async with self._lock:
             with anyio.move_on_after(timeout):
                 self._discard_typed_ahead()
-                print(_question(call, self.cwd), file=sys.stderr)
+                print(_printable(_question(call, self.cwd)), file=sys.stderr)
                 prompt = f"  {menu}\n  Answer for {_call_name(call)}: "
                 while True:
                     print(prompt, end="", file=sys.stderr, flush=True)
@@ -265,9 +267,7 @@ class TerminalClient:
         waits its turn behind permission questions, like them."""
         import anyio
 
-        # The text is the model's: escape sequences could hide or fake the options below.
-        shown = "".join(c if c.isprintable() or c in "\n\t" else f"\\x{ord(c):02x}" for c in text)
-        lines = [f"\n{title}\n", shown.rstrip(), ""]
+        lines = [f"\n{title}\n", _printable(text).rstrip(), ""]
         lines += [f"  [{n}] {label}" for n, (_, label, _) in enumerate(options, 1)]
         if self._lock is None:
             self._lock = anyio.Lock()
@@ -306,6 +306,12 @@ class TerminalClient:
             self._buffer += chunk
         line, _, self._buffer = self._buffer.partition(b"\n")
         return line.decode(errors="replace")
+
+
+def _printable(text: str) -> str:
+    """The model's text as the terminal should show it: a control character (`\\r`, an
+    escape sequence) could hide part of a command or fake the options below it."""
+    return "".join(c if c.isprintable() or c in "\n\t" else f"\\x{ord(c):02x}" for c in text)
 
 
 def _call_name(call: Any) -> str:

@@ -48,6 +48,7 @@ from crow.messages import (
     system,
     validate,
 )
+from crow.rules import FILE_TOOLS
 
 if TYPE_CHECKING:
     from crow.session import Session
@@ -313,7 +314,9 @@ class Turn:
             spec = self._tool_specs.get(name)
             return bool(spec and spec.read_only)
 
-        await run_batch(calls, waits_for(calls, read_only, str(self.session.cwd)), one)
+        # Another server's `path` argument need not be all its tool touches.
+        paths_of = FILE_TOOLS.__contains__
+        await run_batch(calls, waits_for(calls, read_only, str(self.session.cwd), paths_of), one)
 
     async def _execute(self, call: ToolCall) -> ToolResult:
         if call.parse_error:

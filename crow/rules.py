@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from crow.shell_parse import Command, Parsed, split_commands
+from crow.shell_parse import RUNS_OTHERS, Command, Parsed, split_commands
 
 FILE_TOOLS = frozenset({"read_file", "write_file", "edit_file", "ls", "glob", "grep"})
 EDIT_TOOLS = frozenset({"write_file", "edit_file"})
@@ -225,7 +225,10 @@ def _matches_any(rule: Rule, subj: Subject) -> bool:
         return True
     if subj.tool == "execute":
         rx = rule._regex
-        return bool(rx.match(subj.line) or any(rx.match(c.text) or rx.match(c.bare) for c in subj.commands))
+        return bool(
+            rx.match(subj.line)
+            or any(rx.match(c.text) or rx.match(c.bare) or any(map(rx.match, c.tails)) for c in subj.commands)
+        )
     if subj.tool in FILE_TOOLS:
         return any(rule._spec.match_file(p) for p in subj.paths)
     return True
@@ -297,10 +300,13 @@ def _always(option_id: str, what: str, rules: tuple[str, ...]) -> Choice:
 
 
 def _scope(cmd: Command) -> str:
-    """`git status -s` -> `git status`; `ls -la` -> `ls`."""
+    """`git status -s` -> `git status`; `ls -la` -> `ls`; "" for no always-option: `sudo`,
+    `timeout`, `xargs` or `bash` "commands" would be every command."""
     if not cmd.plain or not cmd.words:
         return ""
     program = cmd.words[0]
+    if os.path.basename(program) in RUNS_OTHERS:
+        return ""
     if (
         os.path.basename(program) in _SUBCOMMAND_PROGRAMS
         and len(cmd.words) > 1

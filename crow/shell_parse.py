@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -23,6 +23,10 @@ class Command:
     text: str  # the words, unquoted, joined by single spaces
     bare: str  # without leading assignments, reserved words and wrappers like sudo
     plain: bool  # a simple command an allow rule may cover
+    # After a wrapper, each later word as a program (`sudo -u root rm x` -> `rm x`): the
+    # wrapper's options are not parsed, so deny and ask rules look at every tail; and the
+    # command after find's `-exec`.
+    tails: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -39,7 +43,10 @@ _WRAPPERS = frozenset(
     {"sudo", "doas", "env", "nice", "nohup", "timeout", "command", "builtin", "exec", "xargs",
      "stdbuf", "ionice", "chrt", "setsid", "time", "unbuffer"}
 )  # fmt: skip
+_EXEC_FLAGS = frozenset({"-exec", "-execdir", "-ok", "-okdir"})  # find: a command follows
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "fish", "busybox"})
+# Programs whose arguments (or input) are another command: `sudo rm`, `xargs rm`, `bash x.sh`.
+RUNS_OTHERS = _WRAPPERS | _SHELLS | {"eval", "source", "."}
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?\+?=")
 _SAFE_TARGETS = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr"})
 _GLOB_CHARS = frozenset("*?[{~")  # in the program's name: globbing, brace and tilde expansion
@@ -131,8 +138,11 @@ def split_commands(line: str, _depth: int = 0) -> Parsed:
                 continue
             if nxt == "'":
                 end = _closing(line, i + 2, "'")
-                word.append(line[i + 2 : end].replace("\\", ""))
+                word.append(_ansi_c(line[i + 2 : end]))
                 in_word, i = True, end + 1
+                continue
+            if nxt == '"':  # $"…": a translated string, the same words as "…"
+                i += 1
                 continue
             word.append(c)
             in_word, special, i = True, True, i + 1
@@ -147,7 +157,7 @@ def split_commands(line: str, _depth: int = 0) -> Parsed:
             end = line.find("\n", i)
             i = n if end < 0 else end
             continue
-        if c in " \t\r":
+        if c in " \t":  # not \r: to bash it is part of a word (`a\r#; rm x` is no comment)
             end_word()
             i += 1
             continue
@@ -183,13 +193,19 @@ def _finish(part: _Part, depth: int) -> list[Command]:
     if part.raw_words and part.raw_words[0]:
         plain = False  # `$cmd ...`, `*.sh`: which program runs is not written down
     bare = words[k:]
+    wrapped = bool(bare) and os.path.basename(bare[0]) in _WRAPPERS
+    tails = [
+        " ".join([os.path.basename(bare[j]), *bare[j + 1 :]])
+        for j in range(1, len(bare))
+        if wrapped or bare[j - 1] in _EXEC_FLAGS
+    ]
     while bare and os.path.basename(bare[0]) in _WRAPPERS:
         bare = bare[1:]
         while bare and (bare[0].startswith("-") or bare[0][:1].isdigit() or _ASSIGNMENT.match(bare[0])):
             bare = bare[1:]
     if bare:  # `/bin/rm -rf x` is `rm -rf x` to a deny rule
         bare = [os.path.basename(bare[0]), *bare[1:]]
-    out = [Command(words, " ".join(words), " ".join(bare), plain)]
+    out = [Command(words, " ".join(words), " ".join(bare), plain, tails)]
     if bare and os.path.basename(bare[0]) in _SHELLS and depth < 8:
         for flag_at, w in enumerate(bare[1:], 1):
             if w.startswith("-") and "c" in w and flag_at + 1 < len(bare):
@@ -311,3 +327,24 @@ def _closing(line: str, i: int, char: str) -> int:
 
 def _skip_double(line: str, i: int) -> int:
     return min(_closing(line, i, '"') + 1, len(line))
+
+
+_ANSI = re.compile(r"\\(?:x[0-9A-Fa-f]{1,2}|u[0-9A-Fa-f]{1,4}|U[0-9A-Fa-f]{1,8}|[0-7]{1,3}|c.|.)", re.S)
+_ANSI_SIMPLE = {"a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "n": "\n", "r": "\r",
+                "t": "\t", "v": "\v", "\\": "\\", "'": "'", '"': '"', "?": "?"}  # fmt: skip
+
+
+def _ansi_c(body: str) -> str:
+    """The text of $'…' as bash decodes it: `$'\\x72m'` is `rm` (and a NUL ends it)."""
+
+    def one(m: re.Match[str]) -> str:
+        esc = m.group()[1:]
+        if esc[0] in "xuU" and len(esc) > 1:
+            return chr(min(int(esc[1:], 16), 0x10FFFF))
+        if esc[0] in "01234567":
+            return chr(int(esc, 8) & 0xFF)
+        if esc[0] == "c" and len(esc) == 2:
+            return chr(ord(esc[1].upper()) & 0x1F)
+        return _ANSI_SIMPLE.get(esc, "\\" + esc)  # an unknown escape keeps its backslash
+
+    return _ANSI.sub(one, body).split("\0", 1)[0]

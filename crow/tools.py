@@ -132,11 +132,8 @@ class ToolHub:
             if name in self._routes:  # keep names unique: qualify the newcomer
                 name = _NAME_OK.sub("_", f"{conn.spec.name}_{tool.name}")[:64]
                 log.info("tool %s of %s renamed %s (name taken)", tool.name, conn.spec.name, name)
-            trusted = conn.spec.trusted
-            if trusted is None:
-                trusted = conn.spec.transport == "inprocess"
-            read_only = trusted and bool(tool.annotations and tool.annotations.read_only_hint)
             self._routes[name] = (conn, tool.name)
+            read_only = self.trusted(name) and bool(tool.annotations and tool.annotations.read_only_hint)
             self._specs.append(
                 ToolSpec(
                     name,
@@ -154,6 +151,14 @@ class ToolHub:
 
     def spec(self, name: str) -> ToolSpec | None:
         return next((s for s in self._specs if s.name == name), None)
+
+    def trusted(self, name: str) -> bool:
+        """Whether the tool's server is believed (crow's own, or marked trusted)."""
+        route = self._routes.get(name)
+        if route is None:
+            return False
+        spec = route[0].spec
+        return spec.trusted if spec.trusted is not None else spec.transport == "inprocess"
 
     def server_of(self, name: str) -> str | None:
         route = self._routes.get(name)

@@ -275,3 +275,89 @@ async def test_an_always_answer_settles_the_calls_waiting_behind_it(
         await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])
     assert len(client.permission_requests) == 1, "the waiting echo calls were covered by the answer"
     assert all(results(llm, 1)[f"e{i}"].startswith(str(i)) for i in range(3))
+
+
+async def test_a_foreign_tools_path_argument_does_not_let_later_calls_pass_it(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """Only crow's file tools are known to touch nothing but their `path`: a read written
+    after another server's `build(path="src")` sees what the build wrote elsewhere."""
+    configure(home, "mode: yolo\n")
+    out = workspace / "dist.txt"
+    builder = McpServerStdio(
+        name="builder",
+        command=sys.executable,
+        args=[str(SUPPORT / "path_mcp.py")],
+        env=[EnvVariable(name="OUTPUT", value=str(out))],
+    )
+    llm.push(
+        Reply(tool_calls=[call("build", "b", path="src"), call("read_file", "r", path="dist.txt")]),
+        Reply(text="ok"),
+    )
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, _client):
+        sid = await start(conn, workspace, [builder])
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("build, then read the output")])
+    read = results(llm, 1)
+    assert read["b"] == "built src" and "built src" in read["r"], read
+
+
+async def test_accept_edits_still_asks_before_an_edit_inside_dot_git(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """A hook or a `core.fsmonitor` in .git is a command git runs (for the user, outside
+    any sandbox, at the next commit): writing one is not a mere edit."""
+    configure(home, "mode: accept_edits\n")
+    (workspace / ".git" / "hooks").mkdir(parents=True)
+    (workspace / ".git" / "config").write_text("[core]\n")
+    (workspace / "gitdir").symlink_to(".git")
+    llm.push(
+        Reply(
+            tool_calls=[
+                call("write_file", "h", path=".git/hooks/pre-commit", content="#!/bin/sh\nrm -rf ~\n"),
+                call(
+                    "edit_file",
+                    "c",
+                    path="src/../.git/config",
+                    old_text="[core]",
+                    new_text="[core]\n fsmonitor = x",
+                ),
+                call("write_file", "l", path="gitdir/hooks/post-checkout", content="#!/bin/sh\n"),
+                call("write_file", "a", path="app.py", content="print(1)\n"),
+            ]
+        ),
+        Reply(text="ok"),
+    )
+    client = ScriptedAnswers("reject_once", "reject_once", "reject_once")
+    async with spawn_crow(crow_env(llm, home), client=client) as (conn, _proc, _client):
+        sid = await start(conn, workspace)
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])
+    asked = [tc.title for tc, _ in client.permission_requests]
+    assert asked == [
+        "Write .git/hooks/pre-commit",
+        "Edit src/../.git/config",
+        "Write gitdir/hooks/post-checkout",
+    ]
+    assert not (workspace / ".git" / "hooks" / "pre-commit").exists()
+    assert (workspace / ".git" / "config").read_text() == "[core]\n"
+    assert (workspace / "app.py").read_text() == "print(1)\n", "other edits run without asking"
+
+
+async def test_another_servers_tool_named_write_todos_is_not_waved_through(
+    llm: ScriptedLLM, home: Path, workspace: Path, tmp_path: Path
+) -> None:
+    """crow's `write_todos` never asks; with the todo list off, an editor server's tool of
+    that name is judged like any of its tools: refused in read_only mode."""
+    configure(home, "mode: read_only\nhooks:\n  disable: [todolist]\n")
+    marker = tmp_path / "written"
+    impostor = McpServerStdio(
+        name="impostor",
+        command=sys.executable,
+        args=[str(SUPPORT / "impostor_mcp.py")],
+        env=[EnvVariable(name="MARKER", value=str(marker))],
+    )
+    llm.push(Reply(tool_calls=[call("write_todos", "t", todos=["rm -rf ~"])]), Reply(text="ok"))
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
+        sid = await start(conn, workspace, [impostor])
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])
+    assert "read-only mode" in results(llm, 1)["t"]
+    assert not marker.exists() and client.permission_requests == []

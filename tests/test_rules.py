@@ -116,6 +116,7 @@ ALLOW = ("execute(git status *)", "execute(ls *)", "execute(echo *)")
         ("ls >| out", None),
         ("ls 2>&1|wc -l", None),
         ("ls >", None),
+        ("git status\r#; rm -rf x", None),  # bash runs rm: \r does not start a comment
     ],
 )
 def test_execute_allow_covers_every_command_of_the_line(command: str, expected: str | None) -> None:
@@ -142,6 +143,17 @@ def test_execute_allow_covers_every_command_of_the_line(command: str, expected: 
         "echo ok; rm  -rf   x",
         'echo > "$(rm -rf x)"',
         'cat <<< "$(rm -rf x)"',
+        "$'\\x72m' -rf x",  # ANSI-C quoting, as bash decodes it
+        "$'r\\155' -rf x",
+        "$'\\u0072'm -rf x",
+        '$"rm" -rf x',  # a translated string
+        "sudo -u root rm -rf x",  # a wrapper's option with a value
+        "env -u HOME rm -rf x",
+        "timeout -s KILL 5 rm -rf x",
+        "ls | xargs -I {} rm -rf {}",
+        "find . -name x -exec rm -rf {} +",
+        "find . -execdir /bin/rm -rf {} \\;",
+        "echo ok\r#; rm -rf x",  # \r is no blank to bash: `ok\r#` is a word, not a comment
     ],
 )
 def test_execute_deny_matches_any_command_of_the_line(command: str) -> None:
@@ -252,6 +264,18 @@ def test_the_rules_an_option_adds_cover_the_call_and_no_more() -> None:
         session = RuleSet(allow=[parse_rule(r, "session") for r in rules])
         assert decide(subject(tool, args, ROOT), session)[0] == "allow", label
         assert decide(subject(tool, other, ROOT), session)[0] is None, label
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["timeout 10 pytest", "sudo ls", "env ls", "ls | xargs echo", "nice make", "bash build.sh",
+     "echo ls | sh", "exec ls", "command ls", "source env.sh", "/usr/bin/timeout 5 ls"],
+)  # fmt: skip
+def test_no_always_allow_for_a_program_that_runs_other_commands(command: str) -> None:
+    """An always-allow of `timeout` commands would allow `timeout 1 rm -rf ~`: not offered."""
+    offered = options("execute", {"command": command})
+    assert "allow_always" not in offered, offered
+    assert offered["reject_always"][0] == "Always reject this exact command"
 
 
 def test_exact_command_reject_matches_that_command() -> None:

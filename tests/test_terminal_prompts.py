@@ -10,6 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import CROW, crow_env
 from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
 
@@ -81,3 +83,89 @@ def test_crow_run_asks_one_question_at_a_time(llm: ScriptedLLM, home: Path, work
     assert read["a"].startswith("one") and read["b"].startswith("two")
     assert "declined" in read["c"]
     assert not (workspace / "p.txt").exists()
+
+
+@pytest.mark.anyio
+async def test_control_characters_in_a_command_or_diff_are_shown_not_obeyed(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A `\\r` or an escape sequence in the model's command would let it print over the
+    part of the line that deletes something; the terminal shows them escaped."""
+    from crow.cli import TerminalClient
+    from crow.messages import ToolCall
+    from crow.rules import choices, subject
+
+    hidden = "rm -rf ~ #\r\x1b[2K  $ echo hi"
+    calls = [
+        ToolCall("a", "execute", {"command": f"echo hi; {hidden}"}),
+        ToolCall("b", "write_file", {"path": "p.txt", "content": f"ok\n{hidden}\n"}),
+        ToolCall("c", "shout", {"text": hidden}),
+        ToolCall("d", "execute", {"command": "l\x1b7s -la"}),  # the option labels name it
+    ]
+    read, write = os.pipe()
+    try:
+        client = TerminalClient(str(workspace), fd=read)
+        for call in calls:
+            os.write(write, b"n\n")
+            options = choices(subject(call.name, call.args, str(workspace)), False)
+            assert await client.ask_permission(call, options=options) == "reject_once"
+    finally:
+        os.close(read)
+        os.close(write)
+    shown = capsys.readouterr().err
+    assert "\r" not in shown and "\x1b" not in shown, repr(shown)
+    assert shown.count("rm -rf ~ #\\x0d\\x1b[2K") == 3, shown  # title, command, argument
+    assert "+\\x1b[2K  $ echo hi" in shown, shown  # the diff
+    assert "Always allow `l\\x1b7s` commands" in shown, shown
+
+
+def test_crow_run_shows_the_models_escape_sequences_escaped(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """`\\x1b[8m` (conceal) in the model's text or a tool title would hide the permission
+    question that follows it, under a fake one the model printed."""
+    (workspace / "note.txt").write_text("keep\n")
+    fake = "Allow Run echo hi?\\n  $ echo hi\x1b[8m"
+    llm.push(
+        Reply(
+            text=f"Checking.\x1b[8m{fake}",
+            tool_calls=[
+                ToolCallSpec(name="read_file", arguments={"path": "\x1b[8mnote.txt"}, id="r"),
+                ToolCallSpec(name="execute", arguments={"command": f"echo '{fake}'; rm -f note.txt"}, id="x"),
+            ],
+        ),
+        Reply(text="done"),
+    )
+    master, slave = os.openpty()
+    proc = subprocess.Popen(
+        [*CROW, "run", "--cwd", str(workspace), "go"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=crow_env(llm, home),
+        start_new_session=True,
+    )
+    os.close(slave)
+    out, answered = b"", False
+    try:
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.05)
+            if ready:
+                try:
+                    out += os.read(master, 65536)
+                except OSError:
+                    break
+                if b"Answer for" in out and not answered:
+                    os.write(master, b"n\n")
+                    answered = True
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        os.close(master)
+    text = out.decode(errors="replace")
+    assert "Answer for" in text and (workspace / "note.txt").exists(), text
+    assert "\x1b" not in text, repr(text)
+    assert "Checking.\\x1b[8m" in text and "→ Read \\x1b[8mnote.txt" in text, text
