@@ -6,8 +6,8 @@ mode: deny > ask > allow. Then the session's mode:
     accept_edits  file edits run without asking (but those inside a `.git` folder);
                   commands and other tools still ask
     yolo          nothing else asks
-    read_only     trusted read-only tools run, and tools an allow rule names (never edits);
-                  the rest are refused without asking
+    read_only     trusted read-only tools run, and tools an allow rule names (never edits
+                  or commands); the rest are refused without asking
     plan          as read_only, and the model is told to finish with exit_plan_mode(plan)
 
 Only crow's own servers are believed when they call a tool read-only (ToolHub marks the
@@ -93,7 +93,9 @@ class PermissionsHook(Hook):
         read_only = bool(spec and spec.read_only) and call.name not in ASK_TOOLS
         mode = session.mode if session.mode in MODES else "ask"
         if mode in ("read_only", "plan"):
-            allowed = decision == "allow" and call.name not in EDIT_TOOLS
+            # Edits and commands never run here, whatever the rules; an allow rule can admit
+            # another server's tool, whose read-only hint crow does not believe.
+            allowed = decision == "allow" and call.name not in ASK_TOOLS
             if not (read_only or allowed):
                 return _refusal(mode, call.name)
         if decision is not None:

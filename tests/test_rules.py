@@ -397,13 +397,14 @@ async def test_modes_and_rules_together() -> None:
     assert s.client.asked == [("edit_file", ["allow_once", "reject_once", "reject_always"])]
 
     s = _session("read_only", allow=["execute(git status *)", "write_file"])
-    assert await _check(s, "execute", command="git status") is None, "an allow rule names it"
+    assert "read-only mode" in (await _check(s, "execute", command="git status") or ""), "never commands"
     assert "read-only mode" in (await _check(s, "execute", command="git push") or "")
     assert "read-only mode" in (await _check(s, "write_file", path="a", content="") or ""), "never edits"
     assert s.client.asked == []
 
-    s = _session("plan", allow=["write_file"], deny=["write_todos"])
+    s = _session("plan", allow=["write_file", "execute(git status *)"], deny=["write_todos"])
     assert "exit_plan_mode(plan)" in (await _check(s, "write_file", path="a", content="") or "")
+    assert "exit_plan_mode(plan)" in (await _check(s, "execute", command="git status") or ""), "no commands"
     assert await _check(s, "exit_plan_mode", plan="do it") is None
     assert "`write_todos`" in (await _check(s, "write_todos", todos=[]) or ""), "deny holds everywhere"
     assert s.client.asked == []
