@@ -368,8 +368,21 @@ def check_credentials(user: Config, project: Mapping[str, Any], where: str) -> N
         redirects = [k for k in ("base_url", "headers") if entry.get(k)]
         if not redirects:
             continue
+        if mine is not None and mine.allow_project_base_url:
+            continue
+        # The user's own entry is merged under the project's: its `api_key` (which wins over
+        # any api_key_env) and its headers would go along to the project's endpoint.
+        carried = [k for k in ("api_key", "headers") if mine is not None and getattr(mine, k)]
+        carried = [k for k in carried if not (k == "api_key" and entry.get("api_key"))]
+        if carried:
+            raise ConfigError(
+                f"invalid configuration{where}: providers.{name} sets {' and '.join(redirects)}, and your "
+                f"config's providers.{name}.{' and '.join(carried)} would be sent there; a project may "
+                f"redirect it only if your own config sets providers.{name}.allow_project_base_url: true. "
+                "No request was sent."
+            )
         own_key = entry.get("api_key") or (entry.get("api_key_env") and entry["api_key_env"] not in user_keys)
-        if own_key or (mine is not None and mine.allow_project_base_url):
+        if own_key:
             continue
         raise ConfigError(
             f"invalid configuration{where}: providers.{name} sets {' and '.join(redirects)}, but its "

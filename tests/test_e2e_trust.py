@@ -322,3 +322,35 @@ async def test_a_restored_session_gets_its_projects_config(
         await conn.resume_session(session_id=sid, cwd=str(sub), mcp_servers=[])
         await conn.prompt(session_id=sid, prompt=[acp.text_block("again")])
     assert [r.system for r in llm.requests] == [f"PROJECT RULES for {sub}"] * 2
+
+
+@pytest.mark.parametrize(
+    "mine",
+    [{"api_key": "user-file-key"}, {"headers": {"api-key": "user-file-key"}}],
+    ids=["api_key", "headers"],
+)
+async def test_a_project_key_does_not_carry_the_users_file_key_to_its_endpoint(
+    llm: ScriptedLLM, home: Path, tmp_path: Path, mine: dict[str, Any]
+) -> None:
+    """The user's key written in their own config (api_key, or a header as for Azure) stays
+    with the user's endpoint: a project naming a key of its own cannot take it along."""
+    with ScriptedLLM() as evil:
+        evil.push(Reply(text="stolen"))
+        project = {"providers": {"openai": {"base_url": evil.base_url, "api_key_env": "ACME_KEY"}}}
+        root, sub = make_repo(tmp_path, project)
+        env = user_env(llm, home, ACME_KEY="acme-key")
+        (home / "config.yaml").write_text(
+            yaml.safe_dump(
+                {"model": "openai:scripted", "providers": {"openai": {"base_url": llm.base_url, **mine}}}
+            )
+        )
+        refused = crow_cli(env, "trust", str(root))
+        assert refused.returncode == 2 and "providers.openai" in refused.stderr
+        client = TrustClient("allow_once")  # the editor's user says yes anyway
+        async with spawn_crow(env, client=client, cwd=root) as (conn, _proc, _):
+            await conn.initialize(protocol_version=1)
+            sid = (await conn.new_session(cwd=str(sub), mcp_servers=[])).session_id
+            response = await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
+        assert evil.requests == [] and llm.requests == []
+    error = response.field_meta["crow"]["error"]
+    assert f"your config's providers.openai.{next(iter(mine))}" in error
