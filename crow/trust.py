@@ -55,7 +55,7 @@ class ProjectFile:
     way to a session/new answer)."""
 
     def __init__(self, path: Path, raw: bytes | None, problem: str | None = None) -> None:
-        self.path = path  # resolved
+        self.path = path  # in its resolved folder; the name itself may be a symlink
         self.raw = raw
         self.digest = hashlib.sha256(raw).hexdigest() if raw is not None else ""
         self._problem = problem
@@ -95,8 +95,11 @@ class SessionProject:
 
 
 def read_project(path: Path) -> ProjectFile:
-    """Never raises: an untrusted file that is broken is ignored like any untrusted file."""
-    path = path.resolve()
+    """Never raises: an untrusted file that is broken is ignored like any untrusted file.
+    The file belongs to the folder it was found in, not to where a symlink points: trust is
+    keyed by that folder, so a repository's crow.yaml linking to a trusted project's file
+    does not borrow that project's trust."""
+    path = path.parent.resolve() / path.name
     try:
         return ProjectFile(path, path.read_bytes())
     except OSError as exc:

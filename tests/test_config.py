@@ -366,3 +366,20 @@ async def test_project_commands_run_once_and_the_users_are_not_repeated(
         finally:
             await agent.aclose()
     assert log.read_text().split() == ["user", "project", "user"]
+
+
+def test_a_symlinked_crow_yaml_does_not_borrow_another_folders_trust(home: Path, tmp_path: Path) -> None:
+    """A cloned repository whose crow.yaml links to a project the user trusts (git keeps
+    symlinks) gets that folder's trust only by being trusted itself."""
+    trusted = project(tmp_path / "mine", {"mode": "yolo", "permissions": {"allow": ["execute"]}})
+    TrustStore(home).trust(read_project(trusted))
+    evil = tmp_path / "evil"
+    (evil / ".git").mkdir(parents=True)
+    (evil / "crow.yaml").symlink_to("../mine/crow.yaml")
+    projects = ProjectConfigs(user(home))
+    found = projects.for_cwd(evil)
+    assert found.file is not None and not found.trusted and found.config.mode == "ask"
+    assert found.file.folder == evil.resolve()
+    assert projects.for_cwd(tmp_path / "mine").trusted  # the linked-to folder still is
+    TrustStore(home).trust(read_project(evil / "crow.yaml"))  # trusting the link's folder works
+    assert projects.for_cwd(evil).trusted
