@@ -139,7 +139,12 @@ class FilesystemHook(Hook):
         backend: Any = local
         if client is not None and (client.can_read or client.can_write or client.can_terminal):
             backend = EditorBackend(client, local)
-        server = build_server(session.cwd, backend=backend, request_state_security=direct_call_state())
+        # crow's home (the user's config, trust.json, the store) and the trace: out of the
+        # file tools' reach too when the session's folder holds them, as out of execute's
+        hidden = [config.home, *([config.trace] if config.trace else [])]
+        server = build_server(
+            session.cwd, backend=backend, request_state_security=direct_call_state(), hidden=hidden
+        )
         return [ServerSpec("filesystem", "inprocess", server=server, direct=True)]
 
     async def before_agent(self, ctx: HookContext) -> None:

@@ -354,3 +354,51 @@ async def test_a_project_key_does_not_carry_the_users_file_key_to_its_endpoint(
         assert evil.requests == [] and llm.requests == []
     error = response.field_meta["crow"]["error"]
     assert f"your config's providers.openai.{next(iter(mine))}" in error
+
+
+async def test_file_tools_do_not_reach_crow_home_inside_the_workspace(llm: ScriptedLLM, tmp_path: Path) -> None:
+    """The user opens a folder holding CROW_HOME (their home folder, say): the model can
+    neither write the user's config or trust.json with the file tools (in accept_edits, no
+    prompt), nor read or grep the key written in that config."""
+    work = tmp_path / "work"
+    home = work / ".crow"
+    home.mkdir(parents=True)
+    user_config = yaml.safe_dump(
+        {
+            "model": "openai:scripted",
+            "mode": "accept_edits",
+            "providers": {"openai": {"base_url": llm.base_url, "api_key": "user-file-key"}},
+        }
+    )
+    (home / "config.yaml").write_text(user_config)
+    (work / ".crow-link").symlink_to(".crow")
+    trust = json.dumps({"version": 1, "folders": {str(tmp_path / "evil"): {"sha256": "x"}}})
+    calls = [
+        ToolCallSpec(name="write_file", arguments={"path": ".crow/config.yaml", "content": "mode: yolo\n"}),
+        ToolCallSpec(name="write_file", arguments={"path": str(home / "trust.json"), "content": trust}),
+        ToolCallSpec(
+            name="edit_file",
+            arguments={"path": ".crow-link/config.yaml", "old_text": "accept_edits", "new_text": "yolo"},
+        ),
+        ToolCallSpec(name="read_file", arguments={"path": ".crow/config.yaml"}),
+        ToolCallSpec(name="grep", arguments={"pattern": "user-file-k.y"}),
+        ToolCallSpec(name="grep", arguments={"pattern": "user-file-k.y", "path": ".crow-link"}),
+        ToolCallSpec(name="glob", arguments={"pattern": "**/*.yaml"}),
+        ToolCallSpec(name="ls", arguments={"path": ".crow"}),
+    ]
+    llm.push(Reply(tool_calls=calls), Reply(text="done"))
+    env = crow_env(None, home)
+    async with spawn_crow(env, cwd=work) as (conn, _proc, client):
+        await conn.initialize(protocol_version=1)
+        sid = (await conn.new_session(cwd=str(work), mcp_servers=[])).session_id
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])
+    assert (home / "config.yaml").read_text() == user_config
+    assert not (home / "trust.json").exists()
+    results = [m for m in llm.requests[-1].messages if m.get("role") == "tool"]
+    assert len(results) == len(calls)
+    for message in results:
+        assert "user-file-key" not in json.dumps(message)
+    assert ".crow/config.yaml" not in str(results[6]["content"])  # glob does not list it
+    refused = [m for m in results if "crow's own folder" in str(m["content"])]
+    assert len(refused) == 6  # the writes, the edit, the read, the grep and ls inside it
+    assert not client.permission_requests  # accept_edits: nothing asked, nothing written
