@@ -193,6 +193,11 @@ def merge(base: Mapping[str, Any], over: Mapping[str, Any], path: tuple[str, ...
     return out
 
 
+# Values in a config once YAML aliases are expanded; a real one has a few hundred. A few
+# hundred bytes of nested aliases expand to billions, which printing or copying would build.
+MAX_CONFIG_VALUES = 100_000
+
+
 def read_yaml(path: Path, raw: bytes | None = None) -> dict[str, Any]:
     """`path` (or its bytes already read, `raw`) as a YAML mapping."""
     import yaml
@@ -204,7 +209,29 @@ def read_yaml(path: Path, raw: bytes | None = None) -> dict[str, Any]:
         raise ConfigError(f"cannot read {path}: {exc}") from exc
     if not isinstance(loaded, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
+    if _too_many_values(loaded, MAX_CONFIG_VALUES):
+        raise ConfigError(
+            f"{path}: more than {MAX_CONFIG_VALUES:,} values once its aliases are expanded; "
+            "not a configuration crow will read"
+        )
     return loaded
+
+
+def _too_many_values(loaded: Any, limit: int) -> bool:
+    """Counts values as if aliases were expanded, stopping at `limit` (so a self-referencing
+    alias ends too)."""
+    stack, seen = [loaded], 0
+    while stack:
+        value = stack.pop()
+        seen += 1
+        if seen > limit:
+            return True
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return False
 
 
 def find_config_file(explicit: str | None, home: Path) -> Path | None:

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import re
+import stat
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -94,6 +95,9 @@ class SessionProject:
     error: str | None = None  # the project file could not be read or composed
 
 
+MAX_PROJECT_BYTES = 1 << 20  # a crow.yaml is a few hundred bytes; a repository's may be hostile
+
+
 def read_project(path: Path) -> ProjectFile:
     """Never raises: an untrusted file that is broken is ignored like any untrusted file.
     The file belongs to the folder it was found in, not to where a symlink points: trust is
@@ -101,9 +105,17 @@ def read_project(path: Path) -> ProjectFile:
     does not borrow that project's trust."""
     path = path.parent.resolve() / path.name
     try:
-        return ProjectFile(path, path.read_bytes())
+        # Non-blocking: a FIFO swapped in for the file must not hang the session/new.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return ProjectFile(path, None, f"cannot read {path}: not a regular file")
+            raw = f.read(MAX_PROJECT_BYTES + 1)
     except OSError as exc:
         return ProjectFile(path, None, f"cannot read {path}: {exc}")
+    if len(raw) > MAX_PROJECT_BYTES:
+        return ProjectFile(path, None, f"cannot read {path}: too large (over {MAX_PROJECT_BYTES:,} bytes)")
+    return ProjectFile(path, raw)
 
 
 class TrustStore:

@@ -11,7 +11,7 @@ import yaml
 
 from crow.config import compose, find_project_file, load_config, merge
 from crow.errors import ConfigError
-from crow.trust import ProjectConfigs, TrustStore, describe, read_project
+from crow.trust import ProjectConfigs, TrustStore, describe, read_project, untrusted_notice
 
 
 @pytest.fixture
@@ -383,3 +383,25 @@ def test_a_symlinked_crow_yaml_does_not_borrow_another_folders_trust(home: Path,
     assert projects.for_cwd(tmp_path / "mine").trusted  # the linked-to folder still is
     TrustStore(home).trust(read_project(evil / "crow.yaml"))  # trusting the link's folder works
     assert projects.for_cwd(evil).trusted
+
+
+def test_an_alias_bomb_or_a_huge_crow_yaml_is_refused_not_expanded(home: Path, tmp_path: Path) -> None:
+    """A repository's crow.yaml is read at every session/new, trusted or not: nested YAML
+    aliases (a few hundred bytes that expand to 9**8 strings) or a file of many megabytes
+    is refused as a problem, not expanded into the trust question or read whole."""
+    folder = tmp_path / "bomb"
+    folder.mkdir()
+    levels = ['a0: &a0 ["x","x","x","x","x","x","x","x","x"]']
+    levels += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 8)]
+    (folder / "crow.yaml").write_text("\n".join(levels) + "\npermissions:\n  allow: [*a7]\n")
+    bomb = read_project(folder / "crow.yaml")
+    assert bomb.problem is not None and "aliases" in bomb.problem
+    assert "expand" in untrusted_notice(bomb)
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "crow.yaml").write_text("mode: ask\n#" + "x" * (8 << 20) + "\n")
+    huge = read_project(big / "crow.yaml")
+    assert huge.problem is not None and "too large" in huge.problem and huge.raw is None
+    # a file with a few honest aliases still reads
+    (folder / "crow.yaml").write_text("x: &r [execute(git status)]\npermissions:\n  allow: *r\n  ask: *r\n")
+    assert read_project(folder / "crow.yaml").data["permissions"]["ask"] == ["execute(git status)"]
