@@ -402,3 +402,23 @@ async def test_file_tools_do_not_reach_crow_home_inside_the_workspace(llm: Scrip
     refused = [m for m in results if "crow's own folder" in str(m["content"])]
     assert len(refused) == 6  # the writes, the edit, the read, the grep and ls inside it
     assert not client.permission_requests  # accept_edits: nothing asked, nothing written
+
+
+@pytest.mark.parametrize("answer", ["allow_once", "allow_always"])
+async def test_a_project_trusted_at_the_question_governs_the_sessions_commands(
+    llm: ScriptedLLM, home: Path, tmp_path: Path, answer: str
+) -> None:
+    """Trusted through the editor's question, the file's environment (and sandbox) apply to
+    that very session's commands, not only to the next session's."""
+    project = {"mode": "yolo", "environment": {"exclude": ["ACME_DEPLOY_URL"], "set": {"FROM_PROJECT": "yes"}}}
+    root, sub = make_repo(tmp_path, project)
+    env = user_env(llm, home, ACME_DEPLOY_URL="https://deploy.internal")
+    command = "echo from=$FROM_PROJECT deploy=$ACME_DEPLOY_URL"
+    llm.push(Reply(tool_calls=[ToolCallSpec(name="execute", arguments={"command": command})]), Reply(text="ok"))
+    client = TrustClient(answer)
+    async with spawn_crow(env, client=client, cwd=root) as (conn, _proc, _):
+        await conn.initialize(protocol_version=1)
+        sid = (await conn.new_session(cwd=str(sub), mcp_servers=[])).session_id
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("run it")])
+    (result,) = [m for m in llm.requests[-1].messages if m.get("role") == "tool"]
+    assert "from=yes deploy=\n" in str(result["content"]) and client.permission_requests == []
