@@ -124,9 +124,7 @@ class FilesystemHook(Hook):
             return None
         from mcp_servers.filesystem.sandbox import Sandbox
 
-        # crow's home holds every session and stored credentials; a trace file, the transcript
-        hidden = [config.home, *([config.trace] if config.trace else [])]
-        return Sandbox.create([session.cwd], hidden=hidden, network=config.network, bwrap=bwrap)
+        return Sandbox.create([session.cwd], hidden=_hidden(config), network=config.network, bwrap=bwrap)
 
     def tool_servers(self, session: Session) -> list[ServerSpec]:
         from crow.environment import child_environment
@@ -139,11 +137,8 @@ class FilesystemHook(Hook):
         backend: Any = local
         if client is not None and (client.can_read or client.can_write or client.can_terminal):
             backend = EditorBackend(client, local)
-        # crow's home (the user's config, trust.json, the store) and the trace: out of the
-        # file tools' reach too when the session's folder holds them, as out of execute's
-        hidden = [config.home, *([config.trace] if config.trace else [])]
         server = build_server(
-            session.cwd, backend=backend, request_state_security=direct_call_state(), hidden=hidden
+            session.cwd, backend=backend, request_state_security=direct_call_state(), hidden=_hidden(config)
         )
         return [ServerSpec("filesystem", "inprocess", server=server, direct=True)]
 
@@ -167,6 +162,13 @@ class FilesystemHook(Hook):
         elif call.name not in NOT_EVICTED and len(result.output) > self.evict_over:
             result = result.replace(output=evict(result.output, self.evict_over))
         return result
+
+
+def _hidden(config: Config) -> list[Path | str]:
+    """Out of the model's reach, for the sandbox and the file tools alike: crow's home (every
+    session, trust.json, the user's config and stored credentials), the user's config file
+    wherever `--config` put it (it may hold keys), and a trace file (the transcript)."""
+    return [config.home, *(p for p in (config.source, config.trace) if p)]
 
 
 def factory(agent: Any) -> FilesystemHook:

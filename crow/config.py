@@ -125,6 +125,13 @@ class Config(_Model):
     home: Path = Field(default_factory=lambda: Path("~/.crow").expanduser())
     # The environment and command-line layer, re-applied over a project's file.
     _top: dict[str, Any] = PrivateAttr(default_factory=dict)
+    # The user's file it was read from (`--config PATH` may lie outside crow's home): it may
+    # hold keys, so the model's tools must not reach it (builtin_hooks/filesystem).
+    _source: Path | None = PrivateAttr(default=None)
+
+    @property
+    def source(self) -> Path | None:
+        return self._source
 
     @field_validator("sandbox", mode="before")
     @classmethod
@@ -320,6 +327,7 @@ def load_config(
     top = {**_env_layer(env), **(overrides or {})}
     config = _validate({**data, **top}, f" in {path}" if path else "")
     config._top = top
+    config._source = path.absolute() if path is not None else None
     return config
 
 
@@ -341,7 +349,7 @@ def compose(user: Config, project: Mapping[str, Any], path: Path) -> Config:
     _check_commands(project, where)
     base = user.model_dump(exclude_unset=True)
     config = _validate({**merge(base, project), **user._top, "home": user.home}, where)
-    config._top = user._top
+    config._top, config._source = user._top, user._source
     return config
 
 

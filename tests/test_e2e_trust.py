@@ -422,3 +422,39 @@ async def test_a_project_trusted_at_the_question_governs_the_sessions_commands(
         await conn.prompt(session_id=sid, prompt=[acp.text_block("run it")])
     (result,) = [m for m in llm.requests[-1].messages if m.get("role") == "tool"]
     assert "from=yes deploy=\n" in str(result["content"]) and client.permission_requests == []
+
+
+async def test_the_users_config_file_given_by_path_is_out_of_the_models_reach(
+    llm: ScriptedLLM, home: Path, tmp_path: Path
+) -> None:
+    """`--config PATH` in the folder the user works in: neither a sandboxed command nor the
+    file tools read the key in it or rewrite it (in yolo, no prompt stands in the way)."""
+    import shutil
+
+    assert shutil.which("bwrap"), "this test needs bubblewrap installed"
+    work = tmp_path / "work"
+    work.mkdir()
+    config = work / "my-crow.yaml"
+    text = yaml.safe_dump(
+        {
+            "model": "openai:scripted",
+            "mode": "yolo",
+            "providers": {"openai": {"base_url": llm.base_url, "api_key": "user-file-key"}},
+        }
+    )
+    config.write_text(text)
+    calls = [
+        ToolCallSpec(name="execute", arguments={"command": "cat my-crow.yaml; echo 'mode: yolo' > my-crow.yaml"}),
+        ToolCallSpec(name="read_file", arguments={"path": "my-crow.yaml"}),
+        ToolCallSpec(name="write_file", arguments={"path": "my-crow.yaml", "content": "mode: yolo\n"}),
+        ToolCallSpec(name="grep", arguments={"pattern": "user-file-k.y"}),
+    ]
+    llm.push(Reply(tool_calls=calls), Reply(text="done"))
+    async with spawn_crow(crow_env(None, home), "--config", str(config), cwd=work) as (conn, _proc, _):
+        await conn.initialize(protocol_version=1)
+        sid = (await conn.new_session(cwd=str(work), mcp_servers=[])).session_id
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])
+    assert config.read_text() == text
+    results = [m for m in llm.requests[-1].messages if m.get("role") == "tool"]
+    assert len(results) == len(calls)
+    assert not any("user-file-key" in json.dumps(m) for m in results)
