@@ -212,6 +212,8 @@ def read_yaml(path: Path, raw: bytes | None = None) -> dict[str, Any]:
     try:
         text = raw.decode("utf-8") if raw is not None else path.read_text(encoding="utf-8")
         loaded = yaml.safe_load(text) or {}
+    except RecursionError:  # PyYAML composes nodes recursively: "[[[[..." of any depth
+        raise ConfigError(f"cannot read {path}: nested too deeply") from None
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"cannot read {path}: {exc}") from exc
     if not isinstance(loaded, dict):

@@ -458,3 +458,20 @@ async def test_the_users_config_file_given_by_path_is_out_of_the_models_reach(
     results = [m for m in llm.requests[-1].messages if m.get("role") == "tool"]
     assert len(results) == len(calls)
     assert not any("user-file-key" in json.dumps(m) for m in results)
+
+
+async def test_a_deeply_nested_crow_yaml_is_ignored_and_the_session_works(
+    llm: ScriptedLLM, home: Path, tmp_path: Path
+) -> None:
+    """50,000 nested brackets overflow a recursive YAML parser: the file is reported as
+    unreadable, not raised out of every prompt in that repository."""
+    root, sub = make_repo(tmp_path, {})
+    (root / "crow.yaml").write_text("a: " + "[" * 50_000 + "]" * 50_000 + "\n")
+    llm.push(Reply(text="still here"))
+    client = TrustClient("allow_always")
+    async with spawn_crow(user_env(llm, home), client=client, cwd=root) as (conn, _proc, _):
+        await conn.initialize(protocol_version=1)
+        sid = (await conn.new_session(cwd=str(sub), mcp_servers=[])).session_id
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
+    assert "still here" in client.text() and client.questions == []
+    assert len(notices(client, "cannot read")) == 1
