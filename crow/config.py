@@ -216,6 +216,8 @@ def read_yaml(path: Path, raw: bytes | None = None) -> dict[str, Any]:
         raise ConfigError(f"cannot read {path}: nested too deeply") from None
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"cannot read {path}: {exc}") from exc
+    except (ValueError, TypeError, AttributeError) as exc:  # PyYAML's constructors: `a: 2024-13-45`
+        raise ConfigError(f"cannot read {path}: a value cannot be read ({exc})") from exc
     if not isinstance(loaded, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     if _too_many_values(loaded, MAX_CONFIG_VALUES):

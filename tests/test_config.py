@@ -435,3 +435,16 @@ def test_describe_never_cuts_what_weakens_safety() -> None:
     ):
         assert shown in text
     assert text.endswith("more")  # the harmless ones are still cut
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["a: 2024-13-45\n", "a: !!int x\n", "a: !!timestamp x\n", "a: 0x_\n", "a: " + "[" * 50_000],
+    ids=["bad-date", "bad-int-tag", "bad-timestamp-tag", "bad-hex", "deep"],
+)
+def test_yaml_the_parser_chokes_on_is_a_problem_not_an_exception(tmp_path: Path, text: str) -> None:
+    """PyYAML raises ValueError, AttributeError or RecursionError (not YAMLError) on these: a
+    repository's file must be reported as unreadable, never raise out of a prompt."""
+    (tmp_path / "crow.yaml").write_text(text)
+    problem = read_project(tmp_path / "crow.yaml").problem
+    assert problem is not None and problem.startswith("cannot read")
