@@ -138,7 +138,10 @@ class FilesystemHook(Hook):
         if client is not None and (client.can_read or client.can_write or client.can_terminal):
             backend = EditorBackend(client, local)
         server = build_server(
-            session.cwd, backend=backend, request_state_security=direct_call_state(), hidden=_hidden(config)
+            session.cwd,
+            backend=backend,
+            request_state_security=direct_call_state(),
+            hidden=_file_tools_hidden(config, session.cwd),
         )
         return [ServerSpec("filesystem", "inprocess", server=server, direct=True)]
 
@@ -167,8 +170,21 @@ class FilesystemHook(Hook):
 def _hidden(config: Config) -> list[Path | str]:
     """Out of the model's reach, for the sandbox and the file tools alike: crow's home (every
     session, trust.json, the user's config and stored credentials), the user's config file
-    wherever `--config` put it (it may hold keys), and a trace file (the transcript)."""
+    wherever `--config` put it (it may hold keys), and a trace file (the transcript). (The
+    sandbox adds the user's credential folders itself: see `_file_tools_hidden`.)"""
     return [config.home, *(p for p in (config.source, config.trace) if p)]
+
+
+def _file_tools_hidden(config: Config, cwd: Path) -> list[Path | str]:
+    """`_hidden`, and the credential folders the sandbox hides (~/.ssh, ~/.aws, ~/.netrc...)
+    when the workspace holds the user's home: read_file and grep ask no question."""
+    from mcp_servers.filesystem.sandbox import CREDENTIALS
+
+    hidden = _hidden(config)
+    home = os.path.realpath(os.environ.get("HOME") or Path.home())
+    if Path(home).is_relative_to(os.path.realpath(cwd)):
+        hidden += [os.path.join(home, c) for c in CREDENTIALS]
+    return hidden
 
 
 def factory(agent: Any) -> FilesystemHook:

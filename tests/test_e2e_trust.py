@@ -399,7 +399,7 @@ async def test_file_tools_do_not_reach_crow_home_inside_the_workspace(llm: Scrip
     for message in results:
         assert "user-file-key" not in json.dumps(message)
     assert ".crow/config.yaml" not in str(results[6]["content"])  # glob does not list it
-    refused = [m for m in results if "crow's own folder" in str(m["content"])]
+    refused = [m for m in results if "the file tools do not reach it" in str(m["content"])]
     assert len(refused) == 6  # the writes, the edit, the read, the grep and ls inside it
     assert not client.permission_requests  # accept_edits: nothing asked, nothing written
 
@@ -475,3 +475,31 @@ async def test_a_deeply_nested_crow_yaml_is_ignored_and_the_session_works(
         await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
     assert "still here" in client.text() and client.questions == []
     assert len(notices(client, "cannot read")) == 1
+
+
+async def test_file_tools_do_not_read_credential_folders_when_the_workspace_is_home(
+    llm: ScriptedLLM, home: Path, tmp_path: Path
+) -> None:
+    """The user opens their home folder: read_file and grep (read-only: no prompt in `ask`)
+    reach ~/.ssh no more than a sandboxed command does."""
+    user_home = tmp_path / "user"
+    (user_home / ".ssh").mkdir(parents=True)
+    (user_home / ".ssh" / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nsecret-key-bytes\n")
+    (user_home / ".netrc").write_text("machine example.com password secret-key-bytes\n")
+    (user_home / "notes.txt").write_text("hello\n")
+    calls = [
+        ToolCallSpec(name="read_file", arguments={"path": ".ssh/id_ed25519"}),
+        ToolCallSpec(name="read_file", arguments={"path": ".netrc"}),
+        ToolCallSpec(name="grep", arguments={"pattern": "secret-key-byt.s"}),
+        ToolCallSpec(name="read_file", arguments={"path": "notes.txt"}),
+    ]
+    llm.push(Reply(tool_calls=calls), Reply(text="done"))
+    env = {**crow_env(llm, home), "HOME": str(user_home)}
+    async with spawn_crow(env, cwd=user_home) as (conn, _proc, client):
+        await conn.initialize(protocol_version=1)
+        sid = (await conn.new_session(cwd=str(user_home), mcp_servers=[])).session_id
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])
+    results = [m for m in llm.requests[-1].messages if m.get("role") == "tool"]
+    assert len(results) == len(calls) and any("hello" in str(m["content"]) for m in results)
+    assert not any("secret-key-bytes" in json.dumps(m) for m in results)
+    assert client.permission_requests == []

@@ -614,8 +614,8 @@ async def test_hidden_folders_inside_the_root_are_out_of_reach(root: Path, grep_
     (root / "ok.txt").write_text("sk-visible\n")
     async with Client(build_server(root, hidden=[home, root.parent / "elsewhere"])) as c:
         for path in ("a[1]*/.crow/config.yaml", "link/config.yaml", str(home / "x")):
-            assert "crow's own folder" in await fail(c, "read_file", path=path)
-            assert "crow's own folder" in await fail(c, "write_file", path=path, content="x")
+            assert "the file tools do not reach it" in await fail(c, "read_file", path=path)
+            assert "the file tools do not reach it" in await fail(c, "write_file", path=path, content="x")
         found = await call(c, "grep", pattern="sk-", output_mode="files_with_matches")
         assert found.structured_content["files"] == ["ok.txt"]  # type: ignore[index]
         listed = await call(c, "glob", pattern="**/*")

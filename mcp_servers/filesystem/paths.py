@@ -30,7 +30,8 @@ or the file for a symlink meanwhile:
 - Through the editor's ``fs/*`` methods the editor opens the path; crow cannot
   say how it treats symlinks.
 - ``hidden`` folders and files inside the root (crow's home: its config, trust.json,
-  store; a trace file) are refused like paths outside it, and glob and grep skip them:
+  store; a trace file; the user's credential folders) are refused like paths outside
+  it, and glob and grep skip them:
   the model must not rewrite the user's config or trust, nor read a key kept there,
   when the user opens a folder that holds them (their home folder, say).
 - The ``execute`` tool is not confined by this module at all (the ``bwrap``
@@ -93,8 +94,8 @@ class Workspace:
         for hidden in self.hidden:
             if resolved.is_relative_to(hidden):
                 raise ToolError(
-                    f"path {path!r} is in {self.relative(hidden)}, crow's own folder (the user's "
-                    "config, trust and sessions): the file tools do not reach it"
+                    f"path {path!r} is in {self.relative(hidden)}, which holds the user's credentials "
+                    "or crow's own config, trust and sessions: the file tools do not reach it"
                 )
         size = len(os.fsencode(str(resolved)))
         if size >= MAX_PATH_BYTES:  # the OS would refuse it with ENAMETOOLONG
