@@ -124,9 +124,7 @@ class FilesystemHook(Hook):
             return None
         from mcp_servers.filesystem.sandbox import Sandbox
 
-        # crow's home holds every session and stored credentials; a trace file, the transcript
-        hidden = [config.home, *([config.trace] if config.trace else [])]
-        return Sandbox.create([session.cwd], hidden=hidden, network=config.network, bwrap=bwrap)
+        return Sandbox.create([session.cwd], hidden=_hidden(config), network=config.network, bwrap=bwrap)
 
     def tool_servers(self, session: Session) -> list[ServerSpec]:
         from crow.environment import child_environment
@@ -139,7 +137,12 @@ class FilesystemHook(Hook):
         backend: Any = local
         if client is not None and (client.can_read or client.can_write or client.can_terminal):
             backend = EditorBackend(client, local)
-        server = build_server(session.cwd, backend=backend, request_state_security=direct_call_state())
+        server = build_server(
+            session.cwd,
+            backend=backend,
+            request_state_security=direct_call_state(),
+            hidden=_file_tools_hidden(config, session.cwd),
+        )
         return [ServerSpec("filesystem", "inprocess", server=server, direct=True)]
 
     async def before_agent(self, ctx: HookContext) -> None:
@@ -162,6 +165,26 @@ class FilesystemHook(Hook):
         elif call.name not in NOT_EVICTED and len(result.output) > self.evict_over:
             result = result.replace(output=evict(result.output, self.evict_over))
         return result
+
+
+def _hidden(config: Config) -> list[Path | str]:
+    """Out of the model's reach, for the sandbox and the file tools alike: crow's home (every
+    session, trust.json, the user's config and stored credentials), the user's config file
+    wherever `--config` put it (it may hold keys), and a trace file (the transcript). (The
+    sandbox adds the user's credential folders itself: see `_file_tools_hidden`.)"""
+    return [config.home, *(p for p in (config.source, config.trace) if p)]
+
+
+def _file_tools_hidden(config: Config, cwd: Path) -> list[Path | str]:
+    """`_hidden`, and the credential folders the sandbox hides (~/.ssh, ~/.aws, ~/.netrc...)
+    when the workspace holds the user's home: read_file and grep ask no question."""
+    from mcp_servers.filesystem.sandbox import CREDENTIALS
+
+    hidden = _hidden(config)
+    home = os.path.realpath(os.environ.get("HOME") or Path.home())
+    if Path(home).is_relative_to(os.path.realpath(cwd)):
+        hidden += [os.path.join(home, c) for c in CREDENTIALS]
+    return hidden
 
 
 def factory(agent: Any) -> FilesystemHook:

@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("crow.agent")
 
+EDITOR_SERVERS = "crow.editor_servers"  # session.state: the MCP servers the editor passed
+# What a session's tool servers are built from: a change means building them again.
+TOOL_KEYS = {"sandbox", "network", "environment", "providers"}
+
 
 class Agent:
     """`Agent()` reads crow.yaml and the environment; pass `config=` or `provider=` to
@@ -197,6 +201,11 @@ class Agent:
             await self._store.create_session(
                 id=session.id, cwd=str(session.cwd), mode=session.mode, model=session.model
             )
+        session.state[EDITOR_SERVERS] = servers
+        await self._connect_tools(session, servers)
+
+    async def _connect_tools(self, session: Session, servers: list[ServerSpec]) -> None:
+        """The session's tool servers, built for its config (environment, sandbox)."""
         hub = ToolHub(child_environment(session.config))
         session.tools = hub
         specs: list[ServerSpec] = []
@@ -347,7 +356,18 @@ class Agent:
     async def settle_project(self, session: Session, emit: Emit) -> bool:
         """Before a session's first turn: an untrusted crow.yaml is asked about (when the
         front end can ask) or reported once. Returns True when the session's config changed."""
-        return await settle(self.projects, session, emit, self.session_ready)
+        before = session.config or self.config
+        changed = await settle(self.projects, session, emit, self.session_ready)
+        after = session.config or self.config
+        if changed and after.model_dump(include=TOOL_KEYS) != before.model_dump(include=TOOL_KEYS):
+            # The tools were built for the user's config while the question was open: the
+            # project's environment, sandbox and network must govern this session's commands.
+            await self.session_ready(session)
+            old = session.tools
+            await self._connect_tools(session, session.state.get(EDITOR_SERVERS, []))
+            if old is not None:
+                await old.aclose()
+        return changed
 
     # ------------------------------------------------------------ turns
     def loop_settings(self, session: Session) -> LoopSettings:

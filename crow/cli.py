@@ -125,7 +125,7 @@ def _trust(args: argparse.Namespace) -> int:
         return 2
     found = find_project_file(start)
     if args.command == "untrust":
-        folders = {start.resolve(), *([found.resolve().parent] if found else [])}
+        folders = {start.resolve(), *([found.parent.resolve()] if found else [])}
         removed = [f for f in folders if store.untrust(f)]
         print(f"untrusted {', '.join(map(str, removed))}" if removed else f"{start} was not trusted")
         return 0

@@ -125,6 +125,13 @@ class Config(_Model):
     home: Path = Field(default_factory=lambda: Path("~/.crow").expanduser())
     # The environment and command-line layer, re-applied over a project's file.
     _top: dict[str, Any] = PrivateAttr(default_factory=dict)
+    # The user's file it was read from (`--config PATH` may lie outside crow's home): it may
+    # hold keys, so the model's tools must not reach it (builtin_hooks/filesystem).
+    _source: Path | None = PrivateAttr(default=None)
+
+    @property
+    def source(self) -> Path | None:
+        return self._source
 
     @field_validator("sandbox", mode="before")
     @classmethod
@@ -193,6 +200,11 @@ def merge(base: Mapping[str, Any], over: Mapping[str, Any], path: tuple[str, ...
     return out
 
 
+# Values in a config once YAML aliases are expanded; a real one has a few hundred. A few
+# hundred bytes of nested aliases expand to billions, which printing or copying would build.
+MAX_CONFIG_VALUES = 100_000
+
+
 def read_yaml(path: Path, raw: bytes | None = None) -> dict[str, Any]:
     """`path` (or its bytes already read, `raw`) as a YAML mapping."""
     import yaml
@@ -200,11 +212,37 @@ def read_yaml(path: Path, raw: bytes | None = None) -> dict[str, Any]:
     try:
         text = raw.decode("utf-8") if raw is not None else path.read_text(encoding="utf-8")
         loaded = yaml.safe_load(text) or {}
+    except RecursionError:  # PyYAML composes nodes recursively: "[[[[..." of any depth
+        raise ConfigError(f"cannot read {path}: nested too deeply") from None
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"cannot read {path}: {exc}") from exc
+    except (ValueError, TypeError, AttributeError) as exc:  # PyYAML's constructors: `a: 2024-13-45`
+        raise ConfigError(f"cannot read {path}: a value cannot be read ({exc})") from exc
     if not isinstance(loaded, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
+    if _too_many_values(loaded, MAX_CONFIG_VALUES):
+        raise ConfigError(
+            f"{path}: more than {MAX_CONFIG_VALUES:,} values once its aliases are expanded; "
+            "not a configuration crow will read"
+        )
     return loaded
+
+
+def _too_many_values(loaded: Any, limit: int) -> bool:
+    """Counts values as if aliases were expanded, stopping at `limit` (so a self-referencing
+    alias ends too)."""
+    stack, seen = [loaded], 0
+    while stack:
+        value = stack.pop()
+        seen += 1
+        if seen > limit:
+            return True
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return False
 
 
 def find_config_file(explicit: str | None, home: Path) -> Path | None:
@@ -293,6 +331,7 @@ def load_config(
     top = {**_env_layer(env), **(overrides or {})}
     config = _validate({**data, **top}, f" in {path}" if path else "")
     config._top = top
+    config._source = path.absolute() if path is not None else None
     return config
 
 
@@ -314,7 +353,7 @@ def compose(user: Config, project: Mapping[str, Any], path: Path) -> Config:
     _check_commands(project, where)
     base = user.model_dump(exclude_unset=True)
     config = _validate({**merge(base, project), **user._top, "home": user.home}, where)
-    config._top = user._top
+    config._top, config._source = user._top, user._source
     return config
 
 
@@ -368,8 +407,21 @@ def check_credentials(user: Config, project: Mapping[str, Any], where: str) -> N
         redirects = [k for k in ("base_url", "headers") if entry.get(k)]
         if not redirects:
             continue
+        if mine is not None and mine.allow_project_base_url:
+            continue
+        # The user's own entry is merged under the project's: its `api_key` (which wins over
+        # any api_key_env) and its headers would go along to the project's endpoint.
+        carried = [k for k in ("api_key", "headers") if mine is not None and getattr(mine, k)]
+        carried = [k for k in carried if not (k == "api_key" and entry.get("api_key"))]
+        if carried:
+            raise ConfigError(
+                f"invalid configuration{where}: providers.{name} sets {' and '.join(redirects)}, and your "
+                f"config's providers.{name}.{' and '.join(carried)} would be sent there; a project may "
+                f"redirect it only if your own config sets providers.{name}.allow_project_base_url: true. "
+                "No request was sent."
+            )
         own_key = entry.get("api_key") or (entry.get("api_key_env") and entry["api_key_env"] not in user_keys)
-        if own_key or (mine is not None and mine.allow_project_base_url):
+        if own_key:
             continue
         raise ConfigError(
             f"invalid configuration{where}: providers.{name} sets {' and '.join(redirects)}, but its "

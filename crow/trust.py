@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import re
+import stat
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -55,7 +56,7 @@ class ProjectFile:
     way to a session/new answer)."""
 
     def __init__(self, path: Path, raw: bytes | None, problem: str | None = None) -> None:
-        self.path = path  # resolved
+        self.path = path  # in its resolved folder; the name itself may be a symlink
         self.raw = raw
         self.digest = hashlib.sha256(raw).hexdigest() if raw is not None else ""
         self._problem = problem
@@ -94,13 +95,27 @@ class SessionProject:
     error: str | None = None  # the project file could not be read or composed
 
 
+MAX_PROJECT_BYTES = 1 << 20  # a crow.yaml is a few hundred bytes; a repository's may be hostile
+
+
 def read_project(path: Path) -> ProjectFile:
-    """Never raises: an untrusted file that is broken is ignored like any untrusted file."""
-    path = path.resolve()
+    """Never raises: an untrusted file that is broken is ignored like any untrusted file.
+    The file belongs to the folder it was found in, not to where a symlink points: trust is
+    keyed by that folder, so a repository's crow.yaml linking to a trusted project's file
+    does not borrow that project's trust."""
+    path = path.parent.resolve() / path.name
     try:
-        return ProjectFile(path, path.read_bytes())
+        # Non-blocking: a FIFO swapped in for the file must not hang the session/new.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return ProjectFile(path, None, f"cannot read {path}: not a regular file")
+            raw = f.read(MAX_PROJECT_BYTES + 1)
     except OSError as exc:
         return ProjectFile(path, None, f"cannot read {path}: {exc}")
+    if len(raw) > MAX_PROJECT_BYTES:
+        return ProjectFile(path, None, f"cannot read {path}: too large (over {MAX_PROJECT_BYTES:,} bytes)")
+    return ProjectFile(path, raw)
 
 
 class TrustStore:
@@ -272,9 +287,13 @@ class ProjectConfigs:
 
 def describe(data: Mapping[str, Any], limit: int = 8) -> str:
     """What a project file would change, for the trust question: "sets mode: yolo, adds 2
-    command hooks, sets providers.openai.base_url". Values and names from the file are shown
-    only when they are short tokens: the question must not carry the file's own prose."""
+    command hooks, sets providers.openai.base_url: http://…". Values and names from the file
+    are shown only when they are short tokens: the question must not carry the file's own
+    prose. What weakens the user's safety (mode, sandbox, network, model, hooks, rules,
+    environment, providers) is always shown; only other keys are cut after `limit` parts,
+    so a file cannot push `mode: yolo` out of sight behind harmless keys."""
     parts: list[str] = []
+    others: list[str] = []
     for key, value in data.items():
         key = _token(key)
         if key in ("mode", "model", "sandbox", "network") and not isinstance(value, Mapping | list):
@@ -290,19 +309,27 @@ def describe(data: Mapping[str, Any], limit: int = 8) -> str:
             for sub, rules in value.items():
                 shown = ", ".join(map(_token, rules)) if isinstance(rules, list) else _token(rules)
                 parts.append(f"{verbs.get(str(sub), 'sets permissions.' + _token(sub))} {shown}")
+        elif key == "environment" and isinstance(value, Mapping) and value:
+            parts.extend(f"sets environment.{_token(sub)}" for sub in value)
         elif isinstance(value, Mapping) and key == "providers":
             for name, entry in value.items():
-                fields = [_token(f) for f in entry] if isinstance(entry, Mapping) and entry else [""]
-                parts.extend(f"sets providers.{_token(name)}{'.' + f if f else ''}" for f in fields)
+                fields = [f for f in entry] if isinstance(entry, Mapping) and entry else [""]
+                for f in fields:
+                    shown = f": {_token(entry[f])}" if f in ("base_url", "api_key_env") else ""
+                    parts.append(f"sets providers.{_token(name)}{'.' + _token(f) if f else ''}{shown}")
+        elif key in _NEVER_CUT:
+            parts.append(f"sets {key}")  # not the expected shape: the schema check refuses it
         else:
-            parts.append(f"sets {key}")
-    if not parts:
+            others.append(f"sets {key}")
+    if not parts and not others:
         return "changes nothing"
-    if len(parts) > limit:
-        parts = [*parts[:limit], f"and {len(parts) - limit} more"]
-    return ", ".join(parts)
+    room = max(limit - len(parts), 0)
+    if len(others) > room:
+        others = [*others[:room], f"and {len(others) - room} more"]
+    return ", ".join([*parts, *others])
 
 
+_NEVER_CUT = ("mode", "model", "sandbox", "network", "hooks", "permissions", "environment", "providers")
 _TOKEN = re.compile(r"[\w.:/@+*\-]{1,60}(\([^()\n]{0,40}\))?")  # a name, or a rule TOOL(PATTERN)
 
 

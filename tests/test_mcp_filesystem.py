@@ -602,3 +602,23 @@ def test_main_rejects_missing_root(tmp_path: Path) -> None:
 
     with pytest.raises(SystemExit):
         main(["--root", str(tmp_path / "missing")])
+
+
+async def test_hidden_folders_inside_the_root_are_out_of_reach(root: Path, grep_impl: str) -> None:
+    """crow's home inside the workspace: refused like a path outside, skipped by searches
+    (rg and the Python fallback), also through a symlink; a name with glob characters too."""
+    home = root / "a[1]*" / ".crow"
+    home.mkdir(parents=True)
+    (home / "config.yaml").write_text("api_key: sk-hidden\n")
+    (root / "link").symlink_to("a[1]*/.crow")
+    (root / "ok.txt").write_text("sk-visible\n")
+    async with Client(build_server(root, hidden=[home, root.parent / "elsewhere"])) as c:
+        for path in ("a[1]*/.crow/config.yaml", "link/config.yaml", str(home / "x")):
+            assert "the file tools do not reach it" in await fail(c, "read_file", path=path)
+            assert "the file tools do not reach it" in await fail(c, "write_file", path=path, content="x")
+        found = await call(c, "grep", pattern="sk-", output_mode="files_with_matches")
+        assert found.structured_content["files"] == ["ok.txt"]  # type: ignore[index]
+        listed = await call(c, "glob", pattern="**/*")
+        assert listed.structured_content["files"] == ["link", "ok.txt"]  # type: ignore[index]
+    assert (home / "config.yaml").read_text() == "api_key: sk-hidden\n"
+    assert Workspace(home, hidden=[home]).hidden == ()  # working inside it is the user's choice

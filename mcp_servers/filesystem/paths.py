@@ -29,6 +29,11 @@ or the file for a symlink meanwhile:
   the other one. (Under bwrap a command cannot link across the mounts.)
 - Through the editor's ``fs/*`` methods the editor opens the path; crow cannot
   say how it treats symlinks.
+- ``hidden`` folders and files inside the root (crow's home: its config, trust.json,
+  store; a trace file; the user's credential folders) are refused like paths outside
+  it, and glob and grep skip them:
+  the model must not rewrite the user's config or trust, nor read a key kept there,
+  when the user opens a folder that holds them (their home folder, say).
 - The ``execute`` tool is not confined by this module at all (the ``bwrap``
   sandbox confines it).
 """
@@ -36,6 +41,7 @@ or the file for a symlink meanwhile:
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from mcp.server.mcpserver.exceptions import ToolError
@@ -48,11 +54,15 @@ MAX_PATH_BYTES = 4096
 class Workspace:
     """A root directory and the rules for resolving paths against it."""
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], hidden: Iterable[str | os.PathLike[str]] = ()) -> None:
         resolved = Path(os.path.realpath(root))
         if not resolved.is_dir():
             raise ValueError(f"workspace root {root!s} is not a directory")
         self.root = resolved
+        # Only those strictly inside the root matter: the others are outside already, and
+        # a root inside a hidden folder is where the user chose to work.
+        inside = (Path(os.path.realpath(h)) for h in hidden)
+        self.hidden = tuple(h for h in inside if h != resolved and h.is_relative_to(resolved))
 
     def __repr__(self) -> str:
         return f"Workspace({str(self.root)!r})"
@@ -81,6 +91,12 @@ class Workspace:
             raise ToolError(f"cannot resolve path {path!r}: {exc}") from None
         if resolved != self.root and not resolved.is_relative_to(self.root):
             raise ToolError(f"path {path!r} is outside the workspace {self.root}")
+        for hidden in self.hidden:
+            if resolved.is_relative_to(hidden):
+                raise ToolError(
+                    f"path {path!r} is in {self.relative(hidden)}, which holds the user's credentials "
+                    "or crow's own config, trust and sessions: the file tools do not reach it"
+                )
         size = len(os.fsencode(str(resolved)))
         if size >= MAX_PATH_BYTES:  # the OS would refuse it with ENAMETOOLONG
             raise ToolError(
@@ -88,6 +104,10 @@ class Workspace:
                 f"{MAX_PATH_BYTES - 1})"
             )
         return resolved
+
+    def hidden_relative(self) -> frozenset[str]:
+        """The hidden paths as workspace-relative POSIX paths (what the searches skip)."""
+        return frozenset(self.relative(h) for h in self.hidden)
 
     def relative(self, path: Path) -> str:
         """Display form of a resolved path: POSIX, relative to the root, ``.`` for the root."""
