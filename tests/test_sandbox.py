@@ -248,3 +248,36 @@ async def test_each_session_gets_the_sandbox_and_policy_of_its_own_config(
         out[name] = result.content[0].text
     assert not (outside / "boxed").exists() and (outside / "open").exists()
     assert "var=visible" in out["open"] and "var=visible" not in out["boxed"]
+
+
+
+SECRET = "HOST-PROCESS-SECRET-4921"
+
+
+@pytest.fixture
+def capless_sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    """A process with a secret in its environment and no capabilities, as the user's own
+    editor runs (a root process that has them is shielded from a capless reader anyway)."""
+    argv = ["setpriv", "--bounding-set", "-all", "--inh-caps", "-all", "sleep", "30"]
+    proc = subprocess.Popen(argv, env={**os.environ, "CROW_TEST_SECRET": SECRET})
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+async def test_a_workspace_at_the_filesystem_root_still_gets_a_private_proc_and_dev(
+    capless_sleeper: subprocess.Popen[bytes],
+) -> None:
+    # An editor with no folder open may start a session in "/": the writable bind of the whole
+    # host must not cover the sandbox's own /proc (else every process of the user, the editor
+    # with the API keys in its environment, shows in /proc/PID/environ) and /dev.
+    b = LocalBackend(Path("/"), Sandbox.create(["/"]), compute_environment(EnvironmentPolicy(), os.environ))
+    result = await b.run(
+        f"cat /proc/{capless_sleeper.pid}/environ; cat /proc/[0-9]*/environ | tr '\\0' '\\n' | grep -c CROW_TEST; "
+        "echo procs=$(ls /proc | grep -c '^[0-9]') devs=$(ls /dev | wc -l)",
+        Path("/"),
+        20,
+    )
+    assert SECRET not in result.output, result.output
+    counts = dict(w.split("=") for w in result.output.split() if w.startswith(("procs=", "devs=")))
+    assert int(counts["procs"]) < 10 and int(counts["devs"]) < 30, result.output

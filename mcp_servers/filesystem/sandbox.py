@@ -139,12 +139,18 @@ class Sandbox:
         return out
 
     def argv(self, command: Sequence[str], cwd: str | os.PathLike[str]) -> list[str]:
-        mounts: list[tuple[str, list[str]]] = [("/tmp", ["--tmpfs", "/tmp"])]
+        # /dev and /proc sort after a root at "/" (whose writable bind would cover them with the
+        # host's /proc, every process of the user in it) and before a root inside them.
+        mounts: list[tuple[str, list[str]]] = [
+            ("/dev", ["--dev", "/dev"]),
+            ("/proc", ["--proc", "/proc"]),
+            ("/tmp", ["--tmpfs", "/tmp"]),
+        ]
         for root in self.writable:
             mounts.append((root, ["--bind", root, root]))
         for path, is_dir in self._hidden_now():
             mounts.append((path, ["--tmpfs", path] if is_dir else ["--ro-bind", "/dev/null", path]))
-        # Parents before children (stable: /tmp first among equals).
+        # Parents before children (stable: /dev, /proc, /tmp first among equals).
         mounts.sort(key=lambda m: len(Path(m[0]).parts))
         argv = [
             self.bwrap,
@@ -152,8 +158,6 @@ class Sandbox:
             "--die-with-parent", "--new-session",
             "--cap-drop", "ALL",
             "--ro-bind", "/", "/",
-            "--dev", "/dev",
-            "--proc", "/proc",
         ]  # fmt: skip
         for _, options in mounts:
             argv += options
