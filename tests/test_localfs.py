@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -279,6 +281,7 @@ async def test_a_full_disk_leaves_the_file_unchanged_and_says_so(small_disk: Pat
 
 WRITER = """
 import sys
+import tempfile
 from pathlib import Path
 import anyio
 from mcp_servers.filesystem import LocalBackend
@@ -379,3 +382,43 @@ async def test_the_file_lock_is_nothing_for_a_file_not_there_yet(root: Path) -> 
     async with localfs.file_lock(root, root / "new.txt"):
         localfs.write_bytes(root, root / "new.txt", b"made\n")
     assert (root / "new.txt").read_text() == "made\n"
+
+
+# --- a file its owner made read-only ---------------------------------------------------
+
+WRITE_AS_OWNER = """
+import sys
+import tempfile
+from pathlib import Path
+from mcp_servers.filesystem import localfs
+root = Path(sys.argv[1])
+for name in sys.argv[2:]:
+    try:
+        localfs.write_bytes(root, root / name, b"replaced\\n")
+        print(name, "written")
+    except PermissionError:
+        print(name, "refused")
+"""
+
+
+def test_a_read_only_file_is_not_replaced() -> None:
+    # The atomic rename needs only the folder writable; a file whose owner removed its write
+    # permission must still be refused, as a plain write would be. As root (which may write
+    # anything) the write runs as the unprivileged owner of the folder.
+    folder = Path(tempfile.mkdtemp(prefix="crow-ro-", dir="/var/tmp"))
+    try:
+        (folder / "locked.txt").write_text("keep\n")
+        (folder / "open.txt").write_text("old\n")
+        os.chmod(folder / "locked.txt", 0o444)
+        argv = [sys.executable, "-c", WRITE_AS_OWNER, str(folder), "locked.txt", "open.txt"]
+        if os.geteuid() == 0:
+            for path in (folder, *folder.iterdir()):
+                os.chown(path, 65534, 65534)
+            os.chmod(folder, 0o755)
+            argv = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", *argv]
+        done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=30)
+        assert done.stdout.split("\n")[:2] == ["locked.txt refused", "open.txt written"], done.stderr
+        assert (folder / "locked.txt").read_text() == "keep\n"
+        assert (folder / "open.txt").read_text() == "replaced\n"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

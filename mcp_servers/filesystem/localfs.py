@@ -322,6 +322,10 @@ def _replace(parent: int, name: str, data: bytes, path: Path) -> None:
             raise IsADirectoryError(errno.EISDIR, "Is a directory", str(path))
         if not stat.S_ISREG(old.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
+        # The rename needs only the folder writable: without this a file its owner made
+        # read-only would be replaced, where a plain write is refused.
+        if not os.access(name, os.W_OK, dir_fd=parent, effective_ids=True, follow_symlinks=False):
+            raise PermissionError(errno.EACCES, "Permission denied (the file is read-only)", str(path))
     try:
         # A new file gets the usual 0o666 & ~umask; a replacement starts private and then
         # takes the old file's mode.
