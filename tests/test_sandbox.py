@@ -250,7 +250,6 @@ async def test_each_session_gets_the_sandbox_and_policy_of_its_own_config(
     assert "var=visible" in out["open"] and "var=visible" not in out["boxed"]
 
 
-
 SECRET = "HOST-PROCESS-SECRET-4921"
 
 
