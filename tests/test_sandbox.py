@@ -172,6 +172,34 @@ async def test_network_false_blocks_the_host_loopback(
     assert "SENT" in allowed.output, allowed.output
 
 
+@pytest.fixture
+def run_socket() -> Iterator[Path]:
+    """A listening Unix socket under /run, where system daemons keep theirs (D-Bus, the
+    resolver, nscd, container engines): each a way out that needs no network."""
+    path = Path("/run") / f"crow-test-{os.getpid()}.sock"
+    srv = socket.socket(socket.AF_UNIX)
+    try:
+        srv.bind(str(path))
+    except OSError as exc:
+        srv.close()
+        pytest.skip(f"cannot make a socket in /run here: {exc}")
+    srv.listen(1)
+    yield path
+    srv.close()
+    path.unlink(missing_ok=True)
+
+
+async def test_network_false_hides_the_system_daemons_sockets(workspace: Path, run_socket: Path) -> None:
+    command = (
+        f'{sys.executable} -c "import socket; s = socket.socket(socket.AF_UNIX); '
+        f"s.connect('{run_socket}'); print('CONNECTED')\""
+    )
+    blocked = await run(backend(workspace, network=False), command)
+    assert "CONNECTED" not in blocked.output, blocked.output
+    allowed = await run(backend(workspace, network=True), command)  # control: reachable with the network on
+    assert "CONNECTED" in allowed.output, allowed.output
+
+
 async def test_tmp_is_private(workspace: Path, tmp_path: Path) -> None:
     marker = Path(tempfile.mkdtemp()) / "host-secret"
     marker.write_text("HOST-TMP\n")

@@ -12,10 +12,13 @@ What a sandboxed command gets:
   keyring and D-Bus sockets) and the Docker socket: an empty tmpfs over a folder, `/dev/null`
   over a file. Only paths that exist are hidden; they are looked up at every command, so one
   created mid-session is hidden too;
-- the network unless `network=False` (`--unshare-net`: only a private loopback).
+- the network unless `network=False` (`--unshare-net`: only a private loopback, and an empty
+  `/run`, so the system daemons' Unix sockets there, such as D-Bus and the DNS resolver, are
+  out of reach too).
 
-Not confined: reads of everything else on the machine that the user can read, and, with the
-network on, abstract Unix sockets and anything reachable over the network.
+Not confined: reads of everything else on the machine that the user can read; Unix sockets
+outside `/run`, `/tmp` and the hidden folders; and, with the network on, abstract Unix
+sockets, the sockets in `/run` and anything reachable over the network.
 
 Mount order matters, as bwrap applies its options in order: a path is mounted before any path
 below it, so a root under `/tmp` or inside a hidden folder stays visible and writable, and a
@@ -124,6 +127,8 @@ class Sandbox:
         home = os.environ.get("HOME") or str(Path.home())
         candidates = [*self.hidden, *(os.path.join(home, c) for c in CREDENTIALS), *SOCKETS]
         candidates.append(f"/run/user/{os.getuid()}")
+        if not self.network:  # the system daemons' sockets (D-Bus, the resolver, nscd): ways out
+            candidates.append("/run")
         out: list[tuple[str, bool]] = []
         seen: set[str] = set()
         for path in candidates:
