@@ -52,6 +52,12 @@ def terminal_command(command: str, env: Mapping[str, str] | None) -> tuple[str, 
     return f"exec env {unset} /bin/sh -c {shlex.quote(command)}", changed
 
 
+def _hidden(config: Config) -> list[Any]:
+    """What neither the file tools nor sandboxed commands reach: crow's home (every session,
+    the user's config and project trust) and a trace file (the transcript)."""
+    return [config.home, *([config.trace] if config.trace else [])]
+
+
 class EditorBackend:
     """The filesystem server's backend when the editor offers fs and/or terminals; falls back
     to the local disk for what the editor does not offer. Commands run in the editor's
@@ -124,9 +130,7 @@ class FilesystemHook(Hook):
             return None
         from mcp_servers.filesystem.sandbox import Sandbox
 
-        # crow's home holds every session and stored credentials; a trace file, the transcript
-        hidden = [config.home, *([config.trace] if config.trace else [])]
-        return Sandbox.create([session.cwd], hidden=hidden, network=config.network, bwrap=bwrap)
+        return Sandbox.create([session.cwd], hidden=_hidden(config), network=config.network, bwrap=bwrap)
 
     def tool_servers(self, session: Session) -> list[ServerSpec]:
         from crow.environment import child_environment
@@ -139,7 +143,9 @@ class FilesystemHook(Hook):
         backend: Any = local
         if client is not None and (client.can_read or client.can_write or client.can_terminal):
             backend = EditorBackend(client, local)
-        server = build_server(session.cwd, backend=backend, request_state_security=direct_call_state())
+        server = build_server(
+            session.cwd, backend=backend, request_state_security=direct_call_state(), hidden=_hidden(config)
+        )
         return [ServerSpec("filesystem", "inprocess", server=server, direct=True)]
 
     async def before_agent(self, ctx: HookContext) -> None:

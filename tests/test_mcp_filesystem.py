@@ -602,3 +602,23 @@ def test_main_rejects_missing_root(tmp_path: Path) -> None:
 
     with pytest.raises(SystemExit):
         main(["--root", str(tmp_path / "missing")])
+
+
+async def test_hidden_paths_inside_the_root_are_neither_opened_nor_searched(
+    root: Path, grep_impl: str
+) -> None:
+    home = root / "sub" / "crow[home]"  # glob metacharacters in the name: escaped for rg
+    home.mkdir(parents=True)
+    (home / "config.yaml").write_text("NEEDLE in crow's home\n")
+    (root / "sub" / "ok.txt").write_text("NEEDLE in the workspace\n")
+    async with Client(build_server(root, hidden=[home, root.parent / "elsewhere"])) as c:
+        for start in (".", "sub"):
+            found = text(
+                await call(c, "grep", pattern="NEEDLE", path=start, output_mode="files_with_matches")
+            )
+            assert found == "sub/ok.txt", found
+            assert text(await call(c, "glob", pattern="**/*", path=start)) == "sub/ok.txt"
+        assert "crow's own data" in await fail(c, "grep", pattern="NEEDLE", path="sub/crow[home]")
+        assert "crow's own data" in await fail(c, "read_file", path="sub/crow[home]/config.yaml")
+    async with Client(build_server(home, hidden=[home])) as c:  # a root inside it: the user's choice
+        assert "NEEDLE" in text(await call(c, "read_file", path="config.yaml"))

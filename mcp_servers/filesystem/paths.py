@@ -36,6 +36,7 @@ or the file for a symlink meanwhile:
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from mcp.server.mcpserver.exceptions import ToolError
@@ -48,11 +49,15 @@ MAX_PATH_BYTES = 4096
 class Workspace:
     """A root directory and the rules for resolving paths against it."""
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], hidden: Iterable[str | os.PathLike[str]] = ()) -> None:
         resolved = Path(os.path.realpath(root))
         if not resolved.is_dir():
             raise ValueError(f"workspace root {root!s} is not a directory")
         self.root = resolved
+        # Paths inside the root the tools refuse (crow's home when the workspace holds it), as
+        # execute's sandbox hides them. A root inside one of them is the user's choice: kept.
+        real = (Path(os.path.realpath(h)) for h in hidden)
+        self.hidden = tuple(h for h in real if h != resolved and h.is_relative_to(resolved))
 
     def __repr__(self) -> str:
         return f"Workspace({str(self.root)!r})"
@@ -81,6 +86,8 @@ class Workspace:
             raise ToolError(f"cannot resolve path {path!r}: {exc}") from None
         if resolved != self.root and not resolved.is_relative_to(self.root):
             raise ToolError(f"path {path!r} is outside the workspace {self.root}")
+        if any(resolved.is_relative_to(h) for h in self.hidden):
+            raise ToolError(f"path {path!r} is crow's own data, which the file tools do not touch")
         size = len(os.fsencode(str(resolved)))
         if size >= MAX_PATH_BYTES:  # the OS would refuse it with ENAMETOOLONG
             raise ToolError(

@@ -67,11 +67,13 @@ def _ignored(specs: list[tuple[str, pathspec.GitIgnoreSpec]], rel: str, is_dir: 
     return False
 
 
-def walk(root: Path, start: Path, stop: threading.Event | None = None) -> Iterator[tuple[str, str, bool]]:
+def walk(
+    root: Path, start: Path, stop: threading.Event | None = None, hidden: frozenset[str] = frozenset()
+) -> Iterator[tuple[str, str, bool]]:
     """Yield ``(path relative to root, absolute path, is_symlink)`` for non-directories.
 
-    Entries come in sorted depth-first order; ignored paths and ``.git`` are pruned.
-    A ``start`` that is a file yields just that file.
+    Entries come in sorted depth-first order; ignored paths, ``.git`` and ``hidden`` (paths
+    relative to root) are pruned. A ``start`` that is a file yields just that file.
     """
     if not start.is_dir():
         yield start.relative_to(root).as_posix(), str(start), start.is_symlink()
@@ -84,7 +86,7 @@ def walk(root: Path, start: Path, stop: threading.Event | None = None) -> Iterat
         spec = _load_ignore(root.joinpath(*parts[:i]))
         if spec is not None:
             specs.append(("/".join(parts[:i]), spec))
-    yield from _walk_dir(start, "" if rel_start == "." else rel_start, specs, stop)
+    yield from _walk_dir(start, "" if rel_start == "." else rel_start, specs, stop, hidden)
 
 
 def _walk_dir(
@@ -92,6 +94,7 @@ def _walk_dir(
     rel: str,
     specs: list[tuple[str, pathspec.GitIgnoreSpec]],
     stop: threading.Event | None,
+    hidden: frozenset[str] = frozenset(),
 ) -> Iterator[tuple[str, str, bool]]:
     if stop is not None and stop.is_set():
         return
@@ -106,12 +109,12 @@ def _walk_dir(
     for entry in entries:
         child = f"{rel}/{entry.name}" if rel else entry.name
         is_dir = entry.is_dir(follow_symlinks=False)
-        if is_dir and entry.name == ".git":
+        if (is_dir and entry.name == ".git") or child in hidden:
             continue
         if _ignored(specs, child, is_dir):
             continue
         if is_dir:
-            yield from _walk_dir(Path(entry.path), child, specs, stop)
+            yield from _walk_dir(Path(entry.path), child, specs, stop, hidden)
         else:
             yield child, entry.path, entry.is_symlink()
 
@@ -186,13 +189,15 @@ def compile_glob(pattern: str) -> re.Pattern[str]:
         raise ToolError(f"invalid glob pattern {pattern!r}: {exc}") from None
 
 
-def glob_files(root: Path, start: Path, pattern: str, cap: int) -> tuple[list[str], bool]:
+def glob_files(
+    root: Path, start: Path, pattern: str, cap: int, hidden: frozenset[str] = frozenset()
+) -> tuple[list[str], bool]:
     """Paths (relative to root) of files under ``start`` matching ``pattern``, sorted."""
     rx = compile_glob(pattern)
     prefix = start.relative_to(root).as_posix()
     skip = 0 if prefix == "." else len(prefix) + 1
     found: list[str] = []
-    for rel, _abs, _link in walk(root, start):
+    for rel, _abs, _link in walk(root, start, hidden=hidden):
         if rx.match(rel[skip:]):
             found.append(rel)
             if len(found) > cap:
@@ -254,21 +259,23 @@ async def grep(
     ignore_case: bool,
     mode: GrepMode,
     cap: int,
+    hidden: frozenset[str] = frozenset(),
 ) -> GrepResult:
+    """``hidden``: paths relative to root that are not searched."""
     query = GrepQuery(pattern, glob, ignore_case, mode, cap)
     rg = find_rg()
     if rg is None:
         stop = threading.Event()
         try:
             return await anyio.to_thread.run_sync(
-                _grep_python, root, start, query, stop, abandon_on_cancel=True
+                _grep_python, root, start, query, stop, hidden, abandon_on_cancel=True
             )
         finally:
             stop.set()  # an abandoned worker thread notices and stops walking
-    return await _grep_rg(rg, root, start, query)
+    return await _grep_rg(rg, root, start, query, hidden)
 
 
-async def _grep_rg(rg: str, root: Path, start: Path, query: GrepQuery) -> GrepResult:
+async def _grep_rg(rg: str, root: Path, start: Path, query: GrepQuery, hidden: frozenset[str]) -> GrepResult:
     pattern, glob, ignore_case, mode, cap = query
     argv = [rg, "--no-config", "--no-messages", "--hidden", "--no-require-git", "--color=never"]
     if ignore_case:
@@ -276,6 +283,8 @@ async def _grep_rg(rg: str, root: Path, start: Path, query: GrepQuery) -> GrepRe
     if glob:
         argv += ["--glob", glob]
     argv += ["--glob", "!.git"]  # last, so a user glob cannot re-include .git
+    for rel in sorted(hidden):  # anchored at root, rg's working directory
+        argv += ["--glob", "!/" + re.sub(r"([*?\[\]{}!\\])", r"\\\1", rel)]
     argv += {"content": ["--json"], "files_with_matches": ["-l", "--null"], "count": ["-c", "--null"]}[mode]
     argv += ["-e", pattern, "--", start.relative_to(root).as_posix()]
     result = GrepResult(mode)
@@ -343,7 +352,9 @@ def _rg_text(obj: dict[str, str]) -> str:
     return base64.b64decode(obj["bytes"]).decode("utf-8", errors="replace")
 
 
-def _grep_python(root: Path, start: Path, query: GrepQuery, stop: threading.Event) -> GrepResult:
+def _grep_python(
+    root: Path, start: Path, query: GrepQuery, stop: threading.Event, hidden: frozenset[str] = frozenset()
+) -> GrepResult:
     pattern, glob, ignore_case, mode, cap = query
     flags = re.IGNORECASE if ignore_case else 0
     try:
@@ -359,7 +370,7 @@ def _grep_python(root: Path, start: Path, query: GrepQuery, stop: threading.Even
         # The same gitignore-style rule rg uses: a glob without "/" matches a name anywhere.
         only = pathspec.GitIgnoreSpec.from_lines(_expand_braces(glob))
     result = GrepResult(mode)
-    for rel, path, is_link in walk(root, start, stop):
+    for rel, path, is_link in walk(root, start, stop, hidden):
         if stop.is_set() or result.size() > cap:
             break
         if is_link or (only is not None and not only.match_file(rel)):

@@ -36,7 +36,7 @@ from __future__ import annotations
 import errno
 import os
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -146,14 +146,17 @@ def build_server(
     backend: Backend | None = None,
     sandbox: str | None = None,
     request_state_security: RequestStateSecurity | None = None,
+    hidden: Iterable[str | os.PathLike[str]] = (),
 ) -> MCPServer:
     """A filesystem server confined to ``root``.
 
     ``backend`` serves read_file/write_file/edit_file/execute (default: local disk and
     subprocesses). ``sandbox="bwrap"`` runs execute under bubblewrap; it applies to the
-    default backend only. ``request_state_security`` goes to ``MCPServer``.
+    default backend only. ``request_state_security`` goes to ``MCPServer``. Paths inside
+    ``hidden`` (crow's home, when the root holds it) are refused.
     """
-    ws = Workspace(root)
+    ws = Workspace(root, hidden)
+    pruned = frozenset(ws.relative(h) for h in ws.hidden)  # what glob and grep skip
     if backend is not None and sandbox is not None:
         raise ValueError("sandbox applies to the default LocalBackend; configure your backend instead")
     io: Backend = backend if backend is not None else LocalBackend(ws.root, sandbox=sandbox)
@@ -262,7 +265,7 @@ def build_server(
         if not start.is_dir():
             raise ToolError(f"{display} is not a directory")
         files, truncated = await anyio.to_thread.run_sync(
-            search.glob_files, ws.root, start, pattern, max_results, abandon_on_cancel=True
+            search.glob_files, ws.root, start, pattern, max_results, pruned, abandon_on_cancel=True
         )
         text = "\n".join(files) if files else f"No files match {pattern!r} under {display}."
         if truncated:
@@ -294,7 +297,7 @@ def build_server(
             raise ToolError(f"{display} does not exist")
         result = await search.grep(
             ws.root, start, pattern, glob=glob, ignore_case=ignore_case,
-            mode=output_mode, cap=max_results,
+            mode=output_mode, cap=max_results, hidden=pruned,
         )  # fmt: skip
         if output_mode == "content":
             lines = [f"{m['file']}:{m['line']}:{m['text']}" for m in result.matches]
