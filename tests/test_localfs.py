@@ -422,3 +422,38 @@ def test_a_read_only_file_is_not_replaced() -> None:
         assert (folder / "open.txt").read_text() == "replaced\n"
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+# --- a file that is a mount point ---------------------------------------------------------
+
+
+@pytest.fixture
+def bind_mounted(root: Path, tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """A workspace file with another file bind-mounted over it, as a dev container or
+    `docker run -v ./app.yml:/work/app.yml` gives: it cannot be renamed over (EBUSY)."""
+    if os.geteuid() != 0:
+        pytest.skip("a bind mount needs root")
+    source = tmp_path / "mounted.txt"
+    source.write_text("old\n")
+    target = root / "app.yml"
+    target.write_text("under the mount\n")
+    done = subprocess.run(["mount", "--bind", str(source), str(target)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"bind mounts are not permitted here: {done.stderr.strip()}")
+    try:
+        yield target, source
+    finally:
+        subprocess.run(["umount", "-l", str(target)], check=False)
+
+
+async def test_a_bind_mounted_file_is_written_in_place(
+    client: Client, root: Path, bind_mounted: tuple[Path, Path]
+) -> None:
+    target, source = bind_mounted
+    result = await client.call_tool("write_file", {"path": "app.yml", "content": "new\n"})
+    assert not result.is_error, text(result)
+    assert "(overwrote)" in text(result)
+    result = await client.call_tool("edit_file", {"path": "app.yml", "old_text": "new", "new_text": "edited"})
+    assert not result.is_error, text(result)
+    assert target.read_text() == source.read_text() == "edited\n"
+    assert leftovers(root) == []

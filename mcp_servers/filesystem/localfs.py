@@ -17,9 +17,10 @@ Any error before the rename removes the temp file and raises :class:`WriteError`
 original is intact. The existing file's mode, owner and group are kept. A file with other
 hard links is split from them (they keep the old content): a link into the workspace
 never carries a write to a file elsewhere, such as a package manager's shared store.
-Where the owner cannot be kept (crow is not root) or the folder is not writable, the
-file is overwritten in place instead, after reserving the space (``posix_fallocate``):
-a full disk still leaves it intact, but a kill mid-write can tear it.
+Where the owner cannot be kept (crow is not root), the folder is not writable or the file
+is a mount point (a bind-mounted file), the file is overwritten in place instead, after
+reserving the space (``posix_fallocate``): a full disk still leaves it intact, but a kill
+mid-write can tear it.
 
 Locking. :func:`file_lock` takes an advisory ``flock`` on an existing file (following it
 to the new file when a rename replaced it meanwhile), so the read-modify-writes of two
@@ -348,7 +349,12 @@ def _replace(parent: int, name: str, data: bytes, path: Path) -> None:
         finally:
             os.close(fd)
         if kept:
-            os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+            try:
+                os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    raise
+                kept = False  # a mount point (a bind-mounted file) cannot be replaced: write into it
     except BaseException as exc:
         _discard(tmp, parent)
         if isinstance(exc, OSError):
