@@ -457,3 +457,19 @@ async def test_a_bind_mounted_file_is_written_in_place(
     assert not result.is_error, text(result)
     assert target.read_text() == source.read_text() == "edited\n"
     assert leftovers(root) == []
+
+
+async def test_overwrite_keeps_extended_attributes(client: Client, root: Path, temp_kind: str) -> None:
+    # POSIX ACLs are extended attributes too: a replacement file without them would silently
+    # take away a colleague's access (or a label a tool put there).
+    path = root / "shared.txt"
+    path.write_text("old\n")
+    try:
+        os.setxattr(path, "user.crow-test", b"keep me")
+    except OSError as exc:
+        pytest.skip(f"this filesystem has no user extended attributes: {exc}")
+    result = await client.call_tool("edit_file", {"path": "shared.txt", "old_text": "old", "new_text": "new"})
+    assert not result.is_error, text(result)
+    assert path.read_text() == "new\n"
+    assert os.getxattr(path, "user.crow-test") == b"keep me"
+    assert leftovers(root) == []

@@ -14,7 +14,8 @@ moment leaves the old file or the new one. The temp file is unnamed (``O_TMPFILE
 just before the rename, so a kill leaves nothing behind; where the filesystem lacks
 ``O_TMPFILE`` it is a named ``.crow-write-*.tmp`` that a kill mid-write leaves behind.
 Any error before the rename removes the temp file and raises :class:`WriteError`: the
-original is intact. The existing file's mode, owner and group are kept. A file with other
+original is intact. The existing file's mode, owner, group and extended attributes (ACLs)
+are kept. A file with other
 hard links is split from them (they keep the old content): a link into the workspace
 never carries a write to a file elsewhere, such as a package manager's shared store.
 Where the owner cannot be kept (crow is not root), the folder is not writable or the file
@@ -284,6 +285,30 @@ def _keep_owner_and_mode(fd: int, old: os.stat_result) -> bool:
     return True
 
 
+def _copy_xattrs(parent: int, name: str, fd: int) -> bool:
+    """Give the temp file the old file's extended attributes (POSIX ACLs, security labels,
+    user tags); False if one cannot be copied (then the file is written in place)."""
+    try:
+        src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent)
+    except OSError:
+        return False
+    try:
+        for attr in os.listxattr(src):
+            os.setxattr(fd, attr, os.getxattr(src, attr))
+    except OSError as exc:
+        return exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP) and not _has_xattrs(src)
+    finally:
+        os.close(src)
+    return True
+
+
+def _has_xattrs(fd: int) -> bool:
+    try:
+        return bool(os.listxattr(fd))
+    except OSError:
+        return False
+
+
 def _discard(tmp: str | None, parent: int) -> None:
     if tmp is None:
         return
@@ -339,7 +364,7 @@ def _replace(parent: int, name: str, data: bytes, path: Path) -> None:
         raise _unchanged(exc, path) from None
     try:
         try:
-            kept = old is None or _keep_owner_and_mode(fd, old)
+            kept = old is None or (_keep_owner_and_mode(fd, old) and _copy_xattrs(parent, name, fd))
             if kept:
                 _write_all(fd, data)
                 os.fsync(fd)
