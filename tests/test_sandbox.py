@@ -200,6 +200,25 @@ async def test_network_false_hides_the_system_daemons_sockets(workspace: Path, r
     assert "CONNECTED" in allowed.output, allowed.output
 
 
+async def test_network_false_keeps_the_symlinks_in_run(workspace: Path, tmp_path: Path) -> None:
+    # NixOS reaches every program through /run/current-system: an empty /run must keep it.
+    target = tmp_path / "system"
+    (target / "bin").mkdir(parents=True)
+    (target / "bin" / "hello").write_text("from the system\n")
+    link = Path("/run") / f"crow-test-system-{os.getpid()}"
+    try:
+        link.symlink_to(target)
+    except OSError as exc:
+        pytest.skip(f"cannot make a symlink in /run here: {exc}")
+    try:
+        sandbox = Sandbox.create([workspace, tmp_path], network=False)  # tmp_path: /tmp is private
+        b = LocalBackend(workspace, sandbox, compute_environment(EnvironmentPolicy(), os.environ))
+        result = await run(b, f"cat {link}/bin/hello")
+    finally:
+        link.unlink()
+    assert "from the system" in result.output, result.output
+
+
 async def test_tmp_is_private(workspace: Path, tmp_path: Path) -> None:
     marker = Path(tempfile.mkdtemp()) / "host-secret"
     marker.write_text("HOST-TMP\n")

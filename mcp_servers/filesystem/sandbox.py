@@ -13,8 +13,8 @@ What a sandboxed command gets:
   over a file. Only paths that exist are hidden; they are looked up at every command, so one
   created mid-session is hidden too;
 - the network unless `network=False` (`--unshare-net`: only a private loopback, and an empty
-  `/run`, so the system daemons' Unix sockets there, such as D-Bus and the DNS resolver, are
-  out of reach too).
+  `/run` but for its symlinks, so the system daemons' Unix sockets there, such as D-Bus and
+  the DNS resolver, are out of reach too).
 
 Not confined: reads of everything else on the machine that the user can read; Unix sockets
 outside `/run`, `/tmp` and the hidden folders; and, with the network on, abstract Unix
@@ -94,6 +94,20 @@ def _real(path: str | os.PathLike[str]) -> str:
     return os.path.realpath(path)
 
 
+def _run_links() -> list[tuple[str, list[str]]]:
+    """The symlinks directly in /run, made again in its empty replacement: they hold no
+    socket, and on NixOS every program is reached through one (/run/current-system)."""
+    links: list[tuple[str, list[str]]] = []
+    try:
+        with os.scandir("/run") as it:
+            for entry in it:
+                if entry.is_symlink():
+                    links.append((entry.path, ["--symlink", os.readlink(entry.path), entry.path]))
+    except OSError:
+        pass
+    return links
+
+
 @dataclass(frozen=True)
 class Sandbox:
     """bwrap options for one session: `argv(shell_argv, cwd)` wraps a command."""
@@ -155,6 +169,8 @@ class Sandbox:
             mounts.append((root, ["--bind", root, root]))
         for path, is_dir in self._hidden_now():
             mounts.append((path, ["--tmpfs", path] if is_dir else ["--ro-bind", "/dev/null", path]))
+            if path == "/run":
+                mounts += _run_links()
         # Parents before children (stable: /dev, /proc, /tmp first among equals).
         mounts.sort(key=lambda m: len(Path(m[0]).parts))
         argv = [
