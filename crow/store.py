@@ -390,6 +390,10 @@ class SQLiteStore:
 
     def _delete(self, session_id: str) -> None:
         with self._tx() as c:
+            # Not while another live process runs a turn in it (SessionBusy): that turn and
+            # every later prompt there would fail on a session gone under them.
+            self._get_row(c, "1", session_id)  # an unknown id says so
+            locks.take(c, session_id, self._token, time.time())
             if c.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount == 0:
                 raise _unknown(session_id)
 

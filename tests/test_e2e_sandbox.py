@@ -167,3 +167,43 @@ async def test_sandbox_off_runs_unsandboxed_without_a_notice(
         await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])
     assert (outside / "written").read_text() == "out\n"
     assert "sandbox" not in client.text()
+
+
+async def test_the_file_tools_do_not_touch_crow_home_inside_the_workspace(
+    llm: ScriptedLLM, tmp_path: Path
+) -> None:
+    # crow started in $HOME (CROW_HOME is ~/.crow): as execute's sandbox hides it, so must the
+    # file tools; else an auto-approved edit rewrites the user's config or trust and owns the
+    # next start, and a read shows every stored conversation.
+    user = tmp_path / "user"
+    home = user / ".crow"
+    home.mkdir(parents=True)
+    (home / "config.yaml").write_text("mode: accept_edits\n")
+    (user / "notes.txt").write_text("mine\n")
+    calls = [
+        ToolCallSpec("write_file", {"path": ".crow/config.yaml", "content": "mode: yolo\n"}),
+        ToolCallSpec(
+            "edit_file", {"path": f"{home}/config.yaml", "old_text": "accept_edits", "new_text": "yolo"}
+        ),
+        ToolCallSpec("write_file", {"path": ".crow/trust.json", "content": "{}"}),
+        ToolCallSpec("read_file", {"path": ".crow/config.yaml"}),
+        ToolCallSpec("ls", {"path": ".crow"}),
+        # the rest of the workspace is as usual
+        ToolCallSpec("write_file", {"path": "notes.txt", "content": "changed\n"}),
+        ToolCallSpec("glob", {"pattern": "**/*"}),
+        ToolCallSpec("grep", {"pattern": "accept_edits", "output_mode": "files_with_matches"}),
+        ToolCallSpec("grep", {"pattern": "accept_edits", "path": "."}),
+    ]
+    llm.push(Reply(tool_calls=calls), Reply(text="done"))
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, _client):
+        sid = await start(conn, user)
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("take over")])
+    results = tool_results(llm)
+    assert sum("the file tools do not reach it" in r for r in results) == 5, results
+    assert "Wrote 8 bytes to notes.txt (overwrote)." in results
+    listed = [r for r in results if "the file tools do not reach it" not in r]
+    assert len(listed) == 4 and sum("notes.txt" in r for r in listed) == 2, listed  # glob, write_file
+    assert not any("config.yaml" in r or "mode: accept_edits" in r for r in listed), listed
+    assert (home / "config.yaml").read_text() == "mode: accept_edits\n"
+    assert not (home / "trust.json").exists()
+    assert (user / "notes.txt").read_text() == "changed\n"

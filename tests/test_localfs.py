@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -261,6 +263,7 @@ async def test_a_full_disk_leaves_the_file_unchanged_and_says_so(small_disk: Pat
 
 WRITER = """
 import sys
+import tempfile
 from pathlib import Path
 import anyio
 from mcp_servers.filesystem import LocalBackend
@@ -361,3 +364,94 @@ async def test_the_file_lock_is_nothing_for_a_file_not_there_yet(root: Path) -> 
     async with localfs.file_lock(root, root / "new.txt"):
         localfs.write_bytes(root, root / "new.txt", b"made\n")
     assert (root / "new.txt").read_text() == "made\n"
+
+
+# --- a file its owner made read-only ---------------------------------------------------
+
+WRITE_AS_OWNER = """
+import sys
+import tempfile
+from pathlib import Path
+from mcp_servers.filesystem import localfs
+root = Path(sys.argv[1])
+for name in sys.argv[2:]:
+    try:
+        localfs.write_bytes(root, root / name, b"replaced\\n")
+        print(name, "written")
+    except PermissionError:
+        print(name, "refused")
+"""
+
+
+def test_a_read_only_file_is_not_replaced() -> None:
+    # The atomic rename needs only the folder writable; a file whose owner removed its write
+    # permission must still be refused, as a plain write would be. As root (which may write
+    # anything) the write runs as the unprivileged owner of the folder.
+    folder = Path(tempfile.mkdtemp(prefix="crow-ro-", dir="/var/tmp"))
+    try:
+        (folder / "locked.txt").write_text("keep\n")
+        (folder / "open.txt").write_text("old\n")
+        os.chmod(folder / "locked.txt", 0o444)
+        argv = [sys.executable, "-c", WRITE_AS_OWNER, str(folder), "locked.txt", "open.txt"]
+        if os.geteuid() == 0:
+            for path in (folder, *folder.iterdir()):
+                os.chown(path, 65534, 65534)
+            os.chmod(folder, 0o755)
+            argv = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", *argv]
+        done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=30)
+        assert done.stdout.split("\n")[:2] == ["locked.txt refused", "open.txt written"], done.stderr
+        assert (folder / "locked.txt").read_text() == "keep\n"
+        assert (folder / "open.txt").read_text() == "replaced\n"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# --- a file that is a mount point ---------------------------------------------------------
+
+
+@pytest.fixture
+def bind_mounted(root: Path, tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """A workspace file with another file bind-mounted over it, as a dev container or
+    `docker run -v ./app.yml:/work/app.yml` gives: it cannot be renamed over (EBUSY)."""
+    if os.geteuid() != 0:
+        pytest.skip("a bind mount needs root")
+    source = tmp_path / "mounted.txt"
+    source.write_text("old\n")
+    target = root / "app.yml"
+    target.write_text("under the mount\n")
+    done = subprocess.run(["mount", "--bind", str(source), str(target)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"bind mounts are not permitted here: {done.stderr.strip()}")
+    try:
+        yield target, source
+    finally:
+        subprocess.run(["umount", "-l", str(target)], check=False)
+
+
+async def test_a_bind_mounted_file_is_written_in_place(
+    client: Client, root: Path, bind_mounted: tuple[Path, Path]
+) -> None:
+    target, source = bind_mounted
+    result = await client.call_tool("write_file", {"path": "app.yml", "content": "new\n"})
+    assert not result.is_error, text(result)
+    assert "(overwrote)" in text(result)
+    result = await client.call_tool("edit_file", {"path": "app.yml", "old_text": "new", "new_text": "edited"})
+    assert not result.is_error, text(result)
+    assert target.read_text() == source.read_text() == "edited\n"
+    assert leftovers(root) == []
+
+
+async def test_overwrite_keeps_extended_attributes(client: Client, root: Path, temp_kind: str) -> None:
+    # POSIX ACLs are extended attributes too: a replacement file without them would silently
+    # take away a colleague's access (or a label a tool put there).
+    path = root / "shared.txt"
+    path.write_text("old\n")
+    try:
+        os.setxattr(path, "user.crow-test", b"keep me")
+    except OSError as exc:
+        pytest.skip(f"this filesystem has no user extended attributes: {exc}")
+    result = await client.call_tool("edit_file", {"path": "shared.txt", "old_text": "old", "new_text": "new"})
+    assert not result.is_error, text(result)
+    assert path.read_text() == "new\n"
+    assert os.getxattr(path, "user.crow-test") == b"keep me"
+    assert leftovers(root) == []

@@ -622,3 +622,23 @@ async def test_hidden_folders_inside_the_root_are_out_of_reach(root: Path, grep_
         assert listed.structured_content["files"] == ["link", "ok.txt"]  # type: ignore[index]
     assert (home / "config.yaml").read_text() == "api_key: sk-hidden\n"
     assert Workspace(home, hidden=[home]).hidden == ()  # working inside it is the user's choice
+
+
+async def test_hidden_paths_inside_the_root_are_neither_opened_nor_searched(
+    root: Path, grep_impl: str
+) -> None:
+    home = root / "sub" / "crow[home]"  # glob metacharacters in the name: escaped for rg
+    home.mkdir(parents=True)
+    (home / "config.yaml").write_text("NEEDLE in crow's home\n")
+    (root / "sub" / "ok.txt").write_text("NEEDLE in the workspace\n")
+    async with Client(build_server(root, hidden=[home, root.parent / "elsewhere"])) as c:
+        for start in (".", "sub"):
+            found = text(
+                await call(c, "grep", pattern="NEEDLE", path=start, output_mode="files_with_matches")
+            )
+            assert found == "sub/ok.txt", found
+            assert text(await call(c, "glob", pattern="**/*", path=start)) == "sub/ok.txt"
+        assert "the file tools do not reach it" in await fail(c, "grep", pattern="NEEDLE", path="sub/crow[home]")
+        assert "the file tools do not reach it" in await fail(c, "read_file", path="sub/crow[home]/config.yaml")
+    async with Client(build_server(home, hidden=[home])) as c:  # a root inside it: the user's choice
+        assert "NEEDLE" in text(await call(c, "read_file", path="config.yaml"))

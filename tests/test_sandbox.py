@@ -172,6 +172,53 @@ async def test_network_false_blocks_the_host_loopback(
     assert "SENT" in allowed.output, allowed.output
 
 
+@pytest.fixture
+def run_socket() -> Iterator[Path]:
+    """A listening Unix socket under /run, where system daemons keep theirs (D-Bus, the
+    resolver, nscd, container engines): each a way out that needs no network."""
+    path = Path("/run") / f"crow-test-{os.getpid()}.sock"
+    srv = socket.socket(socket.AF_UNIX)
+    try:
+        srv.bind(str(path))
+    except OSError as exc:
+        srv.close()
+        pytest.skip(f"cannot make a socket in /run here: {exc}")
+    srv.listen(1)
+    yield path
+    srv.close()
+    path.unlink(missing_ok=True)
+
+
+async def test_network_false_hides_the_system_daemons_sockets(workspace: Path, run_socket: Path) -> None:
+    command = (
+        f'{sys.executable} -c "import socket; s = socket.socket(socket.AF_UNIX); '
+        f"s.connect('{run_socket}'); print('CONNECTED')\""
+    )
+    blocked = await run(backend(workspace, network=False), command)
+    assert "CONNECTED" not in blocked.output, blocked.output
+    allowed = await run(backend(workspace, network=True), command)  # control: reachable with the network on
+    assert "CONNECTED" in allowed.output, allowed.output
+
+
+async def test_network_false_keeps_the_symlinks_in_run(workspace: Path, tmp_path: Path) -> None:
+    # NixOS reaches every program through /run/current-system: an empty /run must keep it.
+    target = tmp_path / "system"
+    (target / "bin").mkdir(parents=True)
+    (target / "bin" / "hello").write_text("from the system\n")
+    link = Path("/run") / f"crow-test-system-{os.getpid()}"
+    try:
+        link.symlink_to(target)
+    except OSError as exc:
+        pytest.skip(f"cannot make a symlink in /run here: {exc}")
+    try:
+        sandbox = Sandbox.create([workspace, tmp_path], network=False)  # tmp_path: /tmp is private
+        b = LocalBackend(workspace, sandbox, compute_environment(EnvironmentPolicy(), os.environ))
+        result = await run(b, f"cat {link}/bin/hello")
+    finally:
+        link.unlink()
+    assert "from the system" in result.output, result.output
+
+
 async def test_tmp_is_private(workspace: Path, tmp_path: Path) -> None:
     marker = Path(tempfile.mkdtemp()) / "host-secret"
     marker.write_text("HOST-TMP\n")
@@ -305,3 +352,35 @@ async def test_each_session_gets_the_sandbox_and_policy_of_its_own_config(
         out[name] = result.content[0].text
     assert not (outside / "boxed").exists() and (outside / "open").exists()
     assert "var=visible" in out["open"] and "var=visible" not in out["boxed"]
+
+
+SECRET = "HOST-PROCESS-SECRET-4921"
+
+
+@pytest.fixture
+def capless_sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    """A process with a secret in its environment and no capabilities, as the user's own
+    editor runs (a root process that has them is shielded from a capless reader anyway)."""
+    argv = ["setpriv", "--bounding-set", "-all", "--inh-caps", "-all", "sleep", "30"]
+    proc = subprocess.Popen(argv, env={**os.environ, "CROW_TEST_SECRET": SECRET})
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+async def test_a_workspace_at_the_filesystem_root_still_gets_a_private_proc_and_dev(
+    capless_sleeper: subprocess.Popen[bytes],
+) -> None:
+    # An editor with no folder open may start a session in "/": the writable bind of the whole
+    # host must not cover the sandbox's own /proc (else every process of the user, the editor
+    # with the API keys in its environment, shows in /proc/PID/environ) and /dev.
+    b = LocalBackend(Path("/"), Sandbox.create(["/"]), compute_environment(EnvironmentPolicy(), os.environ))
+    result = await b.run(
+        f"cat /proc/{capless_sleeper.pid}/environ; cat /proc/[0-9]*/environ | tr '\\0' '\\n' | grep -c CROW_TEST; "
+        "echo procs=$(ls /proc | grep -c '^[0-9]') devs=$(ls /dev | wc -l)",
+        Path("/"),
+        20,
+    )
+    assert SECRET not in result.output, result.output
+    counts = dict(w.split("=") for w in result.output.split() if w.startswith(("procs=", "devs=")))
+    assert int(counts["procs"]) < 10 and int(counts["devs"]) < 30, result.output

@@ -45,6 +45,22 @@ async def test_a_second_store_is_told_busy_then_takes_over_after_release(tmp_pat
         assert await a.lock_session("s") is False, "nobody else held it"
 
 
+async def test_a_session_running_a_turn_elsewhere_cannot_be_deleted(tmp_path: Path) -> None:
+    # `crow sessions delete` beside a crow process mid-turn: that turn, and every later
+    # prompt there, would fail on a session that no longer exists.
+    db = tmp_path / "crow.db"
+    async with SQLiteStore(db) as a, SQLiteStore(db) as b:
+        await a.create_session(id="s", cwd="/w")
+        await a.lock_session("s")
+        with pytest.raises(SessionBusy, match=f"pid {os.getpid()}"):
+            await b.delete_session("s")
+        await a.append("s", [Message("user", "still here")])
+        assert [m.content for m in await b.load_transcript("s")] == ["still here"]
+        await a.unlock_session("s")
+        await b.delete_session("s")  # idle: it goes
+        assert await a.get_session("s") is None
+
+
 async def test_a_lock_of_a_dead_process_is_taken_over(tmp_path: Path) -> None:
     db = tmp_path / "crow.db"
     async with SQLiteStore(db) as store:

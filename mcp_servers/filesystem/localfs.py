@@ -14,12 +14,14 @@ moment leaves the old file or the new one. The temp file is unnamed (``O_TMPFILE
 just before the rename, so a kill leaves nothing behind; where the filesystem lacks
 ``O_TMPFILE`` it is a named ``.crow-write-*.tmp`` that a kill mid-write leaves behind.
 Any error before the rename removes the temp file and raises :class:`WriteError`: the
-original is intact. The existing file's mode, owner and group are kept. A file with other
+original is intact. The existing file's mode, owner, group and extended attributes (ACLs)
+are kept. A file with other
 hard links is split from them (they keep the old content): a link into the workspace
 never carries a write to a file elsewhere, such as a package manager's shared store.
-Where the owner cannot be kept (crow is not root) or the folder is not writable, the
-file is overwritten in place instead, after reserving the space (``posix_fallocate``):
-a full disk still leaves it intact, but a kill mid-write can tear it.
+Where the owner cannot be kept (crow is not root), the folder is not writable or the file
+is a mount point (a bind-mounted file), the file is overwritten in place instead, after
+reserving the space (``posix_fallocate``): a full disk still leaves it intact, but a kill
+mid-write can tear it.
 
 Locking. :func:`file_lock` takes an advisory ``flock`` on an existing file (following it
 to the new file when a rename replaced it meanwhile), so the read-modify-writes of two
@@ -283,6 +285,30 @@ def _keep_owner_and_mode(fd: int, old: os.stat_result) -> bool:
     return True
 
 
+def _copy_xattrs(parent: int, name: str, fd: int) -> bool:
+    """Give the temp file the old file's extended attributes (POSIX ACLs, security labels,
+    user tags); False if one cannot be copied (then the file is written in place)."""
+    try:
+        src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent)
+    except OSError:
+        return False
+    try:
+        for attr in os.listxattr(src):
+            os.setxattr(fd, attr, os.getxattr(src, attr))
+    except OSError as exc:
+        return exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP) and not _has_xattrs(src)
+    finally:
+        os.close(src)
+    return True
+
+
+def _has_xattrs(fd: int) -> bool:
+    try:
+        return bool(os.listxattr(fd))
+    except OSError:
+        return False
+
+
 def _discard(tmp: str | None, parent: int) -> None:
     if tmp is None:
         return
@@ -322,6 +348,10 @@ def _replace(parent: int, name: str, data: bytes, path: Path) -> None:
             raise IsADirectoryError(errno.EISDIR, "Is a directory", str(path))
         if not stat.S_ISREG(old.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
+        # The rename needs only the folder writable: without this a file its owner made
+        # read-only would be replaced, where a plain write is refused.
+        if not os.access(name, os.W_OK, dir_fd=parent, effective_ids=True, follow_symlinks=False):
+            raise PermissionError(errno.EACCES, "Permission denied (the file is read-only)", str(path))
     try:
         # A new file gets the usual 0o666 & ~umask; a replacement starts private and then
         # takes the old file's mode.
@@ -334,7 +364,7 @@ def _replace(parent: int, name: str, data: bytes, path: Path) -> None:
         raise _unchanged(exc, path) from None
     try:
         try:
-            kept = old is None or _keep_owner_and_mode(fd, old)
+            kept = old is None or (_keep_owner_and_mode(fd, old) and _copy_xattrs(parent, name, fd))
             if kept:
                 _write_all(fd, data)
                 os.fsync(fd)
@@ -344,7 +374,12 @@ def _replace(parent: int, name: str, data: bytes, path: Path) -> None:
         finally:
             os.close(fd)
         if kept:
-            os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+            try:
+                os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    raise
+                kept = False  # a mount point (a bind-mounted file) cannot be replaced: write into it
     except BaseException as exc:
         _discard(tmp, parent)
         if isinstance(exc, OSError):

@@ -8,8 +8,9 @@ root itself is resolved once, so a root reached through a symlink still works.
 What is refused, always with a :class:`ToolError` the model can read:
 NUL bytes, strings the OS cannot encode (lone surrogates), names longer than
 255 bytes or paths longer than 4096 bytes, ``..`` that climbs out, absolute
-paths outside the root (``/etc``, ``/proc/self/root/...``) and symlinks whose
-target lies outside.
+paths outside the root (``/etc``, ``/proc/self/root/...``), symlinks whose
+target lies outside, and paths inside a ``hidden`` folder within the root (crow's
+home when the workspace holds it; glob and grep skip it too).
 
 The check is made before each operation, on the path as it is then. What holds
 after the check, against a process (a command the model ran) that swaps a folder

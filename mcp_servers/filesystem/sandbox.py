@@ -16,10 +16,13 @@ What a sandboxed command gets:
   keyring and D-Bus sockets) and the Docker socket: an empty tmpfs over a folder, `/dev/null`
   over a file. Only paths that exist are hidden; they are looked up at every command, so one
   created mid-session is hidden too;
-- the network unless `network=False` (`--unshare-net`: only a private loopback).
+- the network unless `network=False` (`--unshare-net`: only a private loopback, and an empty
+  `/run` but for its symlinks, so the system daemons' Unix sockets there, such as D-Bus and
+  the DNS resolver, are out of reach too).
 
-Not confined: reads of everything else on the machine that the user can read, and, with the
-network on, abstract Unix sockets and anything reachable over the network.
+Not confined: reads of everything else on the machine that the user can read; Unix sockets
+outside `/run`, `/tmp` and the hidden folders; and, with the network on, abstract Unix
+sockets, the sockets in `/run` and anything reachable over the network.
 
 Mount order matters, as bwrap applies its options in order: a path is mounted before any path
 below it, so a root under `/tmp` or inside a hidden folder stays visible and writable, and a
@@ -95,6 +98,20 @@ def _real(path: str | os.PathLike[str]) -> str:
     return os.path.realpath(path)
 
 
+def _run_links() -> list[tuple[str, list[str]]]:
+    """The symlinks directly in /run, made again in its empty replacement: they hold no
+    socket, and on NixOS every program is reached through one (/run/current-system)."""
+    links: list[tuple[str, list[str]]] = []
+    try:
+        with os.scandir("/run") as it:
+            for entry in it:
+                if entry.is_symlink():
+                    links.append((entry.path, ["--symlink", os.readlink(entry.path), entry.path]))
+    except OSError:
+        pass
+    return links
+
+
 @dataclass(frozen=True)
 class Sandbox:
     """bwrap options for one session: `argv(shell_argv, cwd)` wraps a command."""
@@ -128,6 +145,8 @@ class Sandbox:
         home = os.environ.get("HOME") or str(Path.home())
         candidates = [*self.hidden, *(os.path.join(home, c) for c in CREDENTIALS), *SOCKETS]
         candidates.append(f"/run/user/{os.getuid()}")
+        if not self.network:  # the system daemons' sockets (D-Bus, the resolver, nscd): ways out
+            candidates.append("/run")
         out: list[tuple[str, bool]] = []
         seen: set[str] = set()
         for path in candidates:
@@ -143,12 +162,20 @@ class Sandbox:
         return out
 
     def argv(self, command: Sequence[str], cwd: str | os.PathLike[str]) -> list[str]:
-        mounts: list[tuple[str, list[str]]] = [("/tmp", ["--tmpfs", "/tmp"])]
+        # /dev and /proc sort after a root at "/" (whose writable bind would cover them with the
+        # host's /proc, every process of the user in it) and before a root inside them.
+        mounts: list[tuple[str, list[str]]] = [
+            ("/dev", ["--dev", "/dev"]),
+            ("/proc", ["--proc", "/proc"]),
+            ("/tmp", ["--tmpfs", "/tmp"]),
+        ]
         for root in self.writable:
             mounts.append((root, ["--bind", root, root]))
         for path, is_dir in self._hidden_now():
             mounts.append((path, ["--tmpfs", path] if is_dir else ["--ro-bind", "/dev/null", path]))
-        # Parents before children (stable: /tmp first among equals).
+            if path == "/run":
+                mounts += _run_links()
+        # Parents before children (stable: /dev, /proc, /tmp first among equals).
         mounts.sort(key=lambda m: len(Path(m[0]).parts))
         argv = [
             self.bwrap,
@@ -156,8 +183,6 @@ class Sandbox:
             "--die-with-parent",
             "--cap-drop", "ALL",
             "--ro-bind", "/", "/",
-            "--dev", "/dev",
-            "--proc", "/proc",
         ]  # fmt: skip
         for _, options in mounts:
             argv += options
