@@ -7,7 +7,9 @@ Pure functions from crow's types to ACP schema objects, shared by live turns and
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -115,16 +117,46 @@ def _diff(meta: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     return None
 
 
-def preview(call: ToolCall) -> list[Any] | None:
-    """What a permission prompt shows before the tool runs: the proposed change."""
+def preview(call: ToolCall, cwd: Path | str = ".") -> list[Any] | None:
+    """What a permission prompt shows before the tool runs: the proposed change. A write
+    over an existing file shows what it replaces, never a "new file"."""
     path, a = _path_arg(call.args), call.args
     if call.name == "write_file" and path and isinstance(a.get("content"), str):
-        return [tool_diff_content(path, a["content"])]
+        full = os.path.join(cwd, path)
+        old = current_text(full)
+        shown = [tool_diff_content(path, a["content"], old)]
+        if old is None and os.path.lexists(full):
+            note = "This overwrites an existing file whose content cannot be shown (binary, or over 1 MB)."
+            shown.append(tool_content(text_block(note)))
+        return shown
     if call.name == "edit_file" and path and isinstance(a.get("new_text"), str):
         return [tool_diff_content(path, a["new_text"], str(a.get("old_text") or ""))]
     if call.name == "execute" and a.get("command"):
         return [tool_content(text_block(f"$ {a['command']}"))]
     return None
+
+
+def current_text(path: str, limit: int = 1_000_000) -> str | None:
+    """A file's text as it is now, for a preview: None when it is missing, not a regular
+    file (a FIFO must not block the question), over `limit` bytes or not UTF-8."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(limit + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        return data.decode("utf-8") if len(data) <= limit else None
+    except UnicodeDecodeError:
+        return None
 
 
 def terminal_id(result: ToolResult) -> str | None:

@@ -324,7 +324,7 @@ def _question(call: Any, cwd: str) -> str:
     """The call and what it would do: the command, a unified diff, or its arguments."""
     import difflib
 
-    from crow.acp_view import tool_title
+    from crow.acp_view import current_text, tool_title
 
     args = call.args
     lines = [f"\nAllow {tool_title(call)}?"]
@@ -333,7 +333,7 @@ def _question(call: Any, cwd: str) -> str:
         lines.append(f"  $ {args.get('command', '')}")
     elif call.name in ("write_file", "edit_file") and path:
         if call.name == "write_file":
-            old = _read(os.path.join(cwd, path))
+            old = current_text(os.path.join(cwd, path))
             new = str(args.get("content", ""))
         else:
             old, new = str(args.get("old_text", "")), str(args.get("new_text", ""))
@@ -343,7 +343,10 @@ def _question(call: Any, cwd: str) -> str:
             )
         )
         if old is None and call.name == "write_file":
-            diff[0:2] = ["--- /dev/null", f"+++ b/{path} (new file)"]
+            if os.path.lexists(os.path.join(cwd, path)):
+                diff[0:2] = [f"--- a/{path} (exists; binary or over 1 MB, not shown)", f"+++ b/{path}"]
+            else:
+                diff[0:2] = ["--- /dev/null", f"+++ b/{path} (new file)"]
         shown = diff[:60]
         lines.extend(f"  {d}" for d in shown)
         if len(diff) > len(shown):
@@ -353,11 +356,3 @@ def _question(call: Any, cwd: str) -> str:
             text = value if isinstance(value, str) else repr(value)
             lines.append(f"  {key}: {text if len(text) <= 200 else text[:197] + '...'}")
     return "\n".join(lines)
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read(1_000_000)
-    except (OSError, UnicodeDecodeError):
-        return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from acp.helpers import update_available_commands, update_current_mode
 from acp.schema import SessionInfoUpdate, SessionNotification
@@ -54,3 +55,27 @@ def test_each_update_serializes_as_the_sdk_would() -> None:
         sdk = serialize_params(SessionNotification(session_id="sess-1", update=update))
         assert ours == sdk, type(update).__name__
         assert ours["update"]["sessionUpdate"]  # the discriminator always goes out
+
+
+def test_a_write_over_an_existing_file_is_previewed_as_an_overwrite(tmp_path: Path) -> None:
+    """The permission question for write_file shows what it replaces, never a new file."""
+    import os
+
+    from crow import acp_view
+    from crow.messages import ToolCall
+
+    (tmp_path / "app.py").write_text("old = 1\n")
+    (tmp_path / "blob.bin").write_bytes(b"\x00\xff" * 10)
+    os.mkfifo(tmp_path / "pipe")  # must not block the question
+
+    def shown(path: str) -> list[Any]:
+        call = ToolCall("c", "write_file", {"path": path, "content": "new = 2\n"})
+        return acp_view.preview(call, tmp_path) or []
+
+    diff = shown("app.py")[0].model_dump(by_alias=True, exclude_none=True)
+    assert diff["oldText"] == "old = 1\n" and diff["newText"] == "new = 2\n"
+    binary = shown("blob.bin")
+    assert "overwrites an existing file" in binary[1].content.text
+    assert "overwrites an existing file" in shown("pipe")[1].content.text
+    new = shown("new.py")
+    assert len(new) == 1 and "oldText" not in new[0].model_dump(by_alias=True, exclude_none=True)
