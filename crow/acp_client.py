@@ -40,7 +40,9 @@ class AcpSessionClient:
         self.can_read = bool(fs and fs.read_text_file)
         self.can_write = bool(fs and fs.write_text_file)
         self.can_terminal = bool(caps and caps.terminal)
-        self._asking = anyio.Lock()
+        # Made at the first question: the first anyio.Lock() imports anyio's asyncio
+        # backend (~15 ms), which must not land on session/new.
+        self._asking: anyio.Lock | None = None
 
     async def ask_permission(
         self,
@@ -60,7 +62,7 @@ class AcpSessionClient:
             status="pending",
             locations=start.locations,
             raw_input=start.raw_input,
-            content=acp_view.preview(call),
+            content=acp_view.preview(call, self.cwd),
         )
         offered = [PermissionOption(option_id=o.id, name=o.label, kind=o.kind) for o in options]
         return await self._request(update, offered, f"permission request for {call.name}", timeout)
@@ -94,6 +96,8 @@ class AcpSessionClient:
         """One `session/request_permission` at a time per session (a batch's other calls
         wait for this answer); the chosen option id, or None. An id that was not offered
         counts as no answer."""
+        if self._asking is None:
+            self._asking = anyio.Lock()
         async with self._asking:
             with anyio.move_on_after(timeout):
                 try:
