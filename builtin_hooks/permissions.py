@@ -20,14 +20,26 @@ as a rejection, so a turn never hangs on an unseen prompt.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import anyio
 
 from crow import Hook, HookContext, ToolCall, ToolResult
-from crow.rules import EDIT_TOOLS, RuleSet, compile_rules, decide, parse_rule, path_candidates, subject
+from crow.project_rules import ProjectRules
+from crow.rules import (
+    EDIT_TOOLS,
+    RuleError,
+    RuleSet,
+    compile_rules,
+    decide,
+    parse_rule,
+    path_candidates,
+    subject,
+)
 from crow.rules import choices as prompt_choices
 
+log = logging.getLogger("crow.permissions")
 MODES = ("ask", "accept_edits", "yolo", "read_only", "plan")
 ASK_TOOLS = frozenset({"write_file", "edit_file", "execute"})
 NEVER_ASK = frozenset({"write_todos", "exit_plan_mode"})  # the plan, and leaving plan mode
@@ -70,7 +82,7 @@ class PermissionsHook(Hook):
         config = session.config
         perms = config.permissions if config is not None else None
         configured = compile_rules(tuple(perms.allow), tuple(perms.ask), tuple(perms.deny)) if perms else None
-        sets = [s for s in (configured, session.state.get(_RULES)) if s]
+        sets = [s for s in (configured, _session_rules(session)) if s]
         decision, rule = None, None
         if sets:  # no rules, nothing to parse
             decision, rule = decide(subject(call.name, call.args, str(session.cwd)), *sets)
@@ -124,10 +136,15 @@ class PermissionsHook(Hook):
         if choice is None:
             return "The user did not answer the permission request; the tool call was not run."
         if choice.rules:
-            rules: RuleSet = session.state.setdefault(_RULES, RuleSet())
+            rules = _session_rules(session)
             decision = "allow" if choice.kind == "allow_always" else "deny"
             for text in choice.rules:
                 rules.add(decision, parse_rule(text, origin="session"))
+        if choice.id == "allow_always_project" and config is not None:
+            try:
+                ProjectRules(config.home).add(session.cwd, choice.rules)
+            except OSError as exc:  # it still holds for this session
+                log.warning("cannot store the project rule %s: %s", choice.rules, exc)
         if choice.kind in ("allow_once", "allow_always"):
             return None
         if choice.kind == "reject_always":
@@ -136,6 +153,21 @@ class PermissionsHook(Hook):
                 "session. Ask what they would like instead."
             )
         return "The user declined this tool call. Ask what they would like instead."
+
+
+def _session_rules(session: Any) -> RuleSet:
+    """The session's rules: those granted for its project (read once, at its first call)
+    and its own "always" answers."""
+    rules: RuleSet | None = session.state.get(_RULES)
+    if rules is None:
+        rules = session.state[_RULES] = RuleSet()
+        if session.config is not None:
+            for text in ProjectRules(session.config.home).allowed(session.cwd):
+                try:
+                    rules.add("allow", parse_rule(text, origin="project"))
+                except RuleError as exc:
+                    log.warning("ignoring a stored project rule: %s", exc)
+    return rules
 
 
 def _in_git(call: ToolCall, cwd: str) -> bool:

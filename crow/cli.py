@@ -212,6 +212,7 @@ class TerminalClient:
         "allow_once": "y",
         "allow_always": "a",
         "allow_always_folder": "f",
+        "allow_always_project": "p",
         "reject_once": "n",
         "reject_always": "v",
     }

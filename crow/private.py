@@ -8,9 +8,13 @@ what changed. Files of another owner and symlinks are left alone.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import stat
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 log = logging.getLogger("crow.private")
@@ -18,7 +22,7 @@ log = logging.getLogger("crow.private")
 DIR_MODE = 0o700
 FILE_MODE = 0o600
 # What crow keeps in CROW_HOME besides the database: config.yaml may hold API keys.
-HOME_FILES = ("config.yaml", "trust.json")
+HOME_FILES = ("config.yaml", "trust.json", "rules.json")
 DB_SUFFIXES = ("", "-wal", "-shm", "-journal")
 
 
@@ -63,3 +67,33 @@ def secure_store(db_path: Path, home: Path | None) -> None:
     if done := [c for c in changed if c]:
         where = home or folder
         log.warning("made crow's files in %s private (only you can read them): %s", where, ", ".join(done))
+
+
+def write_private(path: Path, text: str) -> None:
+    """Replace `path` atomically with `text`, mode 0600 from the start (temp file, fsync,
+    rename): a crash leaves the old file or the new one."""
+    path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)  # created 0600
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on a `.NAME.lock` beside `path`, for a read-change-write of it:
+    two crow processes changing the file at once both land."""
+    path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    fd = os.open(path.parent / f".{path.stem}.lock", os.O_RDWR | os.O_CREAT, FILE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock

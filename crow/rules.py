@@ -286,6 +286,10 @@ def choices(subj: Subject, asked_by_rule: bool) -> list[Choice]:
     else:
         always.append(_always("allow_always", f"`{subj.tool}`", (subj.tool,)))
         reject = (f"`{subj.tool}`", (subj.tool,))
+    if always:  # the narrowest, also for every session in this project
+        first = always[0]
+        label = first.label.replace("Always allow", "Always allow in this project:", 1)
+        always.append(Choice("allow_always_project", "allow_always", label, first.rules))
     out = [Choice("allow_once", "allow_once", "Allow")]
     if not asked_by_rule:
         out.extend(always)

@@ -15,15 +15,12 @@ session/new in a known project costs a few `stat` calls.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import logging
 import os
 import re
 import stat
-import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -33,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from crow.config import Config, compose, find_project_file, read_yaml
 from crow.errors import ConfigError
 from crow.events import Emit, Notice
+from crow.private import locked, write_private
 
 if TYPE_CHECKING:
     from crow.session import Session
@@ -205,34 +203,15 @@ class TrustStore:
 
     def _update(self, change: Callable[[dict[str, dict[str, Any]]], bool]) -> bool:
         """Read, change and write under a lock: two `crow trust` at once both land."""
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(self.path.parent / ".trust.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with locked(self.path):
             self._seen = None  # re-read: another process may have written meanwhile
             entries = dict(self.entries())
             changed = change(entries)
             if changed:
-                self._write(entries)
+                text = json.dumps({"version": 1, "folders": entries}, indent=2, sort_keys=True)
+                write_private(self.path, text + "\n")
+                self._entries, self._seen = entries, None
             return changed
-        finally:
-            os.close(fd)  # releases the lock
-
-    def _write(self, entries: dict[str, dict[str, Any]]) -> None:
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        text = json.dumps({"version": 1, "folders": entries}, indent=2, sort_keys=True) + "\n"
-        fd, tmp = tempfile.mkstemp(prefix=".trust-", dir=self.path.parent)  # created 0600
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        self._entries, self._seen = entries, None
 
 
 class ProjectConfigs:

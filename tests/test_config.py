@@ -217,10 +217,12 @@ def test_broken_untrusted_file_is_ignored_trusted_one_is_an_error(home: Path, tm
     found = projects.for_cwd(folder)
     assert found.error is None and not found.trusted and found.file and found.file.problem
     store = TrustStore(home)
-    store._write({str(folder.resolve()): {"sha256": found.file.digest}})
+    digest = found.file.digest
+    store._update(lambda entries: bool(entries.update({str(folder.resolve()): {"sha256": digest}})) or True)
     assert "cannot read" in (projects.for_cwd(folder).error or "")
     (folder / "crow.yaml").write_text("mode: sideways\n")
-    store._write({str(folder.resolve()): {"sha256": read_project(folder / "crow.yaml").digest}})
+    digest = read_project(folder / "crow.yaml").digest
+    store._update(lambda entries: bool(entries.update({str(folder.resolve()): {"sha256": digest}})) or True)
     assert "mode" in (projects.for_cwd(folder).error or "")
 
 

@@ -361,3 +361,43 @@ async def test_another_servers_tool_named_write_todos_is_not_waved_through(
         await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])
     assert "read-only mode" in results(llm, 1)["t"]
     assert not marker.exists() and client.permission_requests == []
+
+
+async def test_an_always_allow_for_this_project_holds_in_later_sessions_of_the_project_only(
+    llm: ScriptedLLM, home: Path, tmp_path: Path
+) -> None:
+    """"Always allow in this project" is kept in CROW_HOME (0600, never in the workspace)
+    and answers the same command in a new crow process, in any folder of that repository;
+    another project still asks, and a narrower scope is not widened."""
+    import stat
+
+    repo, other = tmp_path / "repo", tmp_path / "other"
+    (repo / ".git").mkdir(parents=True)
+    (repo / "sub").mkdir()
+    other.mkdir()
+    llm.push(Reply(tool_calls=[call("execute", "c1", command="echo one")]), Reply(text="ok"))
+    async with spawn_crow(crow_env(llm, home), client=ScriptedAnswers("allow_always_project")) as (
+        conn,
+        _proc,
+        client,
+    ):
+        await conn.prompt(session_id=await start(conn, repo), prompt=[acp.text_block("go")])
+    labels = {o.option_id: o.name for o in client.permission_requests[0][1]}
+    assert labels["allow_always_project"] == "Always allow in this project: `echo` commands"
+    stored = home / "rules.json"
+    assert stat.S_IMODE(stored.stat().st_mode) == 0o600
+    assert not list(repo.rglob("*.json")), "nothing written in the workspace"
+
+    llm.push(
+        Reply(tool_calls=[call("execute", "c2", command="echo two"), call("execute", "c3", command="ls")]),
+        Reply(text="ok"),
+    )
+    async with spawn_crow(crow_env(llm, home), client=ScriptedAnswers("reject_once")) as (conn, _p, client):
+        await conn.prompt(session_id=await start(conn, repo / "sub"), prompt=[acp.text_block("go")])
+    assert [tc.raw_input["command"] for tc, _ in client.permission_requests] == ["ls"], "echo was granted"
+    assert results(llm, 3)["c2"].startswith("two")
+
+    llm.push(Reply(tool_calls=[call("execute", "c4", command="echo three")]), Reply(text="ok"))
+    async with spawn_crow(crow_env(llm, home), client=ScriptedAnswers("reject_once")) as (conn, _p, client):
+        await conn.prompt(session_id=await start(conn, other), prompt=[acp.text_block("go")])
+    assert len(client.permission_requests) == 1, "another project asks again"
