@@ -190,8 +190,11 @@ def run_socket() -> Iterator[Path]:
 
 
 async def test_network_false_hides_the_system_daemons_sockets(workspace: Path, run_socket: Path) -> None:
+    # The base interpreter, not the venv's: a checkout (and its venv) under /tmp is hidden
+    # by the sandbox's private /tmp.
+    python = os.path.realpath(sys.executable)
     command = (
-        f'{sys.executable} -c "import socket; s = socket.socket(socket.AF_UNIX); '
+        f'{python} -c "import socket; s = socket.socket(socket.AF_UNIX); '
         f"s.connect('{run_socket}'); print('CONNECTED')\""
     )
     blocked = await run(backend(workspace, network=False), command)
