@@ -271,7 +271,9 @@ def _double_quoted(line: str, i: int, word: list[str], nested: Any) -> tuple[int
     return n, False, dollar
 
 
-def _closing_paren(line: str, i: int) -> int:
+def _matching(line: str, i: int, opener: str, closer: str) -> int:
+    """The index of the `closer` matching an `opener` just before `i` (nesting counted,
+    quotes and backslashes skipped, as bash reads `$(...)` and `${...}`); len(line) if none."""
     depth, n = 1, len(line)
     while i < n:
         c = line[i]
@@ -285,31 +287,22 @@ def _closing_paren(line: str, i: int) -> int:
         if c == '"':
             i = _skip_double(line, i + 1)
             continue
-        if c == "(":
+        if c == opener:
             depth += 1
-        elif c == ")":
+        elif c == closer:
             depth -= 1
             if depth == 0:
                 return i
         i += 1
     return n
+
+
+def _closing_paren(line: str, i: int) -> int:
+    return _matching(line, i, "(", ")")
 
 
 def _closing_brace(line: str, i: int) -> int:
-    depth, n = 1, len(line)
-    while i < n:
-        c = line[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return i
-        i += 1
-    return n
+    return _matching(line, i, "{", "}")
 
 
 def _closing(line: str, i: int, char: str) -> int:

@@ -154,6 +154,8 @@ def test_execute_allow_covers_every_command_of_the_line(command: str, expected: 
         "find . -name x -exec rm -rf {} +",
         "find . -execdir /bin/rm -rf {} \\;",
         "echo ok\r#; rm -rf x",  # \r is no blank to bash: `ok\r#` is a word, not a comment
+        'echo ${x:-"}"}; rm -rf x',  # a quoted } does not end ${...}
+        "echo $(echo ')'); rm -rf x",
     ],
 )
 def test_execute_deny_matches_any_command_of_the_line(command: str) -> None:
