@@ -203,3 +203,22 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         yield disk
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """The filesystem server's workspace root, for the tests that build one."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    return ws
+
+
+@pytest.fixture
+async def client(root: Path) -> AsyncIterator[Any]:
+    """An MCP client connected in-process to a filesystem server over `root`."""
+    from mcp import Client
+
+    from mcp_servers.filesystem import build_server
+
+    async with Client(build_server(root)) as c:
+        yield c

@@ -3,7 +3,6 @@ property test), the filesystem server's per-path lock, and overwrites reported a
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -126,22 +125,6 @@ def test_batch_result_equals_running_the_calls_one_by_one(
 # --- the server's per-path lock -----------------------------------------------------
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    return ws
-
-
-@pytest.fixture
-async def client(root: Path) -> AsyncIterator[Client]:
-    async with Client(build_server(root)) as c:
-        yield c
 
 
 class SlowDisk:

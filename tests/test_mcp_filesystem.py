@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -23,22 +22,6 @@ from mcp_servers.filesystem import execute as execute_mod
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    return ws
-
-
-@pytest.fixture
-async def client(root: Path) -> AsyncIterator[Client]:
-    async with Client(build_server(root)) as c:
-        yield c
 
 
 @pytest.fixture(params=["rg", "python"])
