@@ -16,6 +16,22 @@ from tests.conftest import CROW, crow_env
 from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
 
 
+def crow_run_on_a_terminal(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> tuple[subprocess.Popen[bytes], int]:
+    """`crow run go` with a pty as its terminal; returns the process and the pty's master."""
+    master, slave = os.openpty()
+    proc = subprocess.Popen(
+        [*CROW, "run", "--cwd", str(workspace), "go"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=crow_env(llm, home),
+        start_new_session=True,
+    )
+    os.close(slave)
+    return proc, master
+
 def test_crow_run_asks_one_question_at_a_time(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
     llm.push(
         Reply(
@@ -27,16 +43,7 @@ def test_crow_run_asks_one_question_at_a_time(llm: ScriptedLLM, home: Path, work
         ),
         Reply(text="done"),
     )
-    master, slave = os.openpty()
-    proc = subprocess.Popen(
-        [*CROW, "run", "--cwd", str(workspace), "go"],
-        stdin=slave,
-        stdout=slave,
-        stderr=slave,
-        env=crow_env(llm, home),
-        start_new_session=True,
-    )
-    os.close(slave)
+    proc, master = crow_run_on_a_terminal(llm, home, workspace)
     out = b""
     questions: list[str] = []
 
@@ -136,16 +143,7 @@ def test_crow_run_shows_the_models_escape_sequences_escaped(
         ),
         Reply(text="done"),
     )
-    master, slave = os.openpty()
-    proc = subprocess.Popen(
-        [*CROW, "run", "--cwd", str(workspace), "go"],
-        stdin=slave,
-        stdout=slave,
-        stderr=slave,
-        env=crow_env(llm, home),
-        start_new_session=True,
-    )
-    os.close(slave)
+    proc, master = crow_run_on_a_terminal(llm, home, workspace)
     out, answered = b"", False
     try:
         deadline = time.monotonic() + 30
