@@ -36,7 +36,7 @@ async def _fill(home: Path, sid: str, n: int) -> None:
 
 
 async def _in_process(ctx: Ctx, home: Path) -> list[Figure]:
-    from crow import acp_view
+    from crow.acp import view as acp_view
     from crow.messages import human
     from crow.store import SQLiteStore
 

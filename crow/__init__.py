@@ -40,7 +40,7 @@ _EXPORTS = {
     "should_compact": "crow.compact",
     "Config": "crow.config",
     "load_config": "crow.config",
-    "serve": "crow.acp_server",
+    "serve": "crow.acp.server",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 async def _serve(config_path: str | None) -> None:
-    from crow.acp_server import serve
+    from crow.acp.server import serve
     from crow.agent import Agent
     from crow.config import load_config
 
@@ -178,7 +178,7 @@ async def _run(args: argparse.Namespace) -> int:
             sys.stdout.flush()
             wrote_text = True
         elif isinstance(event, ToolCallStart):
-            from crow.acp_view import tool_title
+            from crow.acp.view import tool_title
 
             print(f"\n→ {_printable(tool_title(event.call))}", file=sys.stderr)
         elif isinstance(event, ToolCallEnd):
@@ -227,7 +227,7 @@ class TerminalClient:
     ) -> str | None:
         import anyio
 
-        from crow.acp_client import DEFAULT_CHOICES
+        from crow.acp.client import DEFAULT_CHOICES
 
         options = list(options or DEFAULT_CHOICES)
         keys = {self.KEYS.get(o.id, str(n)): o.id for n, o in enumerate(options, 1)}
@@ -316,7 +316,7 @@ def _printable(text: str) -> str:
 
 
 def _call_name(call: Any) -> str:
-    from crow.acp_view import tool_title
+    from crow.acp.view import tool_title
 
     return f"{tool_title(call)!r} (call {call.id})"
 
@@ -325,7 +325,7 @@ def _question(call: Any, cwd: str) -> str:
     """The call and what it would do: the command, a unified diff, or its arguments."""
     import difflib
 
-    from crow.acp_view import current_text, tool_title
+    from crow.acp.view import current_text, tool_title
 
     args = call.args
     lines = [f"\nAllow {tool_title(call)}?"]

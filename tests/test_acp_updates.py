@@ -11,8 +11,8 @@ from acp.helpers import update_available_commands, update_current_mode
 from acp.schema import SessionInfoUpdate, SessionNotification
 from acp.utils import serialize_params
 
-from crow.acp_convert import event_update
-from crow.acp_server import COMMANDS, notification_params
+from crow.acp.convert import event_update
+from crow.acp.server import COMMANDS, notification_params
 from crow.events import (
     Notice,
     PlanUpdated,
@@ -61,7 +61,7 @@ def test_a_write_over_an_existing_file_is_previewed_as_an_overwrite(tmp_path: Pa
     """The permission question for write_file shows what it replaces, never a new file."""
     import os
 
-    from crow import acp_view
+    from crow.acp import view as acp_view
     from crow.messages import ToolCall
 
     (tmp_path / "app.py").write_text("old = 1\n")

@@ -46,8 +46,11 @@ from acp.schema import (
     UnstructuredCommandInput,
 )
 
-from crow import __version__, acp_convert, acp_sessions, acp_view
-from crow.acp_client import AcpSessionClient
+from crow import __version__
+from crow.acp import convert as acp_convert
+from crow.acp import sessions as acp_sessions
+from crow.acp import view as acp_view
+from crow.acp.client import AcpSessionClient
 from crow.agent import Agent
 from crow.errors import CrowError, SessionBusy, SessionError
 from crow.events import (
@@ -429,7 +432,7 @@ class AcpServer:
 
 async def serve(agent: Agent | None = None) -> None:
     """Serve ACP on stdin/stdout until the client hangs up."""
-    from crow.acp_wire import stdio_transport
+    from crow.acp.wire import stdio_transport
 
     server = AcpServer(agent)
     transport, supervisor = await stdio_transport()

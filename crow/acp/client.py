@@ -16,7 +16,7 @@ import anyio
 from acp import RequestError, text_block, tool_content
 from acp.schema import ClientCapabilities, EnvVariable, PermissionOption, ToolCallUpdate
 
-from crow import acp_view
+from crow.acp import view as acp_view
 from crow.messages import ToolCall
 from crow.rules import Choice
 

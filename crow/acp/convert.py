@@ -11,7 +11,8 @@ from acp import RequestError
 from acp.helpers import update_current_mode
 from acp.schema import UsageUpdate
 
-from crow import acp_view, images
+from crow import images
+from crow.acp import view as acp_view
 from crow.events import (
     Event,
     ModeChanged,
