@@ -4,20 +4,28 @@ left by a process that is gone is taken over; a reader learns that another one w
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 
 from crow.errors import SessionBusy
-from crow.locks import LEASE, holder_alive, process_token, start_time
 from crow.messages import Message
 from crow.session import Session
 from crow.store import SQLiteStore
+from crow.store.locks import LEASE, holder_alive, process_token, start_time
 
 pytestmark = pytest.mark.anyio
+
+
+def sql(db: Path, statement: str, params: tuple = ()) -> list[tuple]:
+    """Another connection to the database (the store's own lives on its worker thread)."""
+    with closing(sqlite3.connect(db, isolation_level=None)) as conn:
+        return conn.execute(statement, params).fetchall()
 
 
 def dead_pid() -> int:
@@ -68,11 +76,9 @@ async def test_a_lock_of_a_dead_process_is_taken_over(tmp_path: Path) -> None:
         pid = dead_pid()
         boot, namespace, *_ = process_token().split("|")
         token = f"{boot}|{namespace}|{pid}|12345|deadbeef"
-        store._conn.execute("INSERT INTO session_locks VALUES ('s', ?, ?, ?, 7)", (token, pid, time.time()))
+        sql(db, "INSERT INTO session_locks VALUES ('s', ?, ?, ?, 7)", (token, pid, time.time()))
         assert await store.lock_session("s") is True
-        owner, held_pid, generation = store._conn.execute(
-            "SELECT owner, pid, generation FROM session_locks"
-        ).fetchone()
+        [(owner, held_pid, generation)] = sql(db, "SELECT owner, pid, generation FROM session_locks")
         assert (held_pid, generation) == (os.getpid(), 8) and owner != token
 
 
@@ -135,7 +141,7 @@ async def test_a_read_during_another_process_turn_is_reloaded_after_a_takeover(t
         # a dies without releasing: its token now names a process that is gone
         boot, namespace, *_ = process_token().split("|")
         dead = f"{boot}|{namespace}|{dead_pid()}|1|x"
-        a._conn.execute("UPDATE session_locks SET owner = ?", (dead,))
+        sql(db, "UPDATE session_locks SET owner = ?", (dead,))
         assert await b.lock_session("s") is True
 
 
@@ -144,15 +150,16 @@ async def test_a_holder_refreshes_its_heartbeat_while_it_holds(
 ) -> None:
     import asyncio
 
-    import crow.locks
+    import crow.store.locks
 
-    monkeypatch.setattr(crow.locks, "BEAT", 0.02)
-    async with SQLiteStore(tmp_path / "crow.db") as store:
+    monkeypatch.setattr(crow.store.locks, "BEAT", 0.02)
+    db = tmp_path / "crow.db"
+    async with SQLiteStore(db) as store:
         await store.create_session(id="s", cwd="/w")
         await store.lock_session("s")
-        [(first,)] = store._conn.execute("SELECT heartbeat FROM session_locks").fetchall()
+        [(first,)] = sql(db, "SELECT heartbeat FROM session_locks")
         await asyncio.sleep(0.1)
-        [(later,)] = store._conn.execute("SELECT heartbeat FROM session_locks").fetchall()
+        [(later,)] = sql(db, "SELECT heartbeat FROM session_locks")
         assert later > first
         await store.unlock_session("s")
         await asyncio.sleep(0.05)
@@ -162,7 +169,7 @@ async def test_a_holder_refreshes_its_heartbeat_while_it_holds(
 async def test_text_that_is_not_unicode_is_a_store_error(tmp_path: Path) -> None:
     from crow.errors import StoreError
 
-    for path in (tmp_path / "crow.db", ":memory:"):  # the inline writer and the worker thread
+    for path in (tmp_path / "crow.db", ":memory:"):  # a file and a private in-memory database
         async with SQLiteStore(path) as store:
             with pytest.raises(StoreError, match="surrogates not allowed"):
                 await store.create_session(id="s", cwd="/w/\udcff")

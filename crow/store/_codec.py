@@ -1,0 +1,61 @@
+"""How a store writes what it keeps, whatever the database: canonical message JSON,
+timestamps, list cursors. Pure functions; errors are `StoreError`."""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from crow.errors import StoreError
+from crow.messages import Message
+
+
+def unknown(session_id: str) -> StoreError:
+    return StoreError(f"unknown session {session_id!r}")
+
+
+def to_json(value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"not JSON-serializable: {exc}") from exc
+
+
+def dump(message: Message) -> str:
+    """Canonical JSON, so equal messages have equal text (set_context compares text)."""
+    return to_json(message.to_dict())
+
+
+def load(d: dict[str, Any]) -> Message:
+    try:
+        return Message.from_dict(d)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StoreError(f"corrupt message in store: {exc!r}") from exc
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")
+
+
+def from_iso(text: str) -> float:
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise StoreError(f"bad timestamp {text!r}: {exc}") from exc
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+
+
+def encode_cursor(updated_at: float, session_id: str) -> str:
+    raw = json.dumps([updated_at.hex(), session_id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        ts, sid = json.loads(raw)
+        return float.fromhex(ts), str(sid)
+    except (ValueError, TypeError) as exc:
+        raise StoreError(f"invalid cursor {cursor!r}") from exc

@@ -1,0 +1,221 @@
+"""The SQL of the two-record store. Every function runs on the worker thread with the
+connection as its first argument, and is one whole store operation (one hop).
+
+The transcript is every entry in seq order and is never rewritten. The model context is
+`context_head` followed by the entries with `seq >= context_from AND in_context = 1`, so a
+compaction (`set_context`) rewrites one row and leaves the transcript whole. An append is
+one INSERT per message and one UPDATE of the session row: its cost does not depend on the
+history length.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from crow.errors import StoreError
+from crow.messages import Message
+from crow.store import locks
+from crow.store._codec import encode_cursor, from_iso, iso, load, to_json, unknown
+from crow.store._schema import transaction
+from crow.store.base import SessionRecord
+
+_COLUMNS = "id, cwd, title, created_at, updated_at, model, mode, todos, files, config, message_count"
+_JSON_FIELDS = frozenset({"todos", "files", "config"})
+
+
+def get_row(c: sqlite3.Connection, columns: str, session_id: str) -> tuple[Any, ...]:
+    row = c.execute(f"SELECT {columns} FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    if row is None:
+        raise unknown(session_id)
+    return tuple(row)
+
+
+def _to_record(row: Sequence[Any]) -> SessionRecord:
+    sid, cwd, title, created, updated, model, mode, todos, files, config, count = row
+    return SessionRecord(sid, cwd, title, iso(created), iso(updated), model, mode,
+                         *map(json.loads, (todos, files, config)), count)  # fmt: skip
+
+
+def record(c: sqlite3.Connection, session_id: str) -> SessionRecord:
+    return _to_record(get_row(c, _COLUMNS, session_id))
+
+
+def create(c: sqlite3.Connection, r: SessionRecord) -> SessionRecord:
+    now = time.time()
+    created = from_iso(r.created_at) if r.created_at else now
+    updated = from_iso(r.updated_at) if r.updated_at else created
+    with transaction(c):
+        if c.execute("SELECT 1 FROM sessions WHERE id = ?", (r.id,)).fetchone():
+            raise StoreError(f"session {r.id!r} already exists")
+        c.execute(
+            "INSERT INTO sessions (id, cwd, title, created_at, updated_at, model, mode,"
+            " todos, files, config) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (r.id, r.cwd, r.title, created, updated, r.model, r.mode,
+             *map(to_json, (r.todos, r.files, r.config))),
+        )  # fmt: skip
+        return record(c, r.id)
+
+
+def get(c: sqlite3.Connection, session_id: str) -> SessionRecord | None:
+    row = c.execute(f"SELECT {_COLUMNS} FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    return None if row is None else _to_record(row)
+
+
+def update(c: sqlite3.Connection, session_id: str, fields: dict[str, Any]) -> SessionRecord:
+    names = sorted(fields)
+    values = [to_json(fields[n]) if n in _JSON_FIELDS else fields[n] for n in names]
+    assignments = "".join(f"{n} = ?, " for n in names)
+    with transaction(c):
+        cur = c.execute(
+            f"UPDATE sessions SET {assignments}updated_at = ? WHERE id = ?",
+            (*values, time.time(), session_id),
+        )
+        if cur.rowcount == 0:
+            raise unknown(session_id)
+        return record(c, session_id)
+
+
+def delete(c: sqlite3.Connection, session_id: str, token: str) -> None:
+    with transaction(c):
+        # Not while another live process runs a turn in it (SessionBusy): that turn and
+        # every later prompt there would fail on a session gone under them.
+        get_row(c, "1", session_id)  # an unknown id says so
+        locks.take(c, session_id, token, time.time())
+        if c.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount == 0:
+            raise unknown(session_id)
+
+
+def list_page(
+    c: sqlite3.Connection, cwd: str | None, limit: int, after: tuple[float, str] | None
+) -> tuple[list[SessionRecord], str | None]:
+    where, params = [], []
+    if cwd is not None:
+        where.append("cwd = ?")
+        params.append(cwd)
+    if after is not None:
+        where.append("(updated_at < ? OR (updated_at = ? AND id > ?))")
+        params += [after[0], after[0], after[1]]
+    sql = f"SELECT {_COLUMNS} FROM sessions"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += " ORDER BY updated_at DESC, id LIMIT ?"
+    rows = c.execute(sql, (*params, limit + 1)).fetchall()
+    cursor = None
+    if len(rows) > limit:
+        rows = rows[:limit]
+        cursor = encode_cursor(rows[-1][4], rows[-1][0])
+    return [_to_record(row) for row in rows], cursor
+
+
+def fork(c: sqlite3.Connection, source_id: str, new_id: str) -> SessionRecord:
+    now = time.time()
+    with transaction(c):
+        if c.execute("SELECT 1 FROM sessions WHERE id = ?", (new_id,)).fetchone():
+            raise StoreError(f"session {new_id!r} already exists")
+        copied = c.execute(
+            "INSERT INTO sessions SELECT ?, cwd, title, ?, ?, model, mode, todos, files,"
+            " config, message_count, context_from, context_head FROM sessions WHERE id = ?",
+            (new_id, now, now, source_id),
+        ).rowcount
+        if copied == 0:
+            raise unknown(source_id)
+        c.execute(
+            "INSERT INTO entries SELECT ?, seq, message, in_context FROM entries WHERE session_id = ?",
+            (new_id, source_id),
+        )
+        return record(c, new_id)
+
+
+def append(c: sqlite3.Connection, session_id: str, texts: list[str], in_context: bool) -> None:
+    with transaction(c):
+        # One statement reserves the seqs (and says whether the session exists).
+        row = c.execute(
+            "UPDATE sessions SET message_count = message_count + ?, updated_at = ? WHERE id = ?"
+            " RETURNING message_count",
+            (len(texts), time.time(), session_id),
+        ).fetchone()
+        if row is None:
+            raise unknown(session_id)
+        start, flag = row[0] - len(texts), int(in_context)
+        c.executemany(
+            "INSERT INTO entries VALUES (?, ?, ?, ?)",
+            [(session_id, start + i, t, flag) for i, t in enumerate(texts)],
+        )
+
+
+def set_context(c: sqlite3.Connection, session_id: str, wanted: list[str]) -> None:
+    with transaction(c):
+        start, count = get_row(c, "context_from, message_count", session_id)
+        # Keep the longest tail of the in-context entries that `wanted` ends with.
+        kept, first = len(wanted), count
+        cur = c.execute(
+            "SELECT seq, message FROM entries WHERE session_id = ? AND seq >= ?"
+            " AND in_context = 1 ORDER BY seq DESC",
+            (session_id, start),
+        )
+        for seq, text in cur:
+            if kept == 0 or wanted[kept - 1] != text:
+                break
+            kept, first = kept - 1, seq
+        cur.close()
+        c.execute(
+            "UPDATE sessions SET context_head = ?, context_from = ?, updated_at = ? WHERE id = ?",
+            ("[" + ",".join(wanted[:kept]) + "]", first, time.time(), session_id),
+        )
+
+
+# Reads return the lock generation they saw first (see `locks.seen`): read before the
+# messages, so a turn that starts after bumps it.
+def load_context(c: sqlite3.Connection, session_id: str, token: str) -> tuple[int | None, list[Message]]:
+    generation = locks.seen(c, session_id, token)
+    head, start = get_row(c, "context_head, context_from", session_id)
+    rows = c.execute(
+        "SELECT message FROM entries WHERE session_id = ? AND seq >= ? AND in_context = 1 ORDER BY seq",
+        (session_id, start),
+    )
+    return generation, [load(d) for d in json.loads(head)] + [load(json.loads(t)) for (t,) in rows]
+
+
+def load_both(
+    c: sqlite3.Connection, session_id: str, token: str
+) -> tuple[int | None, list[Message], list[Message]]:
+    generation = locks.seen(c, session_id, token)
+    head, start = get_row(c, "context_head, context_from", session_id)
+    rows = c.execute(
+        "SELECT seq, in_context, message FROM entries WHERE session_id = ? ORDER BY seq", (session_id,)
+    ).fetchall()
+    transcript = [load(json.loads(t)) for (_, _, t) in rows]
+    context = [load(d) for d in json.loads(head)]
+    context += [m for (seq, inc, _), m in zip(rows, transcript, strict=True) if seq >= start and inc]
+    return generation, context, transcript
+
+
+def load_transcript(c: sqlite3.Connection, session_id: str) -> list[Message]:
+    get_row(c, "1", session_id)
+    rows = c.execute("SELECT message FROM entries WHERE session_id = ? ORDER BY seq", (session_id,))
+    return [load(json.loads(t)) for (t,) in rows]
+
+
+def lock(c: sqlite3.Connection, session_id: str, token: str, now: float) -> tuple[int, bool]:
+    with transaction(c):
+        get_row(c, "1", session_id)
+        return locks.take(c, session_id, token, now)
+
+
+def unlock(c: sqlite3.Connection, session_id: str, token: str) -> int | None:
+    with transaction(c):
+        return locks.release(c, session_id, token)
+
+
+def release_all(c: sqlite3.Connection, token: str) -> None:
+    with transaction(c):
+        locks.release_all(c, token)
+
+
+def touch(c: sqlite3.Connection, token: str, now: float) -> None:
+    with transaction(c):
+        locks.touch(c, token, now)

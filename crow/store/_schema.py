@@ -1,0 +1,80 @@
+"""The SQLite file: its tables, its pragmas, and opening it (on the worker thread).
+
+sessions  one row per session: metadata, `message_count` (the next seq),
+          `context_head` (JSON list of messages) and `context_from` (a seq)
+entries   (session_id, seq) -> message JSON, in_context flag; append-only
+session_locks  (crow.store.locks) who runs a turn in a session, and a generation
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+from crow.errors import StoreError
+from crow.private import secure_store
+from crow.store import locks
+
+SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE sessions (
+  id TEXT PRIMARY KEY, cwd TEXT NOT NULL, title TEXT NOT NULL DEFAULT '',
+  created_at REAL NOT NULL, updated_at REAL NOT NULL, model TEXT, mode TEXT,
+  todos TEXT NOT NULL DEFAULT '[]', files TEXT NOT NULL DEFAULT '{}',
+  config TEXT NOT NULL DEFAULT '{}', message_count INTEGER NOT NULL DEFAULT 0,
+  context_from INTEGER NOT NULL DEFAULT 0, context_head TEXT NOT NULL DEFAULT '[]'
+);
+CREATE INDEX sessions_by_time ON sessions (updated_at DESC, id);
+CREATE INDEX sessions_by_cwd ON sessions (cwd, updated_at DESC, id);
+CREATE TABLE entries (
+  session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE, seq INTEGER NOT NULL,
+  message TEXT NOT NULL, in_context INTEGER NOT NULL DEFAULT 1, PRIMARY KEY (session_id, seq)
+) WITHOUT ROWID;
+"""
+
+
+def connect(path: str, home: Path | None) -> sqlite3.Connection:
+    """Open (creating or checking the schema) the database at `path` (":memory:" too).
+    The file is private to the user (`crow.private`); so is `home` (CROW_HOME) when given."""
+    if path != ":memory:" and not path.startswith("file:"):
+        secure_store(Path(path), home)
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=True)
+    try:
+        # Another process's write lock is waited for here, on the worker thread.
+        conn.execute("PRAGMA busy_timeout = 5000")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute("PRAGMA journal_mode = WAL")
+        with transaction(conn) as c:
+            version = c.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{path} has schema version {version}; this crow knows up to {SCHEMA_VERSION}"
+                    " (upgrade crow)"
+                )
+            if version == 0:
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        c.execute(statement)
+                c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            c.execute(locks.TABLE)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+@contextmanager
+def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """A write transaction: BEGIN IMMEDIATE takes the write lock up front, so two writers
+    wait for each other (busy_timeout) instead of failing on an upgrade deadlock."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        with suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")

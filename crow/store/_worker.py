@@ -1,0 +1,131 @@
+"""The store's one thread (aiosqlite's design): it opens the SQLite connection, runs every
+call on it and closes it. The event loop only queues a job and awaits its future, so a
+long statement or another process's write lock (`busy_timeout`) never stalls it.
+
+A job is a plain function of the connection; it runs whole on the thread (one hop per
+store operation, not one per statement). A job always runs once queued, even if the
+awaiting task is cancelled. sqlite3 errors become `StoreError` here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import Callable
+from contextlib import suppress
+from queue import SimpleQueue
+from typing import Any, TypeVar
+
+from crow.errors import StoreError
+
+T = TypeVar("T")
+# (loop to answer on or None, future or None, function of the slot, its arguments)
+_Job = tuple[
+    asyncio.AbstractEventLoop | None, "asyncio.Future[Any] | None", Callable[..., Any], tuple[Any, ...]
+]
+
+
+class _Slot:
+    """The connection, touched only on the worker thread."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self) -> None:
+        self.conn: sqlite3.Connection | None = None
+
+
+class Worker:
+    """`await worker.open(connect)`, `await worker.run(fn, *args)` (fn(conn, *args) on the
+    thread), `await worker.close()`. The thread holds the queue and the slot, never the
+    store, so an unclosed store can still be collected (and warn)."""
+
+    def __init__(self, name: str = "crow-store") -> None:
+        self._jobs: SimpleQueue[_Job | None] = SimpleQueue()
+        self._slot = _Slot()
+        self._thread = threading.Thread(target=_work, args=(self._jobs, self._slot), name=name, daemon=True)
+
+    def on_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    async def open(self, connect: Callable[[], sqlite3.Connection]) -> None:
+        self._thread.start()
+        await self._submit(_open, connect)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await self._submit(_with_connection, fn, args)
+
+    async def close(self) -> None:
+        """Close the connection after every job queued before, and end the thread."""
+        if not self._thread.is_alive():
+            return
+        try:
+            await self._submit(_close)
+        finally:
+            self._jobs.put(None)
+
+    def close_soon(self) -> None:
+        """From `__del__` (no loop to await on): queue the close and the end."""
+        if self._thread.is_alive():
+            self._jobs.put((None, None, _close, ()))
+            self._jobs.put(None)
+
+    def _submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._jobs.put((loop, future, fn, args))
+        return future
+
+
+def _work(jobs: SimpleQueue[_Job | None], slot: _Slot) -> None:
+    while (job := jobs.get()) is not None:
+        loop, future, fn, args = job
+        del job  # while waiting for the next job, hold no reference to its arguments
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            result = fn(slot, *args)
+        except BaseException as exc:
+            error = exc
+        if loop is not None:
+            with suppress(RuntimeError):  # the event loop is gone; nobody is waiting
+                loop.call_soon_threadsafe(_settle, future, result, error)
+        del loop, future, fn, args, result, error
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():  # the caller was cancelled; the job ran anyway
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+def _failed(fn: Callable[..., Any], exc: Exception) -> StoreError:
+    error = StoreError(f"{fn.__name__.lstrip('_')} failed: {exc}")
+    error.__cause__ = exc
+    return error
+
+
+def _with_connection(slot: _Slot, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    if slot.conn is None:
+        raise StoreError("store not open")
+    try:
+        return fn(slot.conn, *args)
+    except (sqlite3.Error, UnicodeEncodeError) as exc:  # text not valid Unicode: a clear error
+        raise _failed(fn, exc) from exc
+
+
+def _open(slot: _Slot, connect: Callable[[], sqlite3.Connection]) -> None:
+    try:
+        slot.conn = connect()
+    except sqlite3.Error as exc:
+        raise _failed(connect, exc) from exc
+
+
+def _close(slot: _Slot) -> None:
+    conn, slot.conn = slot.conn, None
+    if conn is not None:
+        with suppress(sqlite3.Error):
+            conn.close()

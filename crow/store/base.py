@@ -1,0 +1,80 @@
+"""What crow needs from a session store, whatever the database: `Store`, `SessionRecord`.
+
+`crow.store.sqlite.SQLiteStore` implements it today; a server database (PostgreSQL) would
+be a second module beside it implementing the same protocol, reusing `crow.store._codec`
+for the message and cursor formats.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Self, runtime_checkable
+
+from crow.messages import Message
+
+# The fields `update_session` may change; the rest are the store's to keep.
+UPDATABLE = frozenset({"title", "model", "mode", "todos", "files", "config"})
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    """A session's metadata. Timestamps are ISO 8601 UTC strings ("" = now, on create)."""
+
+    id: str
+    cwd: str
+    title: str = ""
+    created_at: str = ""
+    updated_at: str = ""
+    model: str | None = None
+    mode: str | None = None
+    todos: list[dict[str, Any]] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    message_count: int = 0
+
+
+@runtime_checkable
+class Store(Protocol):
+    """A session store. Two records per session: the transcript (every message, append-only)
+    and the model context (`set_context` rewrites it; the transcript stays whole).
+
+    Contract every backend keeps:
+    - `async with store:` opens and closes it; a call after close raises `StoreError`.
+    - No database exception escapes: every failure is a `StoreError` (an unknown session
+      names its id).
+    - The event loop never waits on the database: a call may take long (another process's
+      write lock, a 5,000-message fork) without delaying other tasks.
+    - A write awaited to completion is durable; a write whose caller is cancelled after it
+      was issued still lands.
+    - `lock_session` makes one process at a time the writer of a session (raising
+      `SessionBusy` naming the holder), and says whether another one wrote since this store
+      last read the session.
+    """
+
+    async def open(self) -> Self: ...
+    async def aclose(self) -> None: ...
+    async def __aenter__(self) -> Self: ...
+    async def __aexit__(self, *exc_info: object) -> None: ...
+
+    async def create_session(
+        self, record: SessionRecord | None = None, /, **fields: Any
+    ) -> SessionRecord: ...
+    async def get_session(self, session_id: str) -> SessionRecord | None: ...
+    async def update_session(self, session_id: str, **fields: Any) -> SessionRecord: ...
+    async def delete_session(self, session_id: str) -> None: ...
+    async def list_sessions(
+        self, *, cwd: str | None = None, limit: int = 50, cursor: str | None = None
+    ) -> tuple[list[SessionRecord], str | None]: ...
+    async def fork_session(self, source_id: str, new_id: str) -> SessionRecord: ...
+
+    async def append(
+        self, session_id: str, messages: Sequence[Message], *, in_context: bool = True
+    ) -> None: ...
+    async def set_context(self, session_id: str, messages: Sequence[Message]) -> None: ...
+    async def load_context(self, session_id: str) -> list[Message]: ...
+    async def load_transcript(self, session_id: str) -> list[Message]: ...
+    async def load_both(self, session_id: str) -> tuple[list[Message], list[Message]]: ...
+
+    async def lock_session(self, session_id: str) -> bool: ...
+    async def unlock_session(self, session_id: str) -> None: ...

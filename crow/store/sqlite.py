@@ -1,0 +1,190 @@
+"""`SQLiteStore`: the session store in one SQLite file (WAL, `synchronous=NORMAL`, foreign
+keys on), the default `Store`.
+
+One connection, owned by one worker thread (`crow.store._worker`): every SQLite call runs
+there, so the event loop never waits on the database (a 5,000-message fork, another
+process's write lock). An operation is one hop: the loop queues a job and awaits it.
+
+Every `append` is its own committed transaction, so a message is durable as soon as
+`append` returns (a SIGKILL cannot lose it; with `synchronous=NORMAL` an OS crash or power
+cut may lose the last commits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sqlite3
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from pathlib import Path
+from typing import Any, TypeVar
+
+from crow.errors import StoreError
+from crow.messages import Message
+from crow.store import _queries as q
+from crow.store import locks
+from crow.store._codec import decode_cursor, dump
+from crow.store._schema import connect
+from crow.store._worker import Worker
+from crow.store.base import UPDATABLE, SessionRecord
+
+log = logging.getLogger("crow.store")
+T = TypeVar("T")
+
+
+class SQLiteStore:
+    """`async with SQLiteStore(path) as store:`; `path` may be ":memory:". The database is
+    private to the user (`crow.private`); so is `home` (CROW_HOME) when given."""
+
+    def __init__(self, path: str | os.PathLike[str], *, home: str | os.PathLike[str] | None = None) -> None:
+        self._path = str(path)
+        self._home = Path(home) if home is not None else None  # CROW_HOME: made private at open
+        self._state = "new"  # -> "open" -> "closed"
+        self._worker = Worker()
+        # Session locks: this store's token, the sessions it holds, and per session the lock
+        # generation its in-memory state reflects (None: unknown, reload before a turn).
+        # All three live on the loop thread; the worker only runs SQL.
+        self._token = ""
+        self._held: set[str] = set()
+        self._generations: dict[str, int | None] = {}
+        self._heartbeat: asyncio.Task[None] | None = None
+
+    # lifecycle
+    async def open(self) -> SQLiteStore:
+        if self._state != "new":
+            raise StoreError(f"store {self._state}" if self._state == "closed" else "store open")
+        self._state = "open"
+        self._token = locks.process_token()
+        path, home = self._path, self._home
+
+        def connect_db() -> sqlite3.Connection:
+            return connect(path, home)
+
+        connect_db.__name__ = "connect"  # "connect failed: ..."
+        try:
+            await self._worker.open(connect_db)
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def aclose(self) -> None:
+        """Close the connection (after every job queued before) and end the worker. Session
+        locks still held (a turn cut short by the exit) are released first."""
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        if self._state == "open" and self._held:
+            with suppress(StoreError):
+                await self._run(q.release_all, self._token)
+            self._held.clear()
+        was, self._state = self._state, "closed"
+        if was == "open":
+            await self._worker.close()
+
+    async def __aenter__(self) -> SQLiteStore:
+        return await self.open()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __del__(self) -> None:
+        if getattr(self, "_state", None) == "open":
+            warnings.warn(f"unclosed SQLiteStore({self._path!r})", ResourceWarning, stacklevel=1, source=self)
+            self._state = "closed"
+            self._worker.close_soon()
+
+    # sessions
+    async def create_session(self, record: SessionRecord | None = None, /, **fields: Any) -> SessionRecord:
+        if record is None:
+            record = SessionRecord(**fields)
+        elif fields:
+            raise TypeError("pass a SessionRecord or keyword fields, not both")
+        created = await self._run(q.create, record)
+        self._generations[created.id] = 0
+        return created
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        return await self._run(q.get, session_id)
+
+    async def update_session(self, session_id: str, **fields: Any) -> SessionRecord:
+        if unknown := set(fields) - UPDATABLE:
+            raise TypeError(f"cannot update session field(s) {sorted(unknown)}")
+        return await self._run(q.update, session_id, fields)
+
+    async def delete_session(self, session_id: str) -> None:
+        await self._run(q.delete, session_id, self._token)
+
+    async def list_sessions(
+        self, *, cwd: str | None = None, limit: int = 50, cursor: str | None = None
+    ) -> tuple[list[SessionRecord], str | None]:
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        after = decode_cursor(cursor) if cursor else None
+        return await self._run(q.list_page, cwd, limit, after)
+
+    async def fork_session(self, source_id: str, new_id: str) -> SessionRecord:
+        return await self._run(q.fork, source_id, new_id)
+
+    # messages
+    async def append(self, session_id: str, messages: Sequence[Message], *, in_context: bool = True) -> None:
+        await self._run(q.append, session_id, [dump(m) for m in messages], in_context)
+
+    async def set_context(self, session_id: str, messages: Sequence[Message]) -> None:
+        await self._run(q.set_context, session_id, [dump(m) for m in messages])
+
+    async def load_context(self, session_id: str) -> list[Message]:
+        self._generations[session_id], context = await self._run(q.load_context, session_id, self._token)
+        return context
+
+    async def load_transcript(self, session_id: str) -> list[Message]:
+        return await self._run(q.load_transcript, session_id)
+
+    async def load_both(self, session_id: str) -> tuple[list[Message], list[Message]]:
+        """(context, transcript) from one read: what a `session/load` needs."""
+        self._generations[session_id], context, transcript = await self._run(
+            q.load_both, session_id, self._token
+        )
+        return context, transcript
+
+    # session locks: one turn at a time per session, across processes
+    async def lock_session(self, session_id: str) -> bool:
+        """Take `session_id` for a turn. Raises `SessionBusy` (naming the pid) when another
+        live crow process holds it; a lock left by a process that is gone is taken over.
+        Returns True when the session may have changed since this store last read or wrote
+        it (another process ran a turn): the caller reloads its context."""
+        generation, took_over = await self._run(q.lock, session_id, self._token, time.time())
+        # A holder that is gone may have written anything since this store read.
+        stale = took_over or self._generations.get(session_id) != generation
+        self._generations[session_id] = generation + 1
+        self._held.add(session_id)
+        if self._heartbeat is None or self._heartbeat.done():
+            self._heartbeat = asyncio.get_running_loop().create_task(
+                self._beat(), name="crow.store.heartbeat"
+            )
+        return stale
+
+    async def unlock_session(self, session_id: str) -> None:
+        self._held.discard(session_id)
+        generation = await self._run(q.unlock, session_id, self._token)
+        if generation is not None:  # else it was taken over meanwhile: the next lock reloads
+            self._generations[session_id] = generation
+
+    async def _beat(self) -> None:
+        """Refresh the heartbeat of held locks (what a process in another PID namespace,
+        which cannot see ours, goes by): one small write every BEAT seconds while a turn runs."""
+        while self._held and self._state == "open":
+            await asyncio.sleep(locks.BEAT)
+            if self._held and self._state == "open":
+                try:
+                    await self._run(q.touch, self._token, time.time())
+                except StoreError as exc:
+                    log.warning("cannot refresh session locks: %s", exc)
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._state != "open":
+            raise StoreError("store closed" if self._state == "closed" else "store not open")
+        return await self._worker.run(fn, *args)
