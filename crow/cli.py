@@ -71,9 +71,9 @@ def main(argv: list[str] | None = None) -> None:
     if command == "mcp":
         _run_mcp(args.server, args.rest)
         return
-    import asyncio
-
     if command in ("serve", "run"):
+        import asyncio
+
         from crow.startup import fast_imports, protect_process
 
         protect_process()
@@ -88,10 +88,10 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(asyncio.run(_run(args)))
         elif command in ("trust", "untrust"):
             sys.exit(_trust(args))
-        else:
+        else:  # sessions, compact: no event loop unless compacting (as cheap as --help)
             from crow import cli_sessions
 
-            sys.exit(asyncio.run(cli_sessions.main(args)))
+            sys.exit(cli_sessions.main(args))
     except CrowError as exc:
         print(f"crow: {exc}", file=sys.stderr)
         sys.exit(2)

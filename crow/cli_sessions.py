@@ -1,4 +1,10 @@
-"""`crow sessions list|show|delete|export` and `crow compact SESSION_ID`."""
+"""`crow sessions list|show|delete|export` and `crow compact SESSION_ID`.
+
+`crow sessions` opens the store alone (`DirectStore`: no event loop, Agent, config model,
+MCP or provider), so listing costs about what `crow --help` does. `crow compact` needs a
+model, so it runs an Agent, and holds the session's cross-process lock while it rewrites
+the context.
+"""
 
 from __future__ import annotations
 
@@ -6,45 +12,46 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from crow.errors import ConfigError, SessionError
 
-
-async def main(args: argparse.Namespace) -> int:
-    from crow.agent import Agent
-    from crow.config import load_config
-
-    agent = Agent(load_config(args.config), builtin_hooks=args.command == "compact")
-    try:
-        await agent.ready()
-        if args.command == "compact":
-            return await _compact(agent, args.session_id, " ".join(args.instructions) or None)
-        return await _sessions(agent, args.action, args.session_id, args.cwd)
-    finally:
-        await agent.aclose()
+if TYPE_CHECKING:
+    from crow.store.direct import DirectStore
 
 
-async def _sessions(agent: Any, action: str, session_id: str | None, cwd: str | None) -> int:
-    store = agent.store
+def main(args: argparse.Namespace) -> int:
+    if args.command == "compact":
+        import asyncio
+
+        return asyncio.run(_compact(args.config, args.session_id, " ".join(args.instructions) or None))
+    from crow.private import DB_FILE, crow_home
+    from crow.store.direct import DirectStore
+
+    home = crow_home()
+    with DirectStore(home / DB_FILE, home=home) as store:
+        return _sessions(store, args.action, args.session_id, args.cwd)
+
+
+def _sessions(store: DirectStore, action: str, session_id: str | None, cwd: str | None) -> int:
     if action == "list":
         cursor = None
         while True:
-            records, cursor = await store.list_sessions(cwd=cwd, cursor=cursor)
+            records, cursor = store.list_sessions(cwd=cwd, cursor=cursor)
             for r in records:
                 print(f"{r.id}  {r.updated_at}  {r.message_count:>5} msgs  {r.cwd}  {r.title}")
             if cursor is None:
                 return 0
     if session_id is None:
         raise ConfigError(f"crow sessions {action} needs a SESSION_ID")
-    record = await store.get_session(session_id)
+    record = store.get_session(session_id)
     if record is None:
         raise SessionError(f"unknown session {session_id!r}")
     if action == "delete":
-        await store.delete_session(session_id)
+        store.delete_session(session_id)
         print(f"deleted {session_id}", file=sys.stderr)
         return 0
-    transcript = await store.load_transcript(session_id)
+    transcript = store.load_transcript(session_id)
     _private_stdout()  # export and show print the conversation
     if action == "export":
         data = {
@@ -53,7 +60,7 @@ async def _sessions(agent: Any, action: str, session_id: str | None, cwd: str | 
                 for k in ("id", "cwd", "title", "created_at", "updated_at", "model", "mode", "todos", "files")
             },
             "transcript": [m.to_dict() for m in transcript],
-            "context": [m.to_dict() for m in await store.load_context(session_id)],
+            "context": [m.to_dict() for m in store.load_context(session_id)],
         }
         json.dump(data, sys.stdout, ensure_ascii=False, indent=2)
         sys.stdout.write("\n")
@@ -79,11 +86,20 @@ def _private_stdout() -> None:
         pass
 
 
-async def _compact(agent: Any, session_id: str, instructions: str | None) -> int:
+async def _compact(config_path: str | None, session_id: str, instructions: str | None) -> int:
+    """Refused (`SessionBusy`, exit 2) while another crow process runs a turn in the
+    session: `Agent.compact` takes the lock a turn takes (`Session.exclusive`)."""
     from crow.acp.convert import describe_compaction
+    from crow.agent import Agent
+    from crow.config import load_config
 
-    session = await agent.resume_session(session_id)
-    result = await agent.compact(session, instructions)
+    agent = Agent(load_config(config_path))
+    try:
+        await agent.ready()
+        session = await agent.resume_session(session_id)
+        result = await agent.compact(session, instructions)
+    finally:
+        await agent.aclose()
     print(describe_compaction(result), file=sys.stderr)
     json.dump(result.to_dict(), sys.stdout)
     sys.stdout.write("\n")

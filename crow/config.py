@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from crow.errors import ConfigError
+from crow.private import DB_FILE, crow_home
 
 DEFAULT_SYSTEM_PROMPT = """You are crow, a coding agent working in the user's workspace at {cwd}.
 Use the tools to read, search, edit and run code; prefer small, verifiable steps. Paths are
@@ -141,7 +142,7 @@ class Config(_Model):
 
     @property
     def db_path(self) -> Path:
-        return self.home / "crow.db"
+        return self.home / DB_FILE
 
     def providers_settings(self) -> dict[str, Any]:
         from crow.llm.registry import ProviderSettings
@@ -324,7 +325,7 @@ def load_config(
     environment < `overrides` (command-line flags). A project's crow.yaml is not read here:
     it is merged per session, for that session's cwd, by `compose` (and only if trusted)."""
     env = os.environ if env is None else env
-    home = Path(env.get("CROW_HOME") or "~/.crow").expanduser()
+    home = crow_home(env)
     path = find_config_file(explicit, home)
     data: dict[str, Any] = read_yaml(path) if path is not None else {}
     data["home"] = home

@@ -14,7 +14,7 @@ import logging
 import os
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 log = logging.getLogger("crow.private")
@@ -24,6 +24,13 @@ FILE_MODE = 0o600
 # What crow keeps in CROW_HOME besides the database: config.yaml may hold API keys.
 HOME_FILES = ("config.yaml", "trust.json", "rules.json")
 DB_SUFFIXES = ("", "-wal", "-shm", "-journal")
+DB_FILE = "crow.db"  # the session store, in CROW_HOME
+
+
+def crow_home(env: Mapping[str, str] = os.environ) -> Path:
+    """CROW_HOME (default ~/.crow): config.yaml, the database, traces. Read here, not from
+    the config, so `crow sessions` finds the store without importing the config model."""
+    return Path(env.get("CROW_HOME") or "~/.crow").expanduser()
 
 
 def tighten(path: Path, mode: int) -> str | None:

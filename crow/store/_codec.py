@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crow.errors import StoreError
-from crow.messages import Message
+
+if TYPE_CHECKING:
+    from crow.messages import Message
 
 
 def unknown(session_id: str) -> StoreError:
@@ -28,9 +31,13 @@ def dump(message: Message) -> str:
     return to_json(message.to_dict())
 
 
-def load(d: dict[str, Any]) -> Message:
+def load(dicts: Iterable[dict[str, Any]]) -> list[Message]:
+    """Messages from their stored dicts. crow.messages is imported here, once per call:
+    `crow sessions list` never needs it."""
+    from crow.messages import Message
+
     try:
-        return Message.from_dict(d)
+        return [Message.from_dict(d) for d in dicts]
     except (KeyError, TypeError, ValueError) as exc:
         raise StoreError(f"corrupt message in store: {exc!r}") from exc
 

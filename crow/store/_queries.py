@@ -14,14 +14,16 @@ import json
 import sqlite3
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crow.errors import StoreError
-from crow.messages import Message
 from crow.store import locks
 from crow.store._codec import encode_cursor, from_iso, iso, load, to_json, unknown
 from crow.store._schema import transaction
 from crow.store.base import SessionRecord
+
+if TYPE_CHECKING:
+    from crow.messages import Message
 
 _COLUMNS = "id, cwd, title, created_at, updated_at, model, mode, todos, files, config, message_count"
 _JSON_FIELDS = frozenset({"todos", "files", "config"})
@@ -177,7 +179,7 @@ def load_context(c: sqlite3.Connection, session_id: str, token: str) -> tuple[in
         "SELECT message FROM entries WHERE session_id = ? AND seq >= ? AND in_context = 1 ORDER BY seq",
         (session_id, start),
     )
-    return generation, [load(d) for d in json.loads(head)] + [load(json.loads(t)) for (t,) in rows]
+    return generation, load([*json.loads(head), *(json.loads(t) for (t,) in rows)])
 
 
 def load_both(
@@ -188,8 +190,8 @@ def load_both(
     rows = c.execute(
         "SELECT seq, in_context, message FROM entries WHERE session_id = ? ORDER BY seq", (session_id,)
     ).fetchall()
-    transcript = [load(json.loads(t)) for (_, _, t) in rows]
-    context = [load(d) for d in json.loads(head)]
+    transcript = load(json.loads(t) for (_, _, t) in rows)
+    context = load(json.loads(head))
     context += [m for (seq, inc, _), m in zip(rows, transcript, strict=True) if seq >= start and inc]
     return generation, context, transcript
 
@@ -197,7 +199,7 @@ def load_both(
 def load_transcript(c: sqlite3.Connection, session_id: str) -> list[Message]:
     get_row(c, "1", session_id)
     rows = c.execute("SELECT message FROM entries WHERE session_id = ? ORDER BY seq", (session_id,))
-    return [load(json.loads(t)) for (t,) in rows]
+    return load(json.loads(t) for (t,) in rows)
 
 
 def lock(c: sqlite3.Connection, session_id: str, token: str, now: float) -> tuple[int, bool]:

@@ -9,14 +9,16 @@ session_locks  (crow.store.locks) who runs a turn in a session, and a generation
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any, TypeVar
 
 from crow.errors import StoreError
 from crow.private import secure_store
 from crow.store import locks
 
+T = TypeVar("T")
 SCHEMA_VERSION = 1
 _SCHEMA = """
 CREATE TABLE sessions (
@@ -33,6 +35,14 @@ CREATE TABLE entries (
   message TEXT NOT NULL, in_context INTEGER NOT NULL DEFAULT 1, PRIMARY KEY (session_id, seq)
 ) WITHOUT ROWID;
 """
+
+
+def call(fn: Callable[..., T], conn: sqlite3.Connection, *args: Any) -> T:
+    """`fn(conn, *args)` with sqlite3's errors as `StoreError` ("append failed: ...")."""
+    try:
+        return fn(conn, *args)
+    except (sqlite3.Error, UnicodeEncodeError) as exc:  # text not valid Unicode: a clear error
+        raise StoreError(f"{fn.__name__.lstrip('_')} failed: {exc}") from exc
 
 
 def connect(path: str, home: Path | None) -> sqlite3.Connection:

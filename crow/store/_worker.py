@@ -4,7 +4,7 @@ long statement or another process's write lock (`busy_timeout`) never stalls it.
 
 A job is a plain function of the connection; it runs whole on the thread (one hop per
 store operation, not one per statement). A job always runs once queued, even if the
-awaiting task is cancelled. sqlite3 errors become `StoreError` here.
+awaiting task is cancelled. sqlite3 errors become `StoreError` (`_schema.call`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from queue import SimpleQueue
 from typing import Any, TypeVar
 
 from crow.errors import StoreError
+from crow.store._schema import call
 
 T = TypeVar("T")
 # (loop to answer on or None, future or None, function of the slot, its arguments)
@@ -102,26 +103,17 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
         future.set_result(result)
 
 
-def _failed(fn: Callable[..., Any], exc: Exception) -> StoreError:
-    error = StoreError(f"{fn.__name__.lstrip('_')} failed: {exc}")
-    error.__cause__ = exc
-    return error
-
-
 def _with_connection(slot: _Slot, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
     if slot.conn is None:
         raise StoreError("store not open")
-    try:
-        return fn(slot.conn, *args)
-    except (sqlite3.Error, UnicodeEncodeError) as exc:  # text not valid Unicode: a clear error
-        raise _failed(fn, exc) from exc
+    return call(fn, slot.conn, *args)
 
 
 def _open(slot: _Slot, connect: Callable[[], sqlite3.Connection]) -> None:
     try:
         slot.conn = connect()
     except sqlite3.Error as exc:
-        raise _failed(connect, exc) from exc
+        raise StoreError(f"connect failed: {exc}") from exc
 
 
 def _close(slot: _Slot) -> None:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Self, runtime_checkable
 
-from crow.messages import Message
+if TYPE_CHECKING:
+    from crow.messages import Message
 
 # The fields `update_session` may change; the rest are the store's to keep.
 UPDATABLE = frozenset({"title", "model", "mode", "todos", "files", "config"})

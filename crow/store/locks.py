@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +70,7 @@ def process_token() -> str:
     other too)."""
     pid = os.getpid()
     boot = _read("/proc/sys/kernel/random/boot_id")
-    return "|".join((boot, _pid_namespace(), str(pid), start_time(pid) or "", uuid.uuid4().hex[:12]))
+    return "|".join((boot, _pid_namespace(), str(pid), start_time(pid) or "", os.urandom(6).hex()))
 
 
 def holder_alive(token: str, heartbeat: float, now: float, mine: str) -> bool:

@@ -15,11 +15,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sqlite3
 import time
 import warnings
 from collections.abc import Callable, Sequence
 from contextlib import suppress
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -59,14 +59,8 @@ class SQLiteStore:
             raise StoreError(f"store {self._state}" if self._state == "closed" else "store open")
         self._state = "open"
         self._token = locks.process_token()
-        path, home = self._path, self._home
-
-        def connect_db() -> sqlite3.Connection:
-            return connect(path, home)
-
-        connect_db.__name__ = "connect"  # "connect failed: ..."
         try:
-            await self._worker.open(connect_db)
+            await self._worker.open(partial(connect, self._path, self._home))
         except BaseException:
             await self.aclose()
             raise
