@@ -1,10 +1,16 @@
 """Session store: loading a 5,000-message session (in process: SQLiteStore + replay
-conversion; end to end: ACP `session/load`), and appending to a long vs a short session."""
+conversion; end to end: ACP `session/load`), appending to a long vs a short session, how
+long the event loop stalls while a long session is forked and deleted, and what `crow
+sessions list` costs next to `crow --help`."""
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
 import time
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from bench.common import (
     CROW_CMD,
@@ -90,6 +96,86 @@ async def _in_process(ctx: Ctx, home: Path) -> list[Figure]:
             samples=len(locks),
             note="two small write transactions; appends take no lock",
         ),
+    ]
+
+
+async def _worst_lag(work: Any) -> float:
+    """The longest the event loop could not run a 1 ms ticker while `work()` ran, beyond
+    the tick itself: what every other session's streaming would wait."""
+    worst, done = 0.0, False
+
+    async def tick() -> None:
+        nonlocal worst
+        last = time.perf_counter()
+        while not done:
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            worst, last = max(worst, now - last - 0.001), now
+
+    ticker = asyncio.ensure_future(tick())
+    await asyncio.sleep(0.005)
+    try:
+        await work()
+    finally:
+        done = True
+        await ticker
+    return worst
+
+
+async def _stall(ctx: Ctx, home: Path) -> list[Figure]:
+    """Fork then delete the long session while a ticker probes the loop; the baseline is
+    the same probe over an idle loop for as long."""
+    from crow.store import SQLiteStore
+
+    busy, idle = [], []
+    async with SQLiteStore(home / "crow.db") as store:
+
+        async def fork_and_delete() -> None:
+            await store.fork_session("long", "long-copy")
+            await store.delete_session("long-copy")
+
+        for _ in range(ctx.reps(7, 3)):
+            t0 = time.perf_counter()
+            busy.append(await _worst_lag(fork_and_delete))
+            took = time.perf_counter() - t0
+            idle.append(await _worst_lag(partial(asyncio.sleep, took)))
+    return [
+        Figure(
+            G,
+            f"event-loop stall during fork + delete of a {LONG:,}-msg session",
+            ms(median(busy)),
+            baseline=ms(median(idle)),
+            baseline_name="idle loop, same probe",
+            target="< 5 ms",
+            check=("value", "<", 5),
+            samples=len(busy),
+            note="longest gap of a 1 ms ticker beyond its tick; SQLite runs on the store's worker thread",
+        )
+    ]
+
+
+def _cli_list(ctx: Ctx) -> list[Figure]:
+    """`crow sessions list` on an empty store vs `crow --help`, fresh processes, interleaved."""
+    home = ctx.home("cli")
+    env = agent_env(home)
+    subprocess.run([*CROW_CMD, "sessions", "list"], env=env, check=True)  # creates the empty store
+    runs: dict[str, list[float]] = {"help": [], "list": []}
+    for _ in range(ctx.reps(20, 6)):
+        for name, args in (("help", ["--help"]), ("list", ["sessions", "list"])):
+            t0 = time.perf_counter()
+            subprocess.run([*CROW_CMD, *args], env=env, check=True, stdout=subprocess.DEVNULL)
+            runs[name].append(time.perf_counter() - t0)
+    return [
+        Figure(
+            G,
+            "crow sessions list, empty store",
+            ms(median(runs["list"])),
+            baseline=ms(median(runs["help"])),
+            baseline_name="crow --help",
+            target="ratio <= 1.3",
+            check=("ratio", "<=", 1.3),
+            samples=len(runs["list"]),
+        )
     ]
 
 
@@ -193,4 +279,4 @@ async def run(ctx: Ctx) -> list[Figure]:
         figures = await _end_to_end(ctx, home)
     except Exception as exc:
         figures = [not_measured(G, "session/load end to end", describe(exc))]
-    return [*await _in_process(ctx, home), *figures]
+    return [*await _in_process(ctx, home), *await _stall(ctx, home), *_cli_list(ctx), *figures]

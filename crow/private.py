@@ -13,7 +13,6 @@ import fcntl
 import logging
 import os
 import stat
-import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -79,6 +78,8 @@ def secure_store(db_path: Path, home: Path | None) -> None:
 def write_private(path: Path, text: str) -> None:
     """Replace `path` atomically with `text`, mode 0600 from the start (temp file, fsync,
     rename): a crash leaves the old file or the new one."""
+    import tempfile  # here: `crow sessions list` imports this module and never writes
+
     path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)  # created 0600
     try:
