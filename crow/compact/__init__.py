@@ -2,7 +2,7 @@
 
     cut.py      what to compact (pure): should_compact, cut_point, closed_prefix
     request.py  what to ask the model and what replaces the old part (pure)
-    service.py  CompactService: `compact`, the one implementation
+    service.py  CompactService: `due` (the one "should we compact") and `compact`
 
 `cut_point` keeps the recent 10% of messages (at least 2) and never separates an assistant
 message with tool calls from its results: the cut moves earlier until it lands on a
@@ -11,10 +11,9 @@ message that is not a tool result.
 
 from crow.compact.cut import cut_point, should_compact
 from crow.compact.request import prefix_share, render, summary_message
-from crow.compact.service import FAILED_AT, CompactResult, CompactService
+from crow.compact.service import CompactResult, CompactService
 
 __all__ = [
-    "FAILED_AT",
     "CompactResult",
     "CompactService",
     "cut_point",

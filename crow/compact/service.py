@@ -1,13 +1,25 @@
-"""CompactService: the one implementation every caller uses (the summarization hook, the
-loop's `Compact` action and its context-length retry, the ACP `crow.compact` method).
+"""The one compaction service: `due` decides, `compact` summarizes.
 
+`CompactService.due(session, window)` is the only "should we compact": the context is over
+`compaction.threshold` of the model's window, and the last failed summary is not still
+backing off (after a failure, automatic triggers wait until the history has grown by
+`max(backoff_messages, backoff_ratio x its length at the failure)`; a history that shrank
+since is a new one). The automatic triggers — the summarization hook, any hook through
+`HookContext.should_compact()` — ask it; the loop's context-length retry and an explicit
+request (`/compact`, `crow.compact`, `crow compact`) compact without asking.
+
+`CompactService.compact(session, provider)` is the one implementation every caller uses.
 The new context is
 
     [first user message, if it was cut]  +  [user: "<summary>…</summary>"]  +  kept tail
 
 written with `session.set_messages` (the store rewrites the context; the transcript stays
 whole). A failed or empty summary leaves the session untouched: compaction never raises
-into a turn, it reports `compacted=False` with the reason in `error`.
+into a turn, it reports `compacted=False` with the reason in `error`, and records the
+failure in `session.compaction` for `due` to back off from.
+
+Settings come from the session's config (`compaction:`, a trusted project's crow.yaml
+merged over the user's); the service's own are for a session without one.
 """
 
 from __future__ import annotations
@@ -17,9 +29,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import anyio
-
-from crow.compact.cut import cut_point
+from crow.compact.cut import cut_point, should_compact
 from crow.compact.request import (
     cached_request,
     prefix_share,
@@ -27,6 +37,7 @@ from crow.compact.request import (
     summary_message,
     summary_text,
 )
+from crow.config import CompactionConfig
 from crow.errors import ContextLengthError, ProviderError
 from crow.events import Emit, UsageUpdated
 from crow.llm.base import ModelRequest, Provider, complete
@@ -35,12 +46,9 @@ from crow.messages import InvalidMessages, Message, close_dangling_tool_calls, v
 if TYPE_CHECKING:
     from crow.session import Session
 
-__all__ = ["FAILED_AT", "CompactResult", "CompactService"]
+__all__ = ["CompactResult", "CompactService"]
 
 log = logging.getLogger("crow.compact")
-
-_LOCK_KEY = "crow.compact.lock"
-FAILED_AT = "crow.compact.failed_at"  # session.state: history length at the last failed attempt
 
 
 @dataclass
@@ -70,22 +78,25 @@ class CompactResult:
 
 
 class CompactService:
-    """Summarizes the old part of a session's context. One compaction per session at a
-    time (a lock kept in `session.state`); never raises into the turn."""
+    """Decides when a session's context is summarized and summarizes it. One compaction
+    per session at a time (`session.compaction.lock`); never raises into the turn."""
 
-    def __init__(
-        self,
-        keep_ratio: float = 0.10,
-        min_keep: int = 2,
-        summary_words: int = 2000,
-        max_tool_arg_chars: int = 2000,
-        cache_preserving: bool = True,
-    ) -> None:
-        self.keep_ratio = keep_ratio
-        self.min_keep = min_keep
-        self.summary_words = summary_words
-        self.max_tool_arg_chars = max_tool_arg_chars
-        self.cache_preserving = cache_preserving
+    def __init__(self, settings: CompactionConfig | None = None) -> None:
+        self.settings = settings if settings is not None else CompactionConfig()
+
+    def settings_for(self, session: Session) -> CompactionConfig:
+        return session.config.compaction if session.config is not None else self.settings
+
+    def due(self, session: Session, window: int) -> bool:
+        """True when an automatic trigger should compact `session` for a model with a
+        `window`-token context: over the threshold, and not backing off a failure."""
+        settings = self.settings_for(session)
+        failed_at, length = session.compaction.failed_at, len(session.messages)
+        if failed_at is not None and failed_at <= length:
+            wait = max(settings.backoff_messages, int(failed_at * settings.backoff_ratio))
+            if length < failed_at + wait:
+                return False
+        return should_compact(session.context_tokens(), window, settings.threshold)
 
     async def compact(
         self,
@@ -95,10 +106,7 @@ class CompactService:
         instructions: str | None = None,
         emit: Emit | None = None,
     ) -> CompactResult:
-        lock = session.state.get(_LOCK_KEY)
-        if lock is None:
-            lock = session.state[_LOCK_KEY] = anyio.Lock()
-        async with lock:
+        async with session.compaction.lock:
             result = await self._compact(session, provider, instructions)
         if result.compacted and emit is not None and provider is not None:
             await emit(UsageUpdated(result.tokens_after, provider.context_window))
@@ -111,7 +119,8 @@ class CompactService:
         before = CompactResult(False, len(messages), len(messages), tokens, tokens)
         if provider is None:
             return dataclasses.replace(before, error="no model is configured to write the summary")
-        cut = cut_point(messages, self.keep_ratio, self.min_keep)
+        settings = self.settings_for(session)
+        cut = cut_point(messages, settings.keep_ratio, settings.min_keep)
         first = next((i for i, m in enumerate(messages) if m.role == "user"), None)
         keep_first = first is not None and first < cut
         if cut == 0 or (keep_first and cut == 1):
@@ -120,12 +129,14 @@ class CompactService:
             )
         tail = messages[cut:]
 
-        summary, share, error = await self._summarize(session, provider, messages, cut, instructions)
+        summary, share, error = await self._summarize(
+            session, provider, settings, messages, cut, instructions
+        )
         if error is not None:
             log.warning("compaction of session %s failed: %s; context unchanged", session.id, error)
-            session.state[FAILED_AT] = len(messages)  # automatic triggers back off (HookContext)
+            session.compaction.failed_at = len(messages)  # automatic triggers back off (`due`)
             return dataclasses.replace(before, prefix_share=share, error=error)
-        session.state.pop(FAILED_AT, None)
+        session.compaction.failed_at = None
 
         new = [
             *([messages[first]] if keep_first and first is not None else []),
@@ -163,15 +174,16 @@ class CompactService:
         self,
         session: Session,
         provider: Provider,
+        settings: CompactionConfig,
         messages: list[Message],
         cut: int,
         instructions: str | None,
     ) -> tuple[str, float | None, str | None]:
         """(summary, prefix_share, error)."""
         previous = session.last_request
-        if self.cache_preserving and previous is not None:
+        if settings.cache_preserving and previous is not None:
             kept = len(messages) - cut
-            request = cached_request(previous, messages, kept, self.summary_words, instructions)
+            request = cached_request(previous, messages, kept, settings.summary_words, instructions)
             share = prefix_share(request, previous)
             try:
                 return await _call(provider, request), share, None
@@ -183,8 +195,8 @@ class CompactService:
             messages[:cut],
             model=provider.model,
             context_window=provider.context_window,
-            words=self.summary_words,
-            max_arg_chars=self.max_tool_arg_chars,
+            words=settings.summary_words,
+            max_arg_chars=settings.max_tool_arg_chars,
             extra=instructions,
         )
         share = prefix_share(request, previous)
