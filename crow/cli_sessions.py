@@ -15,7 +15,7 @@ async def main(args: argparse.Namespace) -> int:
     from crow.agent import Agent
     from crow.config import load_config
 
-    agent = Agent(load_config(args.config), builtin_hooks=args.command == "compact")
+    agent = Agent(load_config(args.config), builtin_hooks=False)  # compaction runs no hook
     try:
         await agent.ready()
         if args.command == "compact":
