@@ -324,11 +324,12 @@ class Agent:
             return await self.compactor.compact(session, provider, instructions=instructions, emit=emit)
 
     def _ensure_compactor(self) -> Any:
-        """The one CompactService (the summarization hook may have configured it)."""
+        """The one CompactService, built from the `compaction:` section (a session's own
+        config, project file merged, is read at each use)."""
         if self.compactor is None:
             from crow.compact import CompactService
 
-            self.compactor = CompactService()
+            self.compactor = CompactService(self.config.compaction)
         return self.compactor
 
     def get(self, session_id: str) -> Session:
@@ -378,7 +379,6 @@ class Agent:
             system_prompt=c.system_prompt.replace("{cwd}", str(session.cwd)),
             max_iterations=c.max_iterations,
             max_continues=c.max_continues,
-            compact_threshold=c.compact_threshold,
             hook_settings=c.hooks.settings,
         )
 

@@ -93,7 +93,7 @@ async def _compact(config_path: str | None, session_id: str, instructions: str |
     from crow.agent import Agent
     from crow.config import load_config
 
-    agent = Agent(load_config(config_path))
+    agent = Agent(load_config(config_path), builtin_hooks=False)  # compaction runs no hook
     try:
         await agent.ready()
         session = await agent.resume_session(session_id)

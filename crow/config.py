@@ -10,15 +10,26 @@ from the provider's own variables (`OPENAI_API_KEY`, `OPENAI_BASE_URL`, `ANTHROP
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from crow.errors import ConfigError
 from crow.private import DB_FILE, crow_home
+
+log = logging.getLogger("crow.config")
 
 DEFAULT_SYSTEM_PROMPT = """You are crow, a coding agent working in the user's workspace at {cwd}.
 Use the tools to read, search, edit and run code; prefer small, verifiable steps. Paths are
@@ -101,6 +112,58 @@ class PermissionRules(_Model):
         return rules
 
 
+class CompactionConfig(_Model):
+    """`compaction:` — when a session's context is summarized, and how (crow/compact/)."""
+
+    threshold: float = Field(0.85, gt=0, le=1)  # share of the model's context window
+    keep_ratio: float = Field(0.10, ge=0, lt=1)  # recent messages kept verbatim...
+    min_keep: int = Field(2, ge=1)  # ...at least this many
+    summary_words: int = Field(2000, ge=1)
+    max_tool_arg_chars: int = Field(2000, ge=1)  # old write/edit arguments in a standalone request
+    cache_preserving: bool = True  # repeat the last request's prefix (the provider's cache)
+    # After a failed summary, automatic compaction waits until the history has grown by
+    # max(backoff_messages, backoff_ratio x its length at the failure).
+    backoff_messages: int = Field(4, ge=0)
+    backoff_ratio: float = Field(0.10, ge=0)
+
+
+# Where compaction was configured before `compaction:` (still read, logged as deprecated).
+_OLD_HOOK_KEYS = ("threshold", "keep_ratio", "min_keep", "summary_words", "cache_preserving")
+_warned: set[str] = set()
+
+
+def fold_old_compaction_keys(data: Any) -> Any:
+    """One config layer with `compact_threshold` and `hooks.settings.summarization.{threshold,
+    keep_ratio, min_keep, summary_words, cache_preserving}` moved into `compaction:`. A field
+    the section sets itself wins; the hook's threshold won over `compact_threshold` before."""
+    if not isinstance(data, Mapping):
+        return data
+    out, old = dict(data), {}
+    if "compact_threshold" in out:
+        _deprecated("compact_threshold", "compaction.threshold")
+        old["threshold"] = out.pop("compact_threshold")
+    hooks = out.get("hooks")
+    settings = hooks.get("settings") if isinstance(hooks, Mapping) else None
+    hook = settings.get("summarization") if isinstance(settings, Mapping) else None
+    if isinstance(hook, Mapping) and (picked := {k: v for k, v in hook.items() if k in _OLD_HOOK_KEYS}):
+        _deprecated("hooks.settings.summarization", "compaction")
+        old |= picked
+        rest = {k: v for k, v in hook.items() if k not in picked}
+        out["hooks"] = {**hooks, "settings": {**settings, "summarization": rest}}  # type: ignore[dict-item]
+    if old:
+        section = out.get("compaction")
+        if isinstance(section, BaseModel):
+            section = section.model_dump(exclude_unset=True)
+        out["compaction"] = {**old, **(section if isinstance(section, Mapping) else {})}
+    return out
+
+
+def _deprecated(key: str, instead: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning("config: %s is deprecated; set %s instead", key, instead)
+
+
 MODES = ("ask", "accept_edits", "yolo", "read_only", "plan")
 
 
@@ -112,7 +175,7 @@ class Config(_Model):
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     max_iterations: int = Field(25, ge=1)
     max_continues: int = Field(5, ge=0)
-    compact_threshold: float = Field(0.85, gt=0, le=1)
+    compaction: CompactionConfig = Field(default_factory=CompactionConfig)
     mode: Literal["ask", "accept_edits", "yolo", "read_only", "plan"] = "ask"
     permission_timeout: float = 600.0
     permissions: PermissionRules = Field(default_factory=PermissionRules)
@@ -133,6 +196,11 @@ class Config(_Model):
     @property
     def source(self) -> Path | None:
         return self._source
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_compaction_keys(cls, data: Any) -> Any:
+        return fold_old_compaction_keys(data)
 
     @field_validator("sandbox", mode="before")
     @classmethod
@@ -353,6 +421,7 @@ def compose(user: Config, project: Mapping[str, Any], path: Path) -> Config:
     check_credentials(user, project, where)
     _check_commands(project, where)
     base = user.model_dump(exclude_unset=True)
+    project = fold_old_compaction_keys(project)  # before the merge: a project's old key beats the user's
     config = _validate({**merge(base, project), **user._top, "home": user.home}, where)
     config._top, config._source = user._top, user._source
     return config

@@ -10,6 +10,7 @@ from crow.llm.base import ModelRequest, ModelResponse, Provider, Usage, complete
 from crow.messages import Messages
 
 if TYPE_CHECKING:
+    from crow.compact import CompactResult, CompactService
     from crow.session import Session
 
 
@@ -20,13 +21,12 @@ class HookContext:
     provider: Provider | None
     emit: Emit
     settings: dict[str, Any] = field(default_factory=dict)  # the agent's hook settings
-    compact_threshold: float = 0.85
     iteration: int = 0
     request: ModelRequest | None = None  # the last request sent to the model
     response: ModelResponse | None = None  # the last model response
     usage: Usage = field(default_factory=Usage)  # summed over this turn's model calls
     injected: list[str] = field(default_factory=list)
-    compactor: Any = None  # the CompactService, when the agent has one
+    compactor: CompactService | None = None  # the agent's one compaction service
 
     # -------- the session, as seed 004 promises
     @property
@@ -55,14 +55,13 @@ class HookContext:
         return self.session.context_tokens()
 
     def should_compact(self) -> bool:
-        from crow.compact import FAILED_AT, should_compact
+        """Whether to compact now: the agent's `CompactService.due` for this session and
+        model (over `compaction.threshold`, not backing off a failed summary)."""
+        if self.provider is None or self.compactor is None:
+            return False
+        return self.compactor.due(self.session, self.provider.context_window)
 
-        failed_at = self.session.state.get(FAILED_AT)
-        if failed_at is not None and len(self.session.messages) < failed_at + max(4, failed_at // 10):
-            return False  # the last attempt failed: wait for the history to grow before retrying
-        return should_compact(self.context_tokens, self.context_window, self.compact_threshold)
-
-    async def compact(self, instructions: str | None = None) -> Any:
+    async def compact(self, instructions: str | None = None) -> CompactResult:
         """Compact the session now through the one CompactService."""
         if self.compactor is None:
             raise RuntimeError("this agent has no compaction service")

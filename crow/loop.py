@@ -69,7 +69,6 @@ class LoopSettings:
     system_prompt: str = ""
     max_iterations: int = 25
     max_continues: int = 5
-    compact_threshold: float = 0.85
     hook_settings: dict[str, Any] = field(default_factory=dict)
 
 
@@ -106,7 +105,6 @@ class Turn:
             self.provider,
             self.emit,
             settings=self.settings.hook_settings,
-            compact_threshold=self.settings.compact_threshold,
             compactor=self.compactor,
         )
         self.ctx = ctx

@@ -23,6 +23,23 @@ if TYPE_CHECKING:
 
 
 @dataclass(eq=False)
+class CompactionState:
+    """What compaction keeps per session (crow/compact/): one compaction at a time, and
+    the history length at the last failed summary, from which automatic triggers back off."""
+
+    failed_at: int | None = None
+    _lock: anyio.Lock | None = field(default=None, repr=False)
+
+    @property
+    def lock(self) -> anyio.Lock:
+        # Made at first use: the first anyio primitive imports its backend (~20 ms), which
+        # session/new must not wait for.
+        if self._lock is None:
+            self._lock = anyio.Lock()
+        return self._lock
+
+
+@dataclass(eq=False)
 class Session:
     id: str
     cwd: Path
@@ -41,6 +58,7 @@ class Session:
     usage_covers: int = 0
     # The last request sent to the model: cache-preserving compaction repeats its prefix.
     last_request: ModelRequest | None = None
+    compaction: CompactionState = field(default_factory=CompactionState)
     client: Any = None  # the front end's client interface (ACP: permissions, fs, terminals)
     # The configuration in force for this session: the user's, with a trusted project's
     # crow.yaml (found from `cwd`) merged over it. Hooks read their settings here.

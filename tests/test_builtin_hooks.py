@@ -18,7 +18,7 @@ from builtin_hooks import tracing as tracing_mod
 from builtin_hooks.memory import MemoryHook
 from builtin_hooks.skills import SkillsHook, add_to_system_prompt, discover
 from builtin_hooks.tracing import TracingHook
-from crow import Compact, Hook, HookContext, ModelRequest, ToolCall, ToolResult
+from crow import Compact, CompactService, Hook, HookContext, ModelRequest, ToolCall, ToolResult
 from crow.agent import Agent
 from crow.config import Config, HooksConfig
 from crow.messages import Message, human
@@ -406,8 +406,12 @@ async def compaction_hook(ctx: HookContext) -> Compact | None:
     return None
 
 
-class RecordingCompactor:
+class RecordingCompactor(CompactService):
+    """The agent's service with its `due` (the snippet's `should_compact`), recording instead
+    of compacting."""
+
     def __init__(self) -> None:
+        super().__init__()
         self.calls: list[dict[str, Any]] = []
 
     async def compact(

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from builtin_hooks.summarization import SummarizationHook, factory
+from crow.agent import Agent
 from crow.compact import (
     CompactResult,
     CompactService,
@@ -22,6 +23,7 @@ from crow.compact import (
     render,
     should_compact,
 )
+from crow.config import CompactionConfig, Config
 from crow.errors import ContextLengthError, ProviderError
 from crow.events import UsageUpdated
 from crow.llm.base import ModelRequest, ModelResponse, ScriptedProvider, ToolSpec, Usage
@@ -249,7 +251,7 @@ async def test_new_context_structure(tmp_path: Path) -> None:
 async def test_tail_starting_with_an_exchange_keeps_the_call(tmp_path: Path) -> None:
     msgs = [*history(5), human("next"), *exchange(99)]
     session = Session(id="s", cwd=tmp_path, messages=Messages(msgs))
-    await CompactService(keep_ratio=0.0).compact(session, summarizer())
+    await CompactService(CompactionConfig(keep_ratio=0.0)).compact(session, summarizer())
     assert list(session.messages[2:]) == msgs[-2:]  # the call kept with its result
     validate(session.messages)
 
@@ -316,7 +318,7 @@ async def test_standalone_request_without_last_request(tmp_path: Path) -> None:
 async def test_cache_preserving_off_sends_standalone(tmp_path: Path) -> None:
     session = loop_like_session(tmp_path)
     provider = summarizer()
-    result = await CompactService(cache_preserving=False).compact(session, provider)
+    result = await CompactService(CompactionConfig(cache_preserving=False)).compact(session, provider)
     assert result.compacted and not provider.requests[0].tools
     assert result.prefix_share is not None and result.prefix_share < 0.1
 
@@ -435,15 +437,15 @@ async def test_prefix_share_on_a_realistic_200_message_history(tmp_path: Path) -
     assert result.messages_after == 2 + 20
 
 
-# ---------------------------------------------------------------- the hook
-class _Ctx:
-    def __init__(self, tokens: int, window: int = 1000, compactor: Any = True) -> None:
-        self.context_tokens, self.context_window = tokens, window
-        self.compact_threshold, self.provider, self.compactor = 0.85, object(), compactor
-        self.compacted = 0
+# ---------------------------------------------------------------- the hook and `due`
+def hook_ctx(tokens: int, window: int = 1000, service: CompactService | None = None) -> Any:
+    """A HookContext whose session's context holds about `tokens` tokens."""
+    from crow.context import HookContext
 
-    async def compact(self, instructions: str | None = None) -> None:
-        self.compacted += 1
+    session = Session(id="s", cwd=Path("/"), messages=Messages(history(2)))
+    session.last_usage, session.usage_covers = Usage(tokens, 10), len(session.messages)
+    provider = ScriptedProvider(lambda req: reply("summary"), context_window=window)
+    return HookContext(session, "", provider, _ignore, compactor=service or CompactService())
 
 
 async def test_hook_compacts_only_when_the_loop_goes_on() -> None:
@@ -451,35 +453,87 @@ async def test_hook_compacts_only_when_the_loop_goes_on() -> None:
 
     hook = SummarizationHook()
     with_calls = reply("", ToolCall("1", "ls"))
-    assert await hook.after_model_call(_Ctx(900), with_calls) == Compact()  # type: ignore[arg-type]
-    assert await hook.after_model_call(_Ctx(900), reply("final")) is None  # type: ignore[arg-type]
-    assert await hook.after_model_call(_Ctx(800), with_calls) is None  # type: ignore[arg-type]
-    assert await SummarizationHook(threshold=0.5).after_model_call(_Ctx(600), with_calls) == Compact()  # type: ignore[arg-type]
-    assert await hook.after_model_call(_Ctx(900, compactor=None), with_calls) is None  # type: ignore[arg-type]
-    big, small = _Ctx(900), _Ctx(100)
-    await hook.before_agent(big)  # type: ignore[arg-type]
-    await hook.before_agent(small)  # type: ignore[arg-type]
-    assert (big.compacted, small.compacted) == (1, 0)
+    assert await hook.after_model_call(hook_ctx(900), with_calls) == Compact()
+    assert await hook.after_model_call(hook_ctx(900), reply("final")) is None
+    assert await hook.after_model_call(hook_ctx(800), with_calls) is None
+    lower = CompactService(CompactionConfig(threshold=0.5))
+    assert await hook.after_model_call(hook_ctx(600, service=lower), with_calls) == Compact()
+    no_service = hook_ctx(900)
+    no_service.compactor = None
+    assert await hook.after_model_call(no_service, with_calls) is None
+    big, small = hook_ctx(900), hook_ctx(100)
+    await hook.before_agent(big)
+    await hook.before_agent(small)
+    assert big.session.messages[1].meta == {"crow": "summary"}  # compacted
+    assert list(small.session.messages) == history(2)
 
 
-def test_factory_reads_settings_and_sets_the_compactor(tmp_path: Path) -> None:
-    from crow.agent import Agent
-    from crow.config import Config, HooksConfig
+def test_due_backs_off_after_a_failure_until_the_history_grows(tmp_path: Path) -> None:
+    service = CompactService(CompactionConfig(backoff_messages=4, backoff_ratio=0.25))
+    session = Session(id="s", cwd=tmp_path, messages=Messages(history(5)))  # 30 messages
+    assert service.due(session, window=100)
+    session.compaction.failed_at = 30
+    assert not service.due(session, window=100)
+    session.messages.extend(history(1))  # 36: under 30 + max(4, 30 x 0.25 = 7)
+    assert not service.due(session, window=100)
+    session.messages.append(human("x"))  # 37
+    assert service.due(session, window=100)
+    session.messages = Messages(history(1))  # a shorter history (replaced): a new one
+    assert service.due(session, window=10)
+    assert not service.due(session, window=10**6)  # under the threshold
 
-    config = Config(
-        home=tmp_path,
-        hooks=HooksConfig(
-            settings={"summarization": {"threshold": 0.7, "keep_ratio": 0.2, "cache_preserving": False}}
-        ),
-    )
+
+def test_the_session_config_decides(tmp_path: Path) -> None:
+    """A session's config (a trusted crow.yaml merged over the user's) wins over the
+    service's own settings, which are for a session without a config."""
+    service = CompactService(CompactionConfig(threshold=0.9))
+    session = Session(id="s", cwd=tmp_path, messages=Messages(history(1)))
+    session.last_usage, session.usage_covers = Usage(70, 5), len(session.messages)
+    assert not service.due(session, window=100)
+    session.config = Config(home=tmp_path, compaction=CompactionConfig(threshold=0.5))
+    assert service.due(session, window=100)
+
+
+def test_the_compaction_section_builds_the_one_service(tmp_path: Path) -> None:
+    config = Config(home=tmp_path, compaction={"threshold": 0.7, "keep_ratio": 0.2, "backoff_messages": 9})
     agent = Agent(config, builtin_hooks=False)
-    hook = factory(agent)
-    assert hook.name == "summarization" and hook.threshold == 0.7
-    assert isinstance(agent.compactor, CompactService)
-    assert agent.compactor.keep_ratio == 0.2 and agent.compactor.cache_preserving is False
-    existing = agent.compactor
-    factory(agent)
-    assert agent.compactor is existing
+    assert isinstance(factory(agent), SummarizationHook)
+    assert agent.compactor is None  # the hook builds nothing: the agent does, once
+    service = agent._ensure_compactor()
+    assert service.settings == config.compaction and agent._ensure_compactor() is service
+
+
+def test_old_compaction_keys_still_work(caplog: pytest.LogCaptureFixture) -> None:
+    """`compact_threshold` and `hooks.settings.summarization` configured compaction before the
+    `compaction:` section; they are folded into it (the hook's threshold won), and logged."""
+    import logging
+
+    from crow import config as config_module
+
+    config_module._warned.clear()
+    old = {
+        "compact_threshold": 0.6,
+        "hooks": {
+            "settings": {"summarization": {"threshold": 0.7, "keep_ratio": 0.2, "cache_preserving": False}}
+        },
+    }
+    with caplog.at_level(logging.WARNING, logger="crow.config"):
+        config = Config.model_validate(old)
+    assert (config.compaction.threshold, config.compaction.keep_ratio) == (0.7, 0.2)
+    assert config.compaction.cache_preserving is False
+    assert config.hooks.settings["summarization"] == {}
+    assert "compact_threshold is deprecated" in caplog.text
+    assert "hooks.settings.summarization is deprecated" in caplog.text
+    assert Config.model_validate({**old, "compaction": {"threshold": 0.5}}).compaction.threshold == 0.5
+    assert Config.model_validate({"compact_threshold": 0.6}).compaction.threshold == 0.6
+
+
+def test_a_project_old_key_wins_over_the_users_section(tmp_path: Path) -> None:
+    from crow.config import compose
+
+    user = Config(home=tmp_path, compaction={"threshold": 0.9, "keep_ratio": 0.3})
+    merged = compose(user, {"compact_threshold": 0.5}, tmp_path / "crow.yaml")
+    assert (merged.compaction.threshold, merged.compaction.keep_ratio) == (0.5, 0.3)
 
 
 # ---------------------------------------------------------------- the real loop over HTTP
@@ -492,10 +546,12 @@ def is_summary_request(r: Any) -> bool:
     return INSTRUCTION_MARK in r.last_user_text
 
 
-async def agent_with_history(llm: ScriptedLLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    from crow.agent import Agent
-    from crow.config import Config
+SUMMARY = Reply(text="SUMMARY: the user wants notes read.", usage=(300, 20))
 
+
+async def agent_with_history(
+    llm: ScriptedLLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, summary: Any = SUMMARY
+) -> Any:
     monkeypatch.setenv("OPENAI_BASE_URL", llm.base_url)
     monkeypatch.setenv("OPENAI_API_KEY", "test-key")
     config = Config(
@@ -509,7 +565,7 @@ async def agent_with_history(llm: ScriptedLLM, tmp_path: Path, monkeypatch: pyte
     agent.hooks.add(factory(agent))
     session = agent.create_session(tmp_path)
     await agent.session_ready(session)
-    llm.rule(is_summary_request, Reply(text="SUMMARY: the user wants notes read.", usage=(300, 20)))
+    llm.rule(is_summary_request, summary)
     for i in range(3):  # three small turns: 12 messages of history
         llm.push(
             Reply(tool_calls=[ToolCallSpec("note", {"name": f"n{i}"})], usage=(100, 10)),
@@ -560,6 +616,31 @@ async def test_loop_compacts_when_usage_nears_the_window(
         await agent.aclose()
 
 
+async def test_a_failed_summary_is_not_retried_at_every_model_call(
+    llm: ScriptedLLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every model call of this turn is over the threshold and every summary request fails:
+    after a failure the hook waits until the history has grown by 4 messages (two tool
+    rounds) instead of sending a full-context summary request after each call."""
+    agent, session = await agent_with_history(
+        llm, tmp_path, monkeypatch, summary=Fault(status=400, message="summaries are down")
+    )
+    try:
+        start = len(llm.requests)
+        for i in range(4):
+            llm.push(Reply(tool_calls=[ToolCallSpec("note", {"name": f"big{i}"})], usage=(1900, 10)))
+        llm.push(Reply(text="all done", usage=(1900, 10)))
+        result = await agent.run_turn(session, human("read the big notes"), _ignore)
+        assert result.error is None and session.messages[-1].content == "all done"
+        kinds = ["summary" if is_summary_request(r) else "call" for r in llm.requests[start:]]
+        # failed at 14 messages; 16 is backed off; 18 retries (and fails); 20 is backed off;
+        # the final answer (22) ends the turn without a compaction.
+        assert kinds == ["call", "summary", "call", "call", "summary", "call", "call"]
+        assert len(session.messages) == 22  # nothing was compacted
+    finally:
+        await agent.aclose()
+
+
 async def test_context_length_error_compacts_and_retries(
     llm: ScriptedLLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -602,6 +683,7 @@ async def test_big_history_is_compacted_before_the_next_turn(
 
 
 async def test_failed_automatic_compaction_backs_off(tmp_path: Path) -> None:
+    """Through a HookContext: `should_compact` is the service's `due`."""
     from crow.context import HookContext
 
     calls = []
