@@ -8,8 +8,10 @@ import sys
 import textwrap
 
 
-def run_python(code: str) -> None:
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60)
+def run_python(code: str, env: dict[str, str] | None = None) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60, env=env
+    )
     assert out.returncode == 0, out.stderr
 
 
@@ -75,7 +77,7 @@ def test_a_failed_warm_up_still_turns_the_gc_back_on(tmp_path) -> None:  # type:
     run_python(
         f"""
         import asyncio, gc
-        from crow.startup import fast_imports
+        from crow.startup import fast_imports, imports_done
         fast_imports()
         from crow.agent import Agent
         from crow.config import Config
@@ -85,12 +87,15 @@ def test_a_failed_warm_up_still_turns_the_gc_back_on(tmp_path) -> None:  # type:
         config.hooks.extra = ["no_such_module_anywhere:Hook"]
 
         async def main():
-            try:
-                await Agent(config).warm_up()
-            except CrowError:
-                pass
-            else:
-                raise AssertionError("the broken hook was accepted")
+            async with Agent(config) as agent:
+                agent.on_ready(imports_done)  # as the `crow` command does
+                for _ in range(2):  # the plugin's error, to every waiter
+                    try:
+                        await agent.ready()
+                    except CrowError as exc:
+                        assert "no_such_module_anywhere" in str(exc), exc
+                    else:
+                        raise AssertionError("the broken hook was accepted")
             assert gc.isenabled()
 
         asyncio.run(main())
