@@ -105,7 +105,6 @@ class Agent:
         self._warm.add_done_callback(callback)
 
     async def _set_up(self) -> None:
-        _return_large_blocks_to_os()
         await anyio.to_thread.run_sync(_import_runtime)
         if self._builtin_hooks:
             from builtin_hooks import install
@@ -392,19 +391,3 @@ def _import_runtime() -> None:
     """What every turn needs and is slow to import (run in a worker thread)."""
     import_mcp()
     import crow.llm.http  # noqa: F401  (httpx)
-
-
-def _return_large_blocks_to_os() -> None:
-    """Fix glibc's mmap threshold at 128 KiB. By default it rises to the size of the
-    largest block freed so far, after which multi-megabyte buffers (big prompts, tool
-    output, frames) come from the heap and stay in RSS after they are freed; the fault
-    drill saw +15..59 MB after a storm of 3 MB frames, and 0 MB with the threshold fixed."""
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None)  # this process's own symbols: no library search
-        if not hasattr(libc, "gnu_get_libc_version"):  # M_MMAP_THRESHOLD is a glibc setting
-            return
-        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        log.debug("not glibc; leaving malloc as it is")

@@ -74,10 +74,9 @@ def main(argv: list[str] | None = None) -> None:
     import asyncio
 
     if command in ("serve", "run"):
-        from crow.startup import fast_imports, protect_process
+        from crow.startup import configure_process
 
-        protect_process()
-        fast_imports()
+        configure_process()
     from crow.errors import CrowError
 
     try:

@@ -3,9 +3,13 @@ interpreter: they change process-wide state."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+from tests.llm_server import Reply, ScriptedLLM
 
 
 def run_python(code: str, env: dict[str, str] | None = None) -> None:
@@ -101,3 +105,45 @@ def test_a_failed_warm_up_still_turns_the_gc_back_on(tmp_path) -> None:  # type:
         asyncio.run(main())
         """
     )
+
+
+def test_a_program_using_agent_gets_no_process_wide_settings(llm: ScriptedLLM, tmp_path: Path) -> None:
+    """The knobs are the `crow` command's: an Agent in a program (warm-up, a turn, close)
+    leaves the GC, the switch interval, pydantic's defaults and libc alone."""
+    llm.push(Reply(text="hello"))
+    env = {**os.environ, "OPENAI_BASE_URL": llm.base_url, "OPENAI_API_KEY": "test-key"}
+    run_python(
+        f"""
+        import asyncio, ctypes, gc, sys
+        looked_up = []
+        lookup = ctypes.CDLL.__getattr__
+
+        def spy(self, name):
+            looked_up.append(name)
+            return lookup(self, name)
+
+        ctypes.CDLL.__getattr__ = spy  # every libc function crow would call
+        import pydantic
+        from crow.agent import Agent
+        from crow.config import Config
+        from crow.messages import human
+
+        before = (gc.isenabled(), gc.get_freeze_count(), sys.getswitchinterval())
+
+        async def ignore(event):
+            pass
+
+        async def main():
+            async with Agent(Config(model="openai:scripted", home={str(tmp_path / "home")!r})) as agent:
+                session = agent.create_session({str(tmp_path)!r})
+                result = await agent.run_turn(session, human("hi"), ignore)
+            assert result.stop_reason == "end_turn", result
+
+        asyncio.run(main())
+        assert (gc.isenabled(), gc.get_freeze_count(), sys.getswitchinterval()) == before
+        assert "defer_build" not in pydantic.BaseModel.model_config
+        assert not {{"mallopt", "prctl"}} & set(looked_up), looked_up
+        """,
+        env,
+    )
+    assert len(llm.requests) == 1
