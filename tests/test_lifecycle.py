@@ -22,6 +22,7 @@ from tests.conftest import crow_env, spawn_crow
 from tests.llm_server import Reply, ScriptedLLM
 from tests.test_drills import wait_until
 from tests.test_e2e_sessions import running
+from tests.test_startup import run_python
 
 pytestmark = pytest.mark.anyio
 
@@ -123,3 +124,24 @@ async def test_close_session_stops_its_setup_and_its_server(home: Path, workspac
         with pytest.raises(SessionError, match="was closed"):
             await waiter
         assert session.id not in agent.sessions and session.tools is None
+
+
+def test_a_new_session_creates_no_anyio_object(tmp_path: Path) -> None:
+    """The first anyio primitive imports anyio's backend (~17 ms): not on the way to the
+    `initialize` and `session/new` answers, where the warm-up and a session's setup start."""
+    run_python(
+        f"""
+        import asyncio, sys
+        from crow.agent import Agent
+        from crow.config import Config
+
+        async def main():
+            agent = Agent(Config(home={str(tmp_path / "home")!r}), builtin_hooks=False)
+            agent.warm_up()
+            agent.create_session({str(tmp_path)!r})
+            assert "anyio._backends._asyncio" not in sys.modules
+            await agent.aclose()
+
+        asyncio.run(main())
+        """
+    )
