@@ -39,6 +39,7 @@ class Once:
         self._cancelled = cancelled  # what waiters get when the work is cancelled
         self._done = False
         self._error: BaseException | None = None
+        self._traceback: Any = None  # the failure's own: raising it again must not grow it
         self._event: anyio.Event | None = None  # made by the first waiter (see the module doc)
         self._scope: anyio.CancelScope | None = None
         self._cancel = False
@@ -55,7 +56,7 @@ class Once:
                 self._event = anyio.Event()
             await self._event.wait()
         if self._error is not None:
-            raise self._error
+            raise self._error.with_traceback(self._traceback)
 
     def add_done_callback(self, callback: Callable[[], None]) -> None:
         """Call `callback()` when the work ends, however it ends (at once if it has)."""
@@ -68,6 +69,7 @@ class Once:
         if self._done:
             return
         self._done, self._error = True, error
+        self._traceback = error.__traceback__ if error is not None else None
         if self._event is not None:
             self._event.set()
         for callback in self._callbacks:
@@ -77,9 +79,11 @@ class Once:
                 log.exception("callback after %s failed", self.name)
 
     async def _run(self, work: Work) -> None:
+        from anyio.lowlevel import checkpoint  # not at import: crow.agent loads before `initialize`
+
         error: BaseException | None = self._cancelled
         try:
-            await asyncio.sleep(0)  # the answer that started this work goes out first
+            await checkpoint()  # the answer that started this work goes out first
             with anyio.CancelScope() as self._scope:
                 if not self._cancel:
                     await work()
@@ -118,7 +122,9 @@ class Background:
         return once
 
     async def _run_host(self) -> None:
-        await asyncio.sleep(0)  # the answer that created this host goes out first
+        # asyncio, not anyio, until the task group exists: the answer that created this
+        # host goes out first, then the backend is imported.
+        await asyncio.sleep(0)
         if self._closed:
             return
         async with anyio.create_task_group() as group:
