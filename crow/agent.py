@@ -142,9 +142,9 @@ class Agent:
         providers, self._providers = list(self._providers.values()), {}
         for provider in providers:
             await provider.aclose()
-        if self._store is not None and not self._store_given:
-            self._store_given = True  # closed once
-            await self._store.aclose()
+        store, self._store_given = (None if self._store_given else self._store), True  # closed once
+        if store is not None:
+            await store.aclose()
 
     # ------------------------------------------------------------ models
     def model_ref(self, session: Session | None = None) -> str | None:
