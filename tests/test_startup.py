@@ -147,3 +147,33 @@ def test_a_program_using_agent_gets_no_process_wide_settings(llm: ScriptedLLM, t
         env,
     )
     assert len(llm.requests) == 1
+
+
+def test_the_crow_command_sets_them_before_serving() -> None:
+    run_python(
+        """
+        import asyncio, ctypes, gc, sys
+        looked_up = []
+        lookup = ctypes.CDLL.__getattr__
+
+        def spy(self, name):
+            looked_up.append(name)
+            return lookup(self, name)
+
+        ctypes.CDLL.__getattr__ = spy
+        from crow import cli
+        from crow.startup import WARM_UP_SWITCH_INTERVAL
+
+        def instead_of_serving(coro):
+            coro.close()
+            import pydantic
+
+            assert not gc.isenabled() and sys.getswitchinterval() == WARM_UP_SWITCH_INTERVAL
+            assert pydantic.BaseModel.model_config["defer_build"] is True
+            assert {"mallopt", "prctl"} <= set(looked_up), looked_up
+            sys.exit(0)
+
+        asyncio.run = instead_of_serving
+        cli.main(["serve"])
+        """
+    )
