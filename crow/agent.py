@@ -1,33 +1,36 @@
 """Agent: the runtime behind every front end (ACP, `crow run`, scripts).
 
 It owns the configuration, the hook registry, programmatic tools, model providers, the
-store and the live sessions. Heavy work (importing MCP, loading hooks, opening the store)
-starts in the background with `warm_up()` and is awaited only where it is needed, so the
-ACP `initialize` and `session/new` answers never wait for it.
+store, the live sessions and every background task (`crow.background`: one anyio task
+group). Heavy work (importing MCP, loading hooks, opening the store) starts in the
+background with `warm_up()` and is awaited only where it is needed, so the ACP `initialize`
+and `session/new` answers never wait for it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import suppress
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from crow.background import Background, Once
 from crow.config import NO_MODEL_MESSAGE, Config, load_config
 from crow.environment import child_environment
-from crow.errors import ConfigError, SessionBusy, SessionError, StoreError
+from crow.errors import ConfigError, CrowError, SessionError, StoreError
 from crow.events import Emit, Notice
 from crow.hooks import HookRegistry
 from crow.llm.base import Provider
-from crow.messages import Message, Messages, valid_text
+from crow.messages import Message
 from crow.session import Session
+from crow.sessions import LockPerKey, new_session, read_session, repair
 from crow.tools import ServerSpec, ToolHub, function_server, import_mcp
-from crow.trust import CONFIG_ERROR, PROJECT, ProjectConfigs, SessionProject, settle
+from crow.trust import CONFIG_ERROR, ProjectConfigs, SessionProject, settle
 
 if TYPE_CHECKING:
     from crow.loop import LoopSettings, TurnResult
@@ -42,7 +45,9 @@ TOOL_KEYS = {"sandbox", "network", "environment", "providers"}
 class Agent:
     """`Agent()` reads crow.yaml and the environment; pass `config=` or `provider=` to
     override. Register hooks on `agent.hooks` and tools with `@agent.tool` before the
-    first turn."""
+    first turn. Use it as `async with Agent(...) as agent:` (`serve()` and `crow run` do):
+    leaving the block cancels and awaits its background work and closes what it opened.
+    Without the block, `await agent.aclose()` when done."""
 
     def __init__(
         self,
@@ -63,8 +68,10 @@ class Agent:
         self._builtin_hooks = builtin_hooks
         self._store = store
         self._store_given = store is not None
-        self._ready: asyncio.Task[None] | None = None
-        self._session_ready: dict[str, asyncio.Task[None]] = {}
+        self._tasks = Background(CrowError("the agent is closed"))
+        self._warm = Once("crow.warm_up", CrowError("the agent was closed during its warm-up"))
+        self._preparing: dict[str, Once] = {}  # each session's tool setup
+        self._restoring = LockPerKey()  # one restore of an id at a time
         self.compactor: Any = None
 
     # ------------------------------------------------------------ extension points
@@ -82,22 +89,22 @@ class Agent:
         return add(fn) if fn is not None else add
 
     # ------------------------------------------------------------ lifecycle
-    def warm_up(self) -> asyncio.Task[None]:
+    async def __aenter__(self) -> Agent:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def warm_up(self) -> None:
         """Start the slow setup in the background (idempotent)."""
-        if self._ready is None:
-            self._ready = asyncio.create_task(self._setup(), name="crow.warm_up")
-        return self._ready
+        self._tasks.start(self._warm, self._set_up)
 
-    async def _setup(self) -> None:
-        from crow.startup import imports_done
-
-        try:
-            await self._set_up()
-        finally:  # a broken plugin or store must not leave the GC paused for good
-            imports_done()
+    def on_ready(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` when the warm-up ends, however it ends (the `crow` command turns
+        its garbage collector back on there)."""
+        self._warm.add_done_callback(callback)
 
     async def _set_up(self) -> None:
-        _return_large_blocks_to_os()
         await anyio.to_thread.run_sync(_import_runtime)
         if self._builtin_hooks:
             from builtin_hooks import install
@@ -114,33 +121,30 @@ class Agent:
 
             self._store = SQLiteStore(self.config.db_path, home=self.config.home)
             await self._store.open()
-        self._warm_provider()
-
-    def _warm_provider(self) -> None:
-        """Build the configured model's provider now (it imports httpx and opens a client),
-        not at the first prompt; a configuration error is reported by that prompt."""
-        try:
-            self.provider_for(self.model_ref())
-        except ConfigError:
-            pass
+        with suppress(ConfigError):  # reported by the first prompt
+            self.provider_for(self.model_ref())  # now, not at that prompt: httpx, a client
 
     async def ready(self) -> None:
-        await self.warm_up()
+        """Wait for the warm-up (starting it if needed); its failure is raised to each caller."""
+        self.warm_up()
+        await self._warm.wait()
 
     @property
     def store(self) -> Any:
         return self._store
 
     async def aclose(self) -> None:
-        for task in self._session_ready.values():
-            task.cancel()
-        for session in list(self.sessions.values()):
-            if session.tools is not None:
-                await session.tools.aclose()
-        for provider in self._providers.values():
+        """Cancel the background work and wait for it, then close every session's tools, the
+        providers and the store (idempotent)."""
+        await self._tasks.aclose()
+        for session_id in list(self.sessions):
+            await self.close_session(session_id)
+        providers, self._providers = list(self._providers.values()), {}
+        for provider in providers:
             await provider.aclose()
-        if self._store is not None and not self._store_given:
-            await self._store.aclose()
+        store, self._store_given = (None if self._store_given else self._store), True  # closed once
+        if store is not None:
+            await store.aclose()
 
     # ------------------------------------------------------------ models
     def model_ref(self, session: Session | None = None) -> str | None:
@@ -171,30 +175,18 @@ class Agent:
         self, cwd: str | Path, mcp_servers: Sequence[ServerSpec] = (), session_id: str | None = None
     ) -> Session:
         """Create a session now and connect its tools in the background."""
-        path = Path(cwd)
-        if not path.is_absolute():
-            raise SessionError(f"cwd must be an absolute path, got {str(cwd)!r}")
-        if valid_text(str(cwd)) != str(cwd):  # it could not be stored: refuse, not fail later
-            raise SessionError(f"cwd must be valid Unicode, got {str(cwd)!r}")
-        project = self.session_config(path)
-        session = Session(
-            id=session_id or uuid.uuid4().hex,
-            cwd=path,
-            mode=project.config.mode,
-            model=project.config.model or "",
-            config=project.config,
-        )
-        session.state[PROJECT] = project
+        session = new_session(cwd, session_id, self.session_config)
+        self._prepare_soon(session, list(mcp_servers), new=True)
         self.sessions[session.id] = session
-        self._session_ready[session.id] = asyncio.create_task(
-            self._prepare(session, list(mcp_servers), new=True), name=f"crow.session:{session.id}"
-        )
         return session
 
+    def _prepare_soon(self, session: Session, servers: list[ServerSpec], *, new: bool) -> None:
+        """Connect the session's tools in the background; `session_ready` waits for it."""
+        once = Once(f"crow.session:{session.id}", SessionError(f"session {session.id} was closed"))
+        self._tasks.start(once, partial(self._prepare, session, servers, new=new))
+        self._preparing[session.id] = once
+
     async def _prepare(self, session: Session, servers: list[ServerSpec], *, new: bool) -> None:
-        # One turn of the event loop first: the answer that created this session (already
-        # queued to the writer) goes out before the CPU-bound tool setup below.
-        await asyncio.sleep(0)
         await self.ready()
         session.store = self._store
         if new and self._store is not None:
@@ -218,9 +210,11 @@ class Agent:
         await hub.connect([*specs, *servers])
 
     async def session_ready(self, session: Session) -> None:
-        task = self._session_ready.get(session.id)
-        if task is not None:
-            await task
+        """Wait for the session's tools; a failure is raised to each caller, and a caller
+        that is cancelled leaves the setup running for the others."""
+        preparing = self._preparing.get(session.id)
+        if preparing is not None:
+            await preparing.wait()
 
     async def resume_session(
         self,
@@ -231,7 +225,7 @@ class Agent:
     ) -> Session:
         """Bring a stored session back into memory (no replay). `prepare` runs before its
         tools connect (the ACP adapter binds the editor client there)."""
-        session, _ = await self.restore_session(session_id, mcp_servers, cwd, prepare)
+        session, _ = await self._restore(session_id, mcp_servers, cwd, prepare)
         return session
 
     async def load_session(
@@ -242,64 +236,37 @@ class Agent:
         prepare: Callable[[Session], None] | None = None,
     ) -> tuple[Session, list[Message]]:
         """Like `resume_session`, also returning the transcript to replay (one store read)."""
-        session, transcript = await self.restore_session(session_id, mcp_servers, cwd, prepare, True)
+        session, transcript = await self._restore(session_id, mcp_servers, cwd, prepare, True)
         if transcript is None:
             transcript = await self._store.load_transcript(session_id)
         return session, transcript
 
-    async def restore_session(
+    async def _restore(
         self,
         session_id: str,
-        mcp_servers: Sequence[ServerSpec] = (),
-        cwd: str | None = None,
-        prepare: Callable[[Session], None] | None = None,
+        mcp_servers: Sequence[ServerSpec],
+        cwd: str | None,
+        prepare: Callable[[Session], None] | None,
         with_transcript: bool = False,
     ) -> tuple[Session, list[Message] | None]:
+        """The session in memory, read from the store if it is not: one `Session` per id (a
+        second restore of an id waits for the first and gets its session, no transcript)."""
         if session_id in self.sessions:
             return self.sessions[session_id], None
         await self.ready()
-        record = await self._store.get_session(session_id) if self._store else None
-        if session_id in self.sessions:  # restored meanwhile by a concurrent call
-            return self.sessions[session_id], None
-        if record is None:
-            raise SessionError(f"unknown session {session_id!r}")
-        transcript: list[Message] | None = None
-        if with_transcript:
-            stored, transcript = await self._store.load_both(session_id)
-        else:
-            stored = await self._store.load_context(session_id)
-        path = Path(cwd or record.cwd)
-        project = self.session_config(path)
-        session = Session(
-            id=session_id,
-            cwd=path,
-            mode=record.mode or project.config.mode,
-            model=record.model or "",
-            title=record.title or "",
-            todos=list(record.todos or []),
-            files=dict(record.files or {}),
-            messages=Messages(stored),
-            config=project.config,
-        )
-        session.state[PROJECT] = project
-        if prepare is not None:
-            prepare(session)
-        session.store = self._store
-        self.sessions[session_id] = session
-        # Tools connect in the background, as for a new session: the first prompt waits.
-        self._session_ready[session_id] = asyncio.create_task(
-            self._prepare(session, list(mcp_servers), new=False)
-        )
-        if Session.needs_repair(stored):
-            # A crash left tool calls without results, or an older crow stored an image no
-            # provider takes: repair, durably, holding the session; not while another crow
-            # process runs a turn in it (its results are on the way).
-            with suppress(SessionBusy):
-                async with session.exclusive():
-                    added = await session.repair()
-                    if transcript is not None:
-                        transcript.extend(added)
-        return session, transcript
+        async with self._restoring.hold(session_id):
+            if session_id in self.sessions:
+                return self.sessions[session_id], None
+            session, transcript = await read_session(
+                self._store, session_id, cwd, self.session_config, with_transcript
+            )
+            if prepare is not None:
+                prepare(session)
+            await repair(session, transcript)
+            # Tools connect in the background, as for a new session: the first prompt waits.
+            self._prepare_soon(session, list(mcp_servers), new=False)
+            self.sessions[session_id] = session
+            return session, transcript
 
     async def fork_session(self, session_id: str) -> str:
         """Copy a stored session (both records) under a new id; returns the id."""
@@ -339,12 +306,14 @@ class Agent:
         return session
 
     async def close_session(self, session_id: str) -> None:
+        """Forget a session: its tool setup is cancelled and waited for, its tools closed."""
         session = self.sessions.pop(session_id, None)
-        task = self._session_ready.pop(session_id, None)
-        if task is not None and not task.done():
-            task.cancel()
+        preparing = self._preparing.pop(session_id, None)
+        if preparing is not None:
+            await self._tasks.cancel(preparing)
         if session is not None and session.tools is not None:
-            await session.tools.aclose()
+            tools, session.tools = session.tools, None  # closed once
+            await tools.aclose()
 
     # ------------------------------------------------------------ project config
     def session_config(self, cwd: Path) -> SessionProject:
@@ -422,19 +391,3 @@ def _import_runtime() -> None:
     """What every turn needs and is slow to import (run in a worker thread)."""
     import_mcp()
     import crow.llm.http  # noqa: F401  (httpx)
-
-
-def _return_large_blocks_to_os() -> None:
-    """Fix glibc's mmap threshold at 128 KiB. By default it rises to the size of the
-    largest block freed so far, after which multi-megabyte buffers (big prompts, tool
-    output, frames) come from the heap and stay in RSS after they are freed; the fault
-    drill saw +15..59 MB after a storm of 3 MB frames, and 0 MB with the threshold fixed."""
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None)  # this process's own symbols: no library search
-        if not hasattr(libc, "gnu_get_libc_version"):  # M_MMAP_THRESHOLD is a glibc setting
-            return
-        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        log.debug("not glibc; leaving malloc as it is")

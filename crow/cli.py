@@ -74,10 +74,9 @@ def main(argv: list[str] | None = None) -> None:
     if command in ("serve", "run"):
         import asyncio
 
-        from crow.startup import fast_imports, protect_process
+        from crow.startup import configure_process
 
-        protect_process()
-        fast_imports()
+        configure_process()
     from crow.errors import CrowError
 
     try:
@@ -103,8 +102,11 @@ async def _serve(config_path: str | None) -> None:
     from crow.acp.server import serve
     from crow.agent import Agent
     from crow.config import load_config
+    from crow.startup import imports_done
 
-    await serve(Agent(load_config(config_path)))
+    agent = Agent(load_config(config_path))
+    agent.on_ready(imports_done)  # a broken plugin or store must not leave the GC paused either
+    await serve(agent)
 
 
 def _trust(args: argparse.Namespace) -> int:
@@ -160,13 +162,12 @@ async def _run(args: argparse.Namespace) -> int:
     from crow.config import load_config
     from crow.events import Event, ModeChanged, Notice, TextDelta, ToolCallEnd, ToolCallStart
     from crow.messages import human
+    from crow.startup import imports_done
 
     # Flags are the top layer: a project's crow.yaml cannot override them.
     overrides: dict[str, Any] = {"model": args.model} if args.model else {}
     if args.yolo:
         overrides["mode"] = "yolo"
-    agent = Agent(load_config(args.config, overrides=overrides))
-    agent.warm_up()
     wrote_text = False
 
     async def emit(event: Event) -> None:
@@ -190,7 +191,9 @@ async def _run(args: argparse.Namespace) -> int:
         elif isinstance(event, ModeChanged):
             print(f"  mode: {event.mode}", file=sys.stderr)
 
-    try:
+    async with Agent(load_config(args.config, overrides=overrides)) as agent:
+        agent.on_ready(imports_done)
+        agent.warm_up()
         session = agent.create_session(args.cwd)
         if sys.stdin.isatty():
             session.client = TerminalClient(args.cwd)
@@ -198,8 +201,6 @@ async def _run(args: argparse.Namespace) -> int:
         if wrote_text:
             sys.stdout.write("\n")
         return 1 if result.error else 0
-    finally:
-        await agent.aclose()
 
 
 class TerminalClient:

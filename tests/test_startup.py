@@ -3,13 +3,19 @@ interpreter: they change process-wide state."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+from tests.llm_server import Reply, ScriptedLLM
 
 
-def run_python(code: str) -> None:
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60)
+def run_python(code: str, env: dict[str, str] | None = None) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60, env=env
+    )
     assert out.returncode == 0, out.stderr
 
 
@@ -75,7 +81,7 @@ def test_a_failed_warm_up_still_turns_the_gc_back_on(tmp_path) -> None:  # type:
     run_python(
         f"""
         import asyncio, gc
-        from crow.startup import fast_imports
+        from crow.startup import fast_imports, imports_done
         fast_imports()
         from crow.agent import Agent
         from crow.config import Config
@@ -85,14 +91,89 @@ def test_a_failed_warm_up_still_turns_the_gc_back_on(tmp_path) -> None:  # type:
         config.hooks.extra = ["no_such_module_anywhere:Hook"]
 
         async def main():
-            try:
-                await Agent(config).warm_up()
-            except CrowError:
-                pass
-            else:
-                raise AssertionError("the broken hook was accepted")
+            async with Agent(config) as agent:
+                agent.on_ready(imports_done)  # as the `crow` command does
+                for _ in range(2):  # the plugin's error, to every waiter
+                    try:
+                        await agent.ready()
+                    except CrowError as exc:
+                        assert "no_such_module_anywhere" in str(exc), exc
+                    else:
+                        raise AssertionError("the broken hook was accepted")
             assert gc.isenabled()
 
         asyncio.run(main())
+        """
+    )
+
+
+def test_a_program_using_agent_gets_no_process_wide_settings(llm: ScriptedLLM, tmp_path: Path) -> None:
+    """The knobs are the `crow` command's: an Agent in a program (warm-up, a turn, close)
+    leaves the GC, the switch interval, pydantic's defaults and libc alone."""
+    llm.push(Reply(text="hello"))
+    env = {**os.environ, "OPENAI_BASE_URL": llm.base_url, "OPENAI_API_KEY": "test-key"}
+    run_python(
+        f"""
+        import asyncio, ctypes, gc, sys
+        looked_up = []
+        lookup = ctypes.CDLL.__getattr__
+
+        def spy(self, name):
+            looked_up.append(name)
+            return lookup(self, name)
+
+        ctypes.CDLL.__getattr__ = spy  # every libc function crow would call
+        import pydantic
+        from crow.agent import Agent
+        from crow.config import Config
+        from crow.messages import human
+
+        before = (gc.isenabled(), gc.get_freeze_count(), sys.getswitchinterval())
+
+        async def ignore(event):
+            pass
+
+        async def main():
+            async with Agent(Config(model="openai:scripted", home={str(tmp_path / "home")!r})) as agent:
+                session = agent.create_session({str(tmp_path)!r})
+                result = await agent.run_turn(session, human("hi"), ignore)
+            assert result.stop_reason == "end_turn", result
+
+        asyncio.run(main())
+        assert (gc.isenabled(), gc.get_freeze_count(), sys.getswitchinterval()) == before
+        assert "defer_build" not in pydantic.BaseModel.model_config
+        assert not {{"mallopt", "prctl"}} & set(looked_up), looked_up
+        """,
+        env,
+    )
+    assert len(llm.requests) == 1
+
+
+def test_the_crow_command_sets_them_before_serving() -> None:
+    run_python(
+        """
+        import asyncio, ctypes, gc, sys
+        looked_up = []
+        lookup = ctypes.CDLL.__getattr__
+
+        def spy(self, name):
+            looked_up.append(name)
+            return lookup(self, name)
+
+        ctypes.CDLL.__getattr__ = spy
+        from crow import cli
+        from crow.startup import WARM_UP_SWITCH_INTERVAL
+
+        def instead_of_serving(coro):
+            coro.close()
+            import pydantic
+
+            assert not gc.isenabled() and sys.getswitchinterval() == WARM_UP_SWITCH_INTERVAL
+            assert pydantic.BaseModel.model_config["defer_build"] is True
+            assert {"mallopt", "prctl"} <= set(looked_up), looked_up
+            sys.exit(0)
+
+        asyncio.run = instead_of_serving
+        cli.main(["serve"])
         """
     )

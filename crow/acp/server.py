@@ -431,16 +431,19 @@ class AcpServer:
 
 
 async def serve(agent: Agent | None = None) -> None:
-    """Serve ACP on stdin/stdout until the client hangs up."""
+    """Serve ACP on stdin/stdout until the client hangs up. The agent is entered for that
+    time: its background work is cancelled and awaited, and what it opened closed, after
+    the connection's own tasks."""
     from crow.acp.wire import stdio_transport
 
-    server = AcpServer(agent)
-    transport, supervisor = await stdio_transport()
-    server.wire = transport
-    conn = acp.AgentSideConnection(server, transport, listening=False, use_unstable_protocol=True)
-    try:
-        await conn.listen()
-    finally:
-        await asyncio.shield(conn.close())
-        await supervisor.shutdown()
-        await server.agent.aclose()
+    agent = agent if agent is not None else Agent()
+    async with agent:
+        server = AcpServer(agent)
+        transport, supervisor = await stdio_transport()
+        server.wire = transport
+        conn = acp.AgentSideConnection(server, transport, listening=False, use_unstable_protocol=True)
+        try:
+            await conn.listen()
+        finally:
+            await asyncio.shield(conn.close())
+            await supervisor.shutdown()

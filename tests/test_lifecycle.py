@@ -1,0 +1,147 @@
+"""The agent's lifecycle: shared start-up work no waiter can cancel, one Session per id,
+nothing left running after a close, no process-wide settings for library users."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import sys
+import uuid
+from pathlib import Path
+
+import acp
+import anyio.lowlevel
+import pytest
+
+from crow.agent import Agent
+from crow.config import Config
+from crow.errors import SessionError
+from crow.messages import human
+from crow.tools import ServerSpec, ToolHub
+from tests.conftest import crow_env, spawn_crow
+from tests.llm_server import Reply, ScriptedLLM
+from tests.test_drills import wait_until
+from tests.test_e2e_sessions import running
+from tests.test_startup import run_python
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_an_early_cancel_leaves_start_up_work_to_the_others(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """A prompt cancelled while it waits for the warm-up and its session's tools cancels
+    only itself: the same session and a new one still answer."""
+    llm.default = lambda req: Reply(text=f"re: {req.last_user_text}")
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
+        await conn.initialize(protocol_version=1)
+        sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+        first = asyncio.create_task(conn.prompt(session_id=sid, prompt=[acp.text_block("one")]))
+        await asyncio.sleep(0.03)  # the warm-up (MCP import, hooks, store) takes far longer
+        await conn.cancel(session_id=sid)
+        assert (await asyncio.wait_for(first, 20)).stop_reason == "cancelled"
+        assert not llm.requests, "the cancelled prompt reached the model"
+        again = await asyncio.wait_for(conn.prompt(session_id=sid, prompt=[acp.text_block("two")]), 20)
+        other = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+        third = await asyncio.wait_for(conn.prompt(session_id=other, prompt=[acp.text_block("three")]), 20)
+    assert again.stop_reason == third.stop_reason == "end_turn"
+    assert client.text(sid) == "re: two" and client.text(other) == "re: three"
+
+
+def marked_server(marker: str) -> ServerSpec:
+    """The todos MCP server over stdio, its command line marked (it ignores the argument)."""
+    return ServerSpec(marker, "stdio", command=sys.executable, args=["-m", "mcp_servers.todos", marker])
+
+
+def agent_in(home: Path) -> Agent:
+    return Agent(Config(model="openai:scripted", home=home), builtin_hooks=False)
+
+
+async def stored_session(home: Path, workspace: Path) -> str:
+    async with agent_in(home) as agent:
+        session = agent.create_session(workspace)
+        await agent.session_ready(session)
+        await session.add(human("remember me"))
+        return session.id
+
+
+async def test_two_concurrent_restores_make_one_session(home: Path, workspace: Path) -> None:
+    sid = await stored_session(home, workspace)
+    marker = f"crow-restore-{uuid.uuid4().hex}"
+    async with agent_in(home) as agent:
+        (loaded, transcript), resumed = await asyncio.gather(
+            agent.load_session(sid, [marked_server(marker)]),
+            agent.resume_session(sid, [marked_server(marker)]),
+        )
+        assert loaded is resumed is agent.sessions[sid]
+        assert [m.content for m in transcript] == ["remember me"]
+        await agent.session_ready(loaded)
+        hubs = [o for o in gc.get_objects() if isinstance(o, ToolHub)]
+        assert hubs == [loaded.tools], "a second restore built a second ToolHub"
+        assert len(running(marker)) == 1, "the editor's MCP server was started twice"
+    assert not running(marker)
+
+
+async def test_closing_a_session_during_the_warm_up_leaves_the_others_ready(
+    home: Path, workspace: Path
+) -> None:
+    async with agent_in(home) as agent:
+        closed = agent.create_session(workspace)
+        kept = agent.create_session(workspace)
+        waiter = asyncio.create_task(agent.session_ready(closed))
+        await anyio.lowlevel.checkpoint()  # both setups are waiting for the warm-up
+        await agent.close_session(closed.id)
+        with pytest.raises(SessionError, match=f"session {closed.id} was closed"):
+            await waiter
+        await agent.session_ready(kept)
+        assert kept.tools is not None and kept.tools.specs() == []
+
+
+@pytest.mark.parametrize("moment", ["at once", "while its MCP server starts"])
+async def test_aclose_leaves_nothing_running(home: Path, workspace: Path, moment: str) -> None:
+    before = asyncio.all_tasks()
+    marker = f"crow-aclose-{uuid.uuid4().hex}"
+    agent = agent_in(home)
+    agent.create_session(workspace, [marked_server(marker)])
+    if moment != "at once":
+        assert await wait_until(lambda: running(marker))
+    await agent.aclose()
+    assert asyncio.all_tasks() - before == set()
+    assert not running(marker)
+    await agent.aclose()  # idempotent
+
+
+async def test_close_session_stops_its_setup_and_its_server(home: Path, workspace: Path) -> None:
+    marker = f"crow-close-{uuid.uuid4().hex}"
+    async with agent_in(home) as agent:
+        session = agent.create_session(workspace, [marked_server(marker)])
+        assert await wait_until(lambda: running(marker))  # connecting: the setup is under way
+        waiter = asyncio.create_task(agent.session_ready(session))
+        await anyio.lowlevel.checkpoint()  # waiting
+        await agent.close_session(session.id)
+        assert not [t for t in asyncio.all_tasks() if t.get_name().startswith(("crow.session", "mcp:"))]
+        assert not running(marker)
+        with pytest.raises(SessionError, match="was closed"):
+            await waiter
+        assert session.id not in agent.sessions and session.tools is None
+
+
+def test_a_new_session_creates_no_anyio_object(tmp_path: Path) -> None:
+    """The first anyio primitive imports anyio's backend (~17 ms): not on the way to the
+    `initialize` and `session/new` answers, where the warm-up and a session's setup start."""
+    run_python(
+        f"""
+        import asyncio, sys
+        from crow.agent import Agent
+        from crow.config import Config
+
+        async def main():
+            agent = Agent(Config(home={str(tmp_path / "home")!r}), builtin_hooks=False)
+            agent.warm_up()
+            agent.create_session({str(tmp_path)!r})
+            assert "anyio._backends._asyncio" not in sys.modules
+            await agent.aclose()
+
+        asyncio.run(main())
+        """
+    )
