@@ -89,10 +89,9 @@ SEED_PHASES: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 # The tool-call ones by side (command hooks run their command on either side).
 TOOL_SIDES: dict[str, str] = {
-    "BeforeToolExec": "before",
-    "before_tool_exec": "before",
-    "AfterToolExec": "after",
-    "after_tool_exec": "after",
+    name: "after" if offers[-1] == "result" else "before"
+    for name, (onion, offers) in SEED_PHASES.items()
+    if onion == "wrap_tool_call"
 }
 
 
@@ -199,7 +198,7 @@ def _plan(name: str, phase: str, fn: Callable[..., Any], offers: tuple[str, ...]
         if p.kind is p.VAR_KEYWORD:
             rest = True
         elif p.kind is p.VAR_POSITIONAL:
-            gap = True
+            continue
         elif p.name not in offers:
             if p.default is p.empty:
                 offered = ", ".join(offers)
@@ -227,7 +226,6 @@ def _seed_adapter(name: str, seed_phase: str, fn: Callable[..., Awaitable[Any]])
     replaces the result; raising is logged and the result kept (the tool did run)."""
     onion, offers = SEED_PHASES[seed_phase]
     plan = _plan(name, seed_phase, fn, offers)
-
     key = PHASE_ARGS[onion][1]  # "request" or "call"
 
     async def before(ctx: HookContext, call_next: Callable[[Any], Awaitable[Any]], **what: Any) -> Any:

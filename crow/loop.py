@@ -11,12 +11,9 @@
         no tool calls -> agent_stop               continue / replace / compact / stop
     after_agent                                   always: after an answer, an error or a cancel
 
-An action a hook returns is checked once, by `crow.actions.refusal`, against the loop's
-state at that moment. A model call that fails ends the turn with a notice naming the
-cause: the configuration (a missing key), the provider (its error, or its bug) or a hook
-(`HookFailed`, or `HookBlocked` from a seed-003 BeforeLLMCall hook, which the model also
-reads). Every tool call the loop announced (`ToolCallStart`) gets a `ToolCallEnd`, also
-when the turn is cancelled or fails; the history stays valid either way.
+A hook's action is checked by `crow.actions.refusal` against the loop's state then. A
+failed model call ends the turn with a notice naming its cause: configuration, provider or
+hook. Every ToolCallStart gets a ToolCallEnd, on cancel or failure too.
 
 The loop knows nothing about ACP: it emits `crow.events` to a sink.
 """
@@ -367,11 +364,8 @@ class Turn:
 
     async def _execute(self, call: ToolCall) -> ToolResult:
         if call.parse_error:
-            return ToolResult(
-                call.id,
-                call.name,
-                error=f"{call.parse_error}. Send the arguments again as one valid JSON object.",
-            )
+            why = f"{call.parse_error}. Send the arguments again as one valid JSON object."
+            return ToolResult(call.id, call.name, error=why)
         hub = self.session.tools
         if hub is None or not hub.has(call.name):
             known = ", ".join(sorted(self._tool_specs)) or "none"

@@ -14,7 +14,7 @@ from crow.config import Config
 from crow.context import HookContext
 from crow.errors import HookError
 from crow.events import Notice
-from crow.hooks import ALIASES, PHASES, Continue, Hook, HookRegistry, Replace, Stop
+from crow.hooks import ALIASES, PHASE_ARGS, PHASES, Continue, Hook, HookRegistry, Replace, Stop
 from crow.llm.base import ModelRequest, ModelResponse, ScriptedProvider
 from crow.messages import Message, ToolCall, ToolResult, ai, human
 
@@ -27,6 +27,8 @@ def test_hook_base_class_defines_exactly_the_eight_async_phases() -> None:
         assert inspect.iscoroutinefunction(getattr(Hook, phase)), phase
     async_methods = {n for n, f in vars(Hook).items() if inspect.iscoroutinefunction(f)}
     assert async_methods == set(PHASES)
+    for phase in PHASES:  # the names a phase offers are the base class's parameter names
+        assert tuple(inspect.signature(getattr(Hook, phase)).parameters)[1:] == PHASE_ARGS[phase], phase
     assert set(ALIASES.values()) <= set(PHASES)
     for seed in ("pre_request", "mid_react", "post_react_loop", "post_request", "AfterLLMCall", "OnError"):
         assert seed in ALIASES
