@@ -13,11 +13,10 @@ hook's name and the reason, and the turn goes on as if no action had been return
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Literal, NamedTuple, get_args
 
 from crow.messages import InvalidMessages, Message, ToolCall, validate
 
@@ -60,17 +59,14 @@ class Stop:
 Action = Continue | Compact | Replace | Stop
 
 
-@dataclass(frozen=True, slots=True)
-class LoopState:
-    """What the loop looks like when an action is offered."""
+class LoopState(NamedTuple):
+    """What the loop looks like when an action is offered. (A NamedTuple: this module is
+    imported before `initialize` is answered, and a dataclass takes ~0.3 ms more to define.)"""
 
     phase: str  # "after_model_call" or "agent_stop"
     pending: Sequence[ToolCall] = ()  # tool calls of the last response not answered yet
     continues_left: int = 0
     can_compact: bool = False
-
-    def replace(self, **changes: object) -> LoopState:
-        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
 def refusal(action: Action, state: LoopState) -> str | None:

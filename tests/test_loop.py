@@ -30,7 +30,7 @@ def test_the_one_rule_for_actions() -> None:
     waiting = LoopState("after_model_call", pending=(call,), continues_left=1, can_compact=True)
     assert refusal(Continue(["again"]), stop_state) is None
     assert refusal(Continue(["again"]), waiting) == "Continue is honoured at agent_stop only"
-    assert refusal(Continue(["again"]), stop_state.replace(continues_left=0)) == (
+    assert refusal(Continue(["again"]), stop_state._replace(continues_left=0)) == (
         "the limit of continues for this prompt is reached"
     )
     assert refusal(Replace([human("summary")]), stop_state) is None
@@ -41,7 +41,7 @@ def test_the_one_rule_for_actions() -> None:
         "message 0 (tool): answers no open tool call ('x')"
     )
     assert refusal(Compact(), waiting) is None
-    assert refusal(Compact(), waiting.replace(can_compact=False)) == "this agent has no compaction service"
+    assert refusal(Compact(), waiting._replace(can_compact=False)) == "this agent has no compaction service"
     assert refusal(Stop(), waiting) is None
     assert refusal(Stop("blocked"), waiting) is None, "a Stop always stops (unknown reasons end as end_turn)"
 
