@@ -127,7 +127,6 @@ class Turn:
             compact_threshold=self.settings.compact_threshold,
             compactor=self.compactor,
         )
-        self.ctx = ctx
         await session.add(prompt)
         cancelled = False
         try:
@@ -192,10 +191,9 @@ class Turn:
                 ctx.usage = ctx.usage + response.usage
             await self.emit(UsageUpdated(self.session.context_tokens(), ctx.context_window))
 
-            picker = await self._offers("after_model_call", ctx, response=response)
             state = LoopState("after_model_call", pending=msg.tool_calls, can_compact=can_compact)
-            action = self._accept(picker, state)
-            if action is not None and (done := await self._apply(action, picker.chosen_by)):
+            action, by = await self._choose(state, ctx, response=response)
+            if action is not None and (done := await self._apply(action, by)):
                 return done
 
             if msg.tool_calls:
@@ -204,31 +202,27 @@ class Turn:
             if response.stop_reason in ("max_tokens", "refusal"):
                 return TurnResult(response.stop_reason)
 
-            picker = await self._offers("agent_stop", ctx)
             left = self.settings.max_continues - continues
             state = LoopState("agent_stop", continues_left=left, can_compact=can_compact)
-            done = None
-            if action := self._accept(picker, state):
-                done = await self._apply(action, picker.chosen_by)
+            action, by = await self._choose(state, ctx)
+            done = await self._apply(action, by) if action is not None else None
             if isinstance(action, Continue):
                 continues += 1
                 continue
             return done or TurnResult("end_turn")
         return TurnResult("max_turn_requests")
 
-    async def _offers(self, phase: str, ctx: HookContext, **offered: Any) -> ActionPicker:
+    async def _choose(self, state: LoopState, ctx: HookContext, **offered: Any) -> tuple[Action | None, str]:
+        """Run the phase's hooks; the first action offered, if it can apply now (`refusal`:
+        the one rule), and the hook that chose it."""
         picker = ActionPicker()
-        for impl in self.hooks.at(phase):
+        for impl in self.hooks.at(state.phase):
             picker.offer(impl.name, await self._guarded(impl, ctx=ctx, **offered))
-        return picker
-
-    def _accept(self, picker: ActionPicker, state: LoopState) -> Action | None:
-        """The action chosen at a phase, if it can apply now (`refusal`: the one rule)."""
-        action = picker.chosen
+        action, by = picker.chosen, picker.chosen_by
         if action is not None and (why := refusal(action, state)) is not None:
-            log.warning("hook %s: %s refused: %s", picker.chosen_by, type(action).__name__, why)
-            return None
-        return action
+            log.warning("hook %s: %s refused: %s", by, type(action).__name__, why)
+            return None, by
+        return action, by
 
     async def _apply(self, action: Action, by: str) -> TurnResult | None:
         """Do an accepted action; a TurnResult when it ends the turn."""
