@@ -10,6 +10,8 @@
      ├── ToolError            a tool could not run (unknown tool, bad arguments, server down)
      ├── StoreError           the session store failed
      ├── HookError            a hook is invalid (at load) or failed (at run)
+     │    ├── HookFailed       a hook raised while it ran (names the hook and phase)
+     │    └── HookBlocked      a BeforeLLMCall/BeforeToolExec hook stopped its call on purpose
      └── SessionError         unknown session, busy session, bad request from a client
           └── SessionBusy      another crow process is running a turn in it (carries its pid)
 
@@ -73,6 +75,23 @@ class StoreError(CrowError):
 
 class HookError(CrowError):
     pass
+
+
+class HookFailed(HookError):
+    """A hook raised while it ran: that step's error, named after the hook."""
+
+    def __init__(self, hook: str, phase: str, error: Exception) -> None:
+        super().__init__(f"hook {hook} failed at {phase}: {error!r}")
+        self.hook, self.phase, self.error = hook, phase, error
+
+
+class HookBlocked(HookError):
+    """A blocking hook (seed 003's BeforeLLMCall, BeforeToolExec) raised: its call is not
+    made, and the reason is what the user and the model read."""
+
+    def __init__(self, hook: str, phase: str, error: Exception) -> None:
+        super().__init__(f"blocked by hook {hook} ({phase}): {error}")
+        self.hook, self.phase, self.error = hook, phase, error
 
 
 class SessionError(CrowError):

@@ -44,6 +44,9 @@ class ToolCallRunning:
 
 @dataclass(frozen=True, slots=True)
 class ToolCallEnd:
+    """A call's final status: every ToolCallStart gets one, also when the turn is cancelled
+    or fails (then `result` is an error saying so)."""
+
     call: ToolCall
     result: ToolResult
 

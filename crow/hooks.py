@@ -12,9 +12,17 @@ Eight phases (seed names accepted as aliases):
     on_error          a model call failed                    (ctx, error)              -> None
 
 A hook is a `Hook` subclass overriding only the phases it needs, or a plain async function
-registered at a phase; a function may accept fewer arguments than the phase offers (just
-`ctx`, say). Onions are built once: the first hook registered is the outermost layer.
-Registration validates before it changes anything, and fails with the hook's name.
+registered at a phase. Hooks are called by parameter NAME: a function takes any of the
+names its phase offers, in any order (`(response)`, `(ctx, response)`, `(*, response)`);
+a parameter the phase does not offer (and that has no default) fails at registration.
+Onions are built once: the first hook registered is the outermost layer. Registration
+validates before it changes anything, and fails with the hook's name.
+
+Seed 003's per-call phases are adapted onto the onions (`SEED_PHASES`). `BeforeLLMCall`
+(ctx, request) and `BeforeToolExec` (ctx, call) block: one that raises stops that call
+(`HookBlocked`); `AfterToolExec` (ctx, call, result) observes. Every other phase outside
+the onions observes too: a failure is logged and skipped. A wrap hook's own exception
+becomes that step's error, named after the hook (`HookFailed`).
 """
 
 from __future__ import annotations
@@ -22,12 +30,14 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from crow.errors import HookError
+# The actions are part of the hook API: importable from here as from crow.actions.
+from crow.actions import Action, ActionPicker, Compact, Continue, Replace, Stop  # noqa: F401
+from crow.errors import HookBlocked, HookError, HookFailed
 from crow.llm.base import ModelRequest, ModelResponse
-from crow.messages import Message, ToolCall, ToolResult
+from crow.messages import ToolCall, ToolResult
 
 if TYPE_CHECKING:
     from crow.context import HookContext
@@ -44,23 +54,21 @@ PHASES: tuple[str, ...] = (
     "after_agent",
     "on_error",
 )
-# Phase arguments after ctx, used to call functions that accept fewer.
-_PHASE_ARGS = {
-    "before_agent": 0,
-    "modify_request": 1,
-    "wrap_model_call": 2,
-    "after_model_call": 1,
-    "wrap_tool_call": 2,
-    "agent_stop": 0,
-    "after_agent": 0,
-    "on_error": 1,
+# What each phase calls its hooks with: a hook takes any of these names.
+PHASE_ARGS: dict[str, tuple[str, ...]] = {
+    "before_agent": ("ctx",),
+    "modify_request": ("ctx", "request"),
+    "wrap_model_call": ("ctx", "request", "call_next"),
+    "after_model_call": ("ctx", "response"),
+    "wrap_tool_call": ("ctx", "call", "call_next"),
+    "agent_stop": ("ctx",),
+    "after_agent": ("ctx",),
+    "on_error": ("ctx", "error"),
 }
 ALIASES: dict[str, str] = {
     "pre_request": "before_agent",
     "BeforeAgent": "before_agent",
     "ModifyRequest": "modify_request",
-    "BeforeLLMCall": "modify_request",
-    "before_llm_call": "modify_request",
     "WrapModelCall": "wrap_model_call",
     "mid_react": "after_model_call",
     "AfterLLMCall": "after_model_call",
@@ -70,49 +78,33 @@ ALIASES: dict[str, str] = {
     "post_request": "after_agent",
     "OnError": "on_error",
 }
-# Seed phases that observe one side of a tool call; adapted onto wrap_tool_call.
+# Seed-003 phases around one model or tool call: (the onion they join, the names they offer).
+SEED_PHASES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "BeforeLLMCall": ("wrap_model_call", ("ctx", "request")),
+    "before_llm_call": ("wrap_model_call", ("ctx", "request")),
+    "BeforeToolExec": ("wrap_tool_call", ("ctx", "call")),
+    "before_tool_exec": ("wrap_tool_call", ("ctx", "call")),
+    "AfterToolExec": ("wrap_tool_call", ("ctx", "call", "result")),
+    "after_tool_exec": ("wrap_tool_call", ("ctx", "call", "result")),
+}
+# The tool-call ones by side (command hooks run their command on either side).
 TOOL_SIDES: dict[str, str] = {
-    "BeforeToolExec": "before",
-    "before_tool_exec": "before",
-    "AfterToolExec": "after",
-    "after_tool_exec": "after",
+    name: "after" if offers[-1] == "result" else "before"
+    for name, (onion, offers) in SEED_PHASES.items()
+    if onion == "wrap_tool_call"
 }
 
 
 def canonical_phase(name: str) -> str:
+    """The phase a name runs at (a seed-003 per-call phase: the onion it joins)."""
+    if name in SEED_PHASES:
+        return SEED_PHASES[name][0]
     phase = ALIASES.get(name, name)
-    if phase not in PHASES and name not in TOOL_SIDES:
-        known = ", ".join([*PHASES, *ALIASES, *TOOL_SIDES])
+    if phase not in PHASES:
+        known = ", ".join([*PHASES, *ALIASES, *SEED_PHASES])
         raise HookError(f"unknown hook phase {name!r}; known phases: {known}")
     return phase
 
-
-# ---------------------------------------------------------------- actions
-@dataclass(frozen=True, slots=True)
-class Continue:
-    """Run the loop again with these user messages appended (a "Ralph loop")."""
-
-    messages: Sequence[Message | str]
-
-
-@dataclass(frozen=True, slots=True)
-class Compact:
-    instructions: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Replace:
-    """Replace the conversation (validated before it is applied)."""
-
-    messages: Sequence[Message]
-
-
-@dataclass(frozen=True, slots=True)
-class Stop:
-    reason: str = "end_turn"
-
-
-Action = Continue | Compact | Replace | Stop
 
 CallModel = Callable[[ModelRequest], Awaitable[ModelResponse]]
 CallTool = Callable[[ToolCall], Awaitable[ToolResult]]
@@ -154,24 +146,31 @@ class Hook:
 
 @dataclass(slots=True)
 class _Impl:
-    """One registered callable at one phase."""
+    """One registered callable at one phase, with how to call it."""
 
     name: str
     phase: str
     fn: Callable[..., Awaitable[Any]]
     order: int
     seq: int
-    nargs: int  # how many phase arguments after ctx it accepts
+    call: _Call
 
-    async def __call__(self, ctx: HookContext, *args: Any) -> Any:
-        return await self.fn(ctx, *args[: self.nargs])
+    async def __call__(self, **offered: Any) -> Any:
+        return await self.call(self.fn, offered)
 
 
-def _positional_count(fn: Callable[..., Any]) -> int:
-    params = inspect.signature(fn).parameters.values()
-    if any(p.kind is p.VAR_POSITIONAL for p in params):
-        return 99
-    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+class _Call:
+    """Calls a function with the values of the phase its parameters name: positional-only
+    parameters by position, the others by keyword, `**kwargs` with the rest."""
+
+    __slots__ = ("keywords", "positional", "rest")
+
+    def __init__(self, positional: list[str], keywords: list[str], rest: bool) -> None:
+        self.positional, self.keywords, self.rest = positional, keywords, rest
+
+    def __call__(self, fn: Callable[..., Awaitable[Any]], offered: dict[str, Any]) -> Awaitable[Any]:
+        named = self.keywords if not self.rest else [k for k in offered if k not in self.positional]
+        return fn(*(offered[k] for k in self.positional), **{k: offered[k] for k in named})
 
 
 def _where(fn: Callable[..., Any]) -> str:
@@ -181,37 +180,77 @@ def _where(fn: Callable[..., Any]) -> str:
         return repr(fn)
 
 
-def _check(name: str, phase: str, fn: Callable[..., Any]) -> int:
+def _plan(name: str, phase: str, fn: Callable[..., Any], offers: tuple[str, ...]) -> _Call:
+    """How to call `fn` at `phase`, which offers `offers` by name; a HookError naming the
+    hook when it cannot be called so."""
     if not inspect.iscoroutinefunction(fn):
         raise HookError(f"hook {name!r} at {phase}: {fn!r} must be an async function ({_where(fn)})")
-    n = _positional_count(fn) - 1  # minus ctx
-    if n < 0:
-        raise HookError(f"hook {name!r} at {phase}: {fn.__qualname__} must accept ctx ({_where(fn)})")
-    if phase.startswith("wrap_") and n < 2:
-        raise HookError(
-            f"hook {name!r} at {phase}: {fn.__qualname__}{inspect.signature(fn)} "
-            f"must accept call_next ({_where(fn)})"
-        )
-    return min(n, _PHASE_ARGS[phase])
+    sig = inspect.signature(fn)
+    shown = f"{getattr(fn, '__qualname__', fn)!s}{sig.replace(return_annotation=sig.empty)}"
+
+    def bad(why: str) -> HookError:
+        return HookError(f"hook {name!r} at {phase}: {shown} {why} ({_where(fn)})")
+
+    positional: list[str] = []
+    keywords: list[str] = []
+    rest = gap = False
+    for p in sig.parameters.values():
+        if p.kind is p.VAR_KEYWORD:
+            rest = True
+        elif p.kind is p.VAR_POSITIONAL:
+            continue
+        elif p.name not in offers:
+            if p.default is p.empty:
+                offered = ", ".join(offers)
+                raise bad(f"has a parameter {p.name!r} this phase does not offer; it offers ({offered})")
+            gap = True
+        elif p.kind is p.POSITIONAL_ONLY:
+            if gap:
+                raise bad(f"cannot receive {p.name!r}: it is positional-only after a parameter it skips")
+            positional.append(p.name)
+        else:
+            keywords.append(p.name)
+    if "call_next" in offers and "call_next" not in positional + keywords and not rest:
+        raise bad("must accept call_next")
+    return _Call(positional, keywords, rest)
 
 
-def _tool_side_adapter(side: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
-    """BeforeToolExec(ctx, call) may return a ToolCall (changed) or ToolResult (blocked);
-    AfterToolExec(ctx, call, result) may return a ToolResult that replaces the result."""
-    nargs = _positional_count(fn)
+def _check(name: str, phase: str, fn: Callable[..., Any]) -> _Call:
+    return _plan(name, phase, fn, PHASE_ARGS[phase])
 
-    async def wrap(ctx: HookContext, call: ToolCall, call_next: CallTool) -> ToolResult:
-        if side == "before":
-            out = await fn(*(ctx, call)[:nargs])
-            if isinstance(out, ToolResult):
-                return out
-            return await call_next(out if isinstance(out, ToolCall) else call)
+
+def _seed_adapter(name: str, seed_phase: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
+    """A seed-003 per-call hook as a layer of its onion. BeforeLLMCall may return a changed
+    ModelRequest, BeforeToolExec a changed ToolCall or a ToolResult (the tool is then not
+    run); either raising blocks that call. AfterToolExec may return a ToolResult that
+    replaces the result; raising is logged and the result kept (the tool did run)."""
+    onion, offers = SEED_PHASES[seed_phase]
+    plan = _plan(name, seed_phase, fn, offers)
+    key = PHASE_ARGS[onion][1]  # "request" or "call"
+
+    async def before(ctx: HookContext, call_next: Callable[[Any], Awaitable[Any]], **what: Any) -> Any:
+        arg = what[key]
+        try:
+            out = await plan(fn, {"ctx": ctx, key: arg})
+        except Exception as exc:
+            log.info("hook %s (%s) blocked the call: %s", name, seed_phase, exc)
+            raise HookBlocked(name, seed_phase, exc) from exc
+        if isinstance(out, ToolResult) and onion == "wrap_tool_call":
+            return out
+        return await call_next(out if isinstance(out, type(arg)) else arg)
+
+    async def after(ctx: HookContext, call: ToolCall, call_next: CallTool) -> ToolResult:
         result = await call_next(call)
-        out = await fn(*(ctx, call, result)[:nargs])
+        try:
+            out = await plan(fn, {"ctx": ctx, "call": call, "result": result})
+        except Exception:
+            log.exception("hook %s failed at %s; skipped", name, seed_phase)
+            return result
         return out if isinstance(out, ToolResult) else result
 
-    wrap.__qualname__ = getattr(fn, "__qualname__", "tool_side")
-    return wrap
+    layer = after if offers[-1] == "result" else before
+    layer.__qualname__ = getattr(fn, "__qualname__", seed_phase)
+    return layer
 
 
 class HookRegistry:
@@ -241,10 +280,8 @@ class HookRegistry:
         """Register an async function at a phase (or alias). Returns fn (usable as decorator
         via `functools.partial`)."""
         hook_name = name or getattr(fn, "__qualname__", repr(fn))
-        if phase in TOOL_SIDES:
-            if not inspect.iscoroutinefunction(fn):
-                raise HookError(f"hook {hook_name!r} at {phase}: must be an async function ({_where(fn)})")
-            self._commit(hook_name, [("wrap_tool_call", _tool_side_adapter(TOOL_SIDES[phase], fn))], order)
+        if phase in SEED_PHASES:
+            self._commit(hook_name, [(canonical_phase(phase), _seed_adapter(hook_name, phase, fn))], order)
         else:
             self._commit(hook_name, [(canonical_phase(phase), fn)], order)
         return fn
@@ -255,9 +292,9 @@ class HookRegistry:
         if name in self._names:
             raise HookError(f"a hook named {name!r} is already registered")
         checked = [(phase, fn, _check(name, phase, fn)) for phase, fn in impls]  # validate all first
-        for phase, fn, nargs in checked:
+        for phase, fn, call in checked:
             self._seq += 1
-            self._impls[phase].append(_Impl(name, phase, fn, order, self._seq, nargs))
+            self._impls[phase].append(_Impl(name, phase, fn, order, self._seq, call))
             self._impls[phase].sort(key=lambda i: (i.order, i.seq))
         self._names.add(name)
 
@@ -284,46 +321,37 @@ _R = TypeVar("_R")
 
 
 def build_chain(
-    impls: Sequence[_Impl], ctx: HookContext, inner: Callable[[Any], Awaitable[_R]]
+    impls: Sequence[_Impl],
+    ctx: HookContext,
+    inner: Callable[[Any], Awaitable[_R]],
+    passes: tuple[type[Exception], ...] = (),
 ) -> Callable[[Any], Awaitable[_R]]:
-    """Fold wrap hooks around `inner`: impls[0] ends up outermost."""
+    """Fold wrap hooks around `inner`: impls[0] ends up outermost.
+
+    An exception a hook raises itself becomes `HookFailed` naming it (logged with its
+    traceback); what `inner` raises on purpose (`passes`) and a `HookError` from an inner
+    layer pass through unchanged, so every failure keeps its first owner's name."""
     handler = inner
     for impl in reversed(impls):
-        handler = _layer(impl, ctx, handler)
+        handler = _layer(impl, ctx, handler, (HookError, *passes))
     return handler
 
 
 def _layer(
-    impl: _Impl, ctx: HookContext, call_next: Callable[[Any], Awaitable[_R]]
+    impl: _Impl,
+    ctx: HookContext,
+    call_next: Callable[[Any], Awaitable[_R]],
+    passes: tuple[type[Exception], ...],
 ) -> Callable[[Any], Awaitable[_R]]:
+    key = PHASE_ARGS[impl.phase][1]  # "request" or "call"
+
     async def layer(arg: Any) -> _R:
-        return await impl(ctx, arg, call_next)
+        try:
+            return await impl(ctx=ctx, call_next=call_next, **{key: arg})
+        except passes:
+            raise
+        except Exception as exc:
+            log.exception("hook %s failed at %s", impl.name, impl.phase)
+            raise HookFailed(impl.name, impl.phase, exc) from exc
 
     return layer
-
-
-@dataclass(slots=True)
-class ActionPicker:
-    """First action wins; later ones are logged as conflicts."""
-
-    chosen: Action | None = None
-    chosen_by: str = ""
-    ignored: list[tuple[str, Action]] = field(default_factory=list)
-
-    def offer(self, by: str, action: object) -> None:
-        if action is None:
-            return
-        if not isinstance(action, Continue | Compact | Replace | Stop):
-            log.warning("hook %s returned %r, which is not an action; ignored", by, action)
-            return
-        if self.chosen is None:
-            self.chosen, self.chosen_by = action, by
-        else:
-            self.ignored.append((by, action))
-            log.warning(
-                "hook %s asked for %s but %s already chose %s; ignored",
-                by,
-                type(action).__name__,
-                self.chosen_by,
-                type(self.chosen).__name__,
-            )

@@ -9,7 +9,11 @@
                                                   concurrently; conflicting calls (one path,
                                                   a command) in the order given: crow.batch
         no tool calls -> agent_stop               continue / replace / compact / stop
-    after_agent
+    after_agent                                   always: after an answer, an error or a cancel
+
+A hook's action is checked by `crow.actions.refusal` against the loop's state then. A
+failed model call ends the turn with a notice naming its cause: configuration, provider or
+hook. Every ToolCallStart gets a ToolCallEnd, on cancel or failure too.
 
 The loop knows nothing about ACP: it emits `crow.events` to a sink.
 """
@@ -19,13 +23,33 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from crow.actions import (
+    Action,
+    ActionPicker,
+    Compact,
+    Continue,
+    LoopState,
+    Replace,
+    Stop,
+    TurnStopReason,
+    refusal,
+    stop_reason,
+)
 from crow.batch import run_batch, waits_for
 from crow.context import HookContext
-from crow.errors import ContextLengthError, ProviderError, StreamCutError
+from crow.errors import (
+    ConfigError,
+    ContextLengthError,
+    CrowError,
+    HookBlocked,
+    HookError,
+    ProviderError,
+    StreamCutError,
+)
 from crow.events import (
     Emit,
     Notice,
@@ -36,18 +60,9 @@ from crow.events import (
     ToolCallStart,
     UsageUpdated,
 )
-from crow.hooks import ActionPicker, Compact, Continue, HookRegistry, Replace, Stop, build_chain
+from crow.hooks import HookRegistry, build_chain
 from crow.llm.base import ModelRequest, ModelResponse, Provider, ToolSpec
-from crow.messages import (
-    InvalidMessages,
-    Message,
-    ToolCall,
-    ToolResult,
-    close_dangling_tool_calls,
-    human,
-    system,
-    validate,
-)
+from crow.messages import Message, ToolCall, ToolResult, close_dangling_tool_calls, human, system
 from crow.rules import FILE_TOOLS
 
 if TYPE_CHECKING:
@@ -55,12 +70,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("crow.loop")
 
-TurnStop = Literal["end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"]
+CANCEL_GRACE = 5.0  # seconds a cancelled turn has to settle its history, then for after_agent
+CANCELLED = "Cancelled by the user before this tool finished."
+FAILED = "Not finished: the turn failed before this tool finished."
 
 
 @dataclass
 class TurnResult:
-    stop_reason: TurnStop
+    stop_reason: TurnStopReason
     error: str | None = None  # a model failure the user was told about
 
 
@@ -95,6 +112,7 @@ class Turn:
         self.no_model_message = no_model_message
         self._tool_specs: dict[str, ToolSpec] = {}
         self._partial: list[str] = []  # text of the model call in flight already shown
+        self._open: dict[str, ToolCall] = {}  # calls announced (ToolCallStart) and not ended
 
     async def run(self, prompt: Message) -> TurnResult:
         hooks, session = self.hooks, self.session
@@ -107,22 +125,40 @@ class Turn:
             settings=self.settings.hook_settings,
             compactor=self.compactor,
         )
-        self.ctx = ctx
         await session.add(prompt)
+        cancelled = False
         try:
             await self._observe("before_agent", ctx)
-            result = await self._react(ctx)
+            return await self._react(ctx)
         except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True):
-                await self._settle_interrupted()
+            cancelled = True
+            with anyio.move_on_after(CANCEL_GRACE, shield=True):
+                await self._settle("interrupted by the user", CANCELLED)
             raise
-        await self._observe("after_agent", ctx)
-        return result
+        except Exception:
+            try:
+                await self._settle("interrupted: the turn failed", FAILED)
+            except Exception:  # the original error is the one to report
+                log.exception("could not settle the history of a failed turn")
+            raise
+        finally:
+            await self._after_agent(ctx, cancelled)
+
+    async def _after_agent(self, ctx: HookContext, cancelled: bool) -> None:
+        """after_agent runs however the turn ended; after a cancel, shielded and bounded."""
+        if not cancelled:
+            await self._observe("after_agent", ctx)
+            return
+        with anyio.move_on_after(CANCEL_GRACE, shield=True) as scope:
+            await self._observe("after_agent", ctx)
+        if scope.cancelled_caught:
+            log.warning("after_agent hooks ran past %.1f s after a cancel; stopped", CANCEL_GRACE)
 
     # ------------------------------------------------------------ the loop
     async def _react(self, ctx: HookContext) -> TurnResult:
         continues = 0
         compacted_for_length = False
+        can_compact = self.compactor is not None
         for iteration in range(self.settings.max_iterations):
             ctx.iteration = iteration
             if self.provider is None:
@@ -138,7 +174,7 @@ class Turn:
                 if not result.compacted:
                     return await self._model_failed(ctx, exc)
                 continue
-            except ProviderError as exc:
+            except (ProviderError, ConfigError, HookError) as exc:
                 return await self._model_failed(ctx, exc)
 
             msg = self.session.unique_tool_ids(response.message)
@@ -153,10 +189,9 @@ class Turn:
                 ctx.usage = ctx.usage + response.usage
             await self.emit(UsageUpdated(self.session.context_tokens(), ctx.context_window))
 
-            picker = ActionPicker()
-            for impl in self.hooks.at("after_model_call"):
-                picker.offer(impl.name, await self._guarded(impl, ctx, response))
-            if (done := await self._apply(picker, ctx, allow_continue=False)) is not None:
+            state = LoopState("after_model_call", pending=msg.tool_calls, can_compact=can_compact)
+            action, by = await self._choose(state, ctx, response=response)
+            if action is not None and (done := await self._apply(action, by)):
                 return done
 
             if msg.tool_calls:
@@ -165,57 +200,42 @@ class Turn:
             if response.stop_reason in ("max_tokens", "refusal"):
                 return TurnResult(response.stop_reason)
 
-            picker = ActionPicker()
-            for impl in self.hooks.at("agent_stop"):
-                picker.offer(impl.name, await self._guarded(impl, ctx))
-            if isinstance(picker.chosen, Continue):
-                if continues >= self.settings.max_continues:
-                    log.warning(
-                        "hook %s asked to continue again; limit of %d reached",
-                        picker.chosen_by,
-                        self.settings.max_continues,
-                    )
-                    return TurnResult("end_turn")
+            left = self.settings.max_continues - continues
+            state = LoopState("agent_stop", continues_left=left, can_compact=can_compact)
+            action, by = await self._choose(state, ctx)
+            done = await self._apply(action, by) if action is not None else None
+            if isinstance(action, Continue):
                 continues += 1
-                extra = [m if isinstance(m, Message) else human(m) for m in picker.chosen.messages]
-                await self.session.add(*extra)
                 continue
-            done = await self._apply(picker, ctx, allow_continue=False)
             return done or TurnResult("end_turn")
         return TurnResult("max_turn_requests")
 
-    async def _apply(
-        self, picker: ActionPicker, ctx: HookContext, *, allow_continue: bool
-    ) -> TurnResult | None:
-        action = picker.chosen
-        if action is None:
-            return None
+    async def _choose(self, state: LoopState, ctx: HookContext, **offered: Any) -> tuple[Action | None, str]:
+        """Run the phase's hooks; the first action offered, if it can apply now (`refusal`:
+        the one rule), and the hook that chose it."""
+        picker = ActionPicker()
+        for impl in self.hooks.at(state.phase):
+            picker.offer(impl.name, await self._guarded(impl, ctx=ctx, **offered))
+        action, by = picker.chosen, picker.chosen_by
+        if action is not None and (why := refusal(action, state)) is not None:
+            log.warning("hook %s: %s refused: %s", by, type(action).__name__, why)
+            return None, by
+        return action, by
+
+    async def _apply(self, action: Action, by: str) -> TurnResult | None:
+        """Do an accepted action; a TurnResult when it ends the turn."""
         if isinstance(action, Stop):
             # Tool calls the model asked for will not run: answer them so the history stays valid.
-            fixed = close_dangling_tool_calls(
-                list(self.session.messages), f"Not run: hook {picker.chosen_by} stopped the turn."
-            )
-            if len(fixed) != len(self.session.messages):
-                await self.session.add(*fixed[len(self.session.messages) :])
-            return TurnResult(
-                action.reason if action.reason in ("end_turn", "max_tokens", "refusal") else "end_turn"
-            )  # type: ignore[arg-type]
+            await self._close_dangling(f"Not run: hook {by} stopped the turn.")
+            return TurnResult(stop_reason(action, by))
         if isinstance(action, Compact):
-            if self.compactor is not None:
-                await self.compactor.compact(
-                    self.session, self.provider, instructions=action.instructions, emit=self.emit
-                )
-            return None
-        if isinstance(action, Replace):
-            try:
-                validate(action.messages)
-            except InvalidMessages as exc:
-                log.warning("hook %s returned an invalid replace: %s; ignored", picker.chosen_by, exc)
-                return None
+            await self.compactor.compact(
+                self.session, self.provider, instructions=action.instructions, emit=self.emit
+            )
+        elif isinstance(action, Replace):
             await self.session.set_messages(action.messages)
-            return None
-        if isinstance(action, Continue) and not allow_continue:
-            log.warning("hook %s returned continue outside agent_stop; ignored", picker.chosen_by)
+        elif isinstance(action, Continue):
+            await self.session.add(*(m if isinstance(m, Message) else human(m) for m in action.messages))
         return None
 
     # ------------------------------------------------------------ model calls
@@ -233,17 +253,14 @@ class Turn:
     async def _call_model(self, ctx: HookContext) -> ModelResponse:
         request = self.build_request(ctx)
         for impl in self.hooks.at("modify_request"):
-            changed = await self._guarded(impl, ctx, request)
+            changed = await self._guarded(impl, ctx=ctx, request=request)
             if isinstance(changed, ModelRequest):
                 request = changed
-        chain = build_chain(self.hooks.at("wrap_model_call"), ctx, self._stream_model)
-        try:
-            response = await chain(request)
-        except ProviderError:
-            raise
-        except Exception as exc:  # a wrap hook failed: that is this step's error
-            log.exception("model call failed inside a wrap_model_call hook")
-            raise ProviderError(f"a hook around the model call failed: {exc!r}") from exc
+        # A hook's own exception becomes HookFailed (or HookBlocked); the provider's pass.
+        chain = build_chain(
+            self.hooks.at("wrap_model_call"), ctx, self._stream_model, passes=(ProviderError, ConfigError)
+        )
+        response = await chain(request)
         ctx.request = request
         self.session.last_request = request
         return response
@@ -257,7 +274,19 @@ class Turn:
         response: ModelResponse | None = None
         # Read the stream to its end even after the response: leaving early closes the
         # HTTP connection instead of returning it to the keep-alive pool.
-        async for event in self.provider.stream(request):
+        events = aiter(self.provider.stream(request))
+        while True:
+            try:
+                event = await anext(events)
+            except StopAsyncIteration:
+                break
+            except (ProviderError, ConfigError):
+                raise
+            except Exception as exc:  # not the sink's, not a hook's: the provider's own bug
+                name = self.provider.name
+                log.exception("provider %s failed unexpectedly", name)
+                why = f"provider {name} failed unexpectedly (a bug in the provider): {exc!r}"
+                raise ProviderError(why) from exc
             if isinstance(event, TextDelta):
                 self._partial.append(event.text)
                 await self.emit(event)
@@ -277,12 +306,20 @@ class Turn:
             self._partial = []
             await self.session.add(Message("assistant", f"{text}\n\n[{note}]"))
 
-    async def _model_failed(self, ctx: HookContext, exc: ProviderError) -> TurnResult:
+    async def _model_failed(self, ctx: HookContext, exc: CrowError) -> TurnResult:
+        """End the turn after a failed model call, telling the user what it was."""
         if isinstance(exc, StreamCutError) and exc.partial:
             await self._keep_partial("answer cut off: the connection to the model broke")
         self._partial = []
-        await self._observe("on_error", ctx, exc)
-        text = f"Model call failed: {exc}"
+        await self._observe("on_error", ctx, error=exc)
+        if isinstance(exc, ConfigError):  # the user's to fix: no traceback
+            log.warning("cannot call the model: %s", exc)
+            text = f"Cannot call the model: {exc}"
+        elif isinstance(exc, HookBlocked):  # a decision: the model reads it at its next call
+            text = f"Model call {exc}"
+            await self.session.add(Message("assistant", f"[{text}]"))
+        else:
+            text = f"Model call failed: {exc}"
         await self.emit(Notice(text))
         return TurnResult("end_turn", str(exc))
 
@@ -290,6 +327,7 @@ class Turn:
     async def _run_tools(self, ctx: HookContext, calls: Sequence[ToolCall]) -> None:
         for call in calls:
             spec = self._tool_specs.get(call.name)
+            self._open[call.id] = call
             await self.emit(ToolCallStart(call, read_only=bool(spec and spec.read_only)))
         chain = build_chain(self.hooks.at("wrap_tool_call"), ctx, self._execute)
 
@@ -297,14 +335,14 @@ class Turn:
             await self.emit(ToolCallRunning(call))  # its turn has come: it really starts now
             try:
                 result = await chain(call)
-            except Exception as exc:  # a wrap hook failed: this call's error, not the turn's
-                log.exception("tool call %s failed inside a wrap_tool_call hook", call.name)
-                result = ToolResult(call.id, call.name, error=f"a hook around this tool failed: {exc!r}")
+            except HookError as exc:  # a hook failed or blocked: this call's error, not the turn's
+                result = ToolResult(call.id, call.name, error=str(exc))
             if not isinstance(result, ToolResult):
                 result = ToolResult(call.id, call.name, error="a hook returned no tool result")
             result = result.replace(tool_call_id=call.id, name=call.name)
             await self.session.add(result.to_message())
             await self.emit(ToolCallEnd(call, result))
+            self._open.pop(call.id, None)
 
         # Effects in the order the model gave: a call waits for the earlier calls it
         # conflicts with (same path, or a command); the others run side by side.
@@ -318,40 +356,47 @@ class Turn:
 
     async def _execute(self, call: ToolCall) -> ToolResult:
         if call.parse_error:
-            return ToolResult(
-                call.id,
-                call.name,
-                error=f"{call.parse_error}. Send the arguments again as one valid JSON object.",
-            )
+            why = f"{call.parse_error}. Send the arguments again as one valid JSON object."
+            return ToolResult(call.id, call.name, error=why)
         hub = self.session.tools
         if hub is None or not hub.has(call.name):
             known = ", ".join(sorted(self._tool_specs)) or "none"
             return ToolResult(
                 call.id, call.name, error=f"unknown tool {call.name!r}; available tools: {known}"
             )
-        return await hub.call(call)
+        try:
+            return await hub.call(call)
+        except Exception as exc:  # the hub maps tool errors to results: this is a bug in it
+            log.exception("tool %s failed unexpectedly in the tool hub", call.name)
+            return ToolResult(call.id, call.name, error=f"crow failed to run this tool: {exc!r}")
 
     # ------------------------------------------------------------ helpers
-    async def _observe(self, phase: str, ctx: HookContext, *args: Any) -> None:
+    async def _observe(self, phase: str, ctx: HookContext, **offered: Any) -> None:
         for impl in self.hooks.at(phase):
-            await self._guarded(impl, ctx, *args)
+            await self._guarded(impl, ctx=ctx, **offered)
 
-    async def _guarded(self, impl: Any, ctx: HookContext, *args: Any) -> Any:
+    async def _guarded(self, impl: Any, **offered: Any) -> Any:
         """Run an observer: a failure is logged with name and phase, and the turn goes on."""
         try:
-            return await impl(ctx, *args)
+            return await impl(**offered)
         except anyio.get_cancelled_exc_class():
             raise
         except Exception:
             log.exception("hook %s failed at %s; skipped", impl.name, impl.phase)
             return None
 
-    async def _settle_interrupted(self) -> None:
-        """After a cancel: keep what was shown, answer open tool calls: the history stays valid."""
-        await self._keep_partial("interrupted by the user")
-        fixed = close_dangling_tool_calls(
-            list(self.session.messages), "Cancelled by the user before this tool finished."
-        )
-        extra = fixed[len(self.session.messages) :] if len(fixed) > len(self.session.messages) else []
-        if extra and fixed[: len(self.session.messages)] == list(self.session.messages):
-            await self.session.add(*extra)
+    async def _close_dangling(self, note: str) -> None:
+        """Answer the tool calls of the history that have no result (they will not run)."""
+        n = len(self.session.messages)
+        fixed = close_dangling_tool_calls(list(self.session.messages), note)
+        if len(fixed) > n and fixed[:n] == list(self.session.messages):
+            await self.session.add(*fixed[n:])
+
+    async def _settle(self, partial_note: str, call_note: str) -> None:
+        """After a cancel or a failure: keep what was shown, answer open tool calls, and
+        give every call the client saw start a final status."""
+        await self._keep_partial(partial_note)
+        await self._close_dangling(call_note)
+        for call in list(self._open.values()):
+            await self.emit(ToolCallEnd(call, ToolResult(call.id, call.name, error=call_note)))
+        self._open.clear()

@@ -19,12 +19,12 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from crow.errors import HookError
-from crow.hooks import ALIASES, PHASES, TOOL_SIDES, Hook, HookRegistry
+from crow.hooks import ALIASES, PHASES, SEED_PHASES, Hook, HookRegistry
 
 log = logging.getLogger("crow.plugins")
 
 GROUP = "crow.hooks"
-_PHASE_GROUPS = [*PHASES, *ALIASES, *TOOL_SIDES]
+_PHASE_GROUPS = [*PHASES, *ALIASES, *SEED_PHASES]
 
 
 def _as_hook(obj: Any, where: str) -> Hook:

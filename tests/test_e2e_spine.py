@@ -173,7 +173,7 @@ async def test_cancel_mid_stream(llm: ScriptedLLM, home: Path, workspace: Path) 
     assert roles[-1] == "user"
 
 
-async def test_cancel_during_tool_keeps_history_valid(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
+async def test_cancel_during_tool_ends_the_call_and_keeps_history_valid(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
     config = write_config(home, tools=["e2e_plugins:slow"])
     llm.push(Reply(tool_calls=[ToolCallSpec(name="slow", arguments={"seconds": 30})]))
     llm.push(Reply(text="after cancel"))
@@ -188,6 +188,10 @@ async def test_cancel_during_tool_keeps_history_valid(llm: ScriptedLLM, home: Pa
         await conn.cancel(session_id=sid)
         response = await task
         assert response.stop_reason == "cancelled" and time.monotonic() - started < 0.2
+        # the editor is told the call is over (no spinner left), before the prompt's answer
+        (start,) = client.of_type("ToolCallStart")
+        statuses = [u.status for u in client.of_type("ToolCallProgress") if u.tool_call_id == start.tool_call_id]
+        assert statuses == ["in_progress", "failed"]
         again = await conn.prompt(session_id=sid, prompt=[acp.text_block("and now?")])
     assert again.stop_reason == "end_turn"
     messages = llm.requests[-1].messages

@@ -11,8 +11,10 @@ import pytest
 
 from crow.agent import Agent
 from crow.config import Config
+from crow.context import HookContext
 from crow.errors import HookError
-from crow.hooks import ALIASES, PHASES, Continue, Hook, HookRegistry, Replace, Stop
+from crow.events import Notice
+from crow.hooks import ALIASES, PHASE_ARGS, PHASES, Continue, Hook, HookRegistry, Replace, Stop
 from crow.llm.base import ModelRequest, ModelResponse, ScriptedProvider
 from crow.messages import Message, ToolCall, ToolResult, ai, human
 
@@ -25,6 +27,8 @@ def test_hook_base_class_defines_exactly_the_eight_async_phases() -> None:
         assert inspect.iscoroutinefunction(getattr(Hook, phase)), phase
     async_methods = {n for n, f in vars(Hook).items() if inspect.iscoroutinefunction(f)}
     assert async_methods == set(PHASES)
+    for phase in PHASES:  # the names a phase offers are the base class's parameter names
+        assert tuple(inspect.signature(getattr(Hook, phase)).parameters)[1:] == PHASE_ARGS[phase], phase
     assert set(ALIASES.values()) <= set(PHASES)
     for seed in ("pre_request", "mid_react", "post_react_loop", "post_request", "AfterLLMCall", "OnError"):
         assert seed in ALIASES
@@ -200,16 +204,24 @@ async def test_continue_is_bounded_and_replace_is_validated(tmp_path: Path) -> N
     ]
 
 
-async def test_replace_action(tmp_path: Path) -> None:
+async def test_an_invalid_replace_is_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     agent, _ = make_agent(tmp_path, lambda req: ModelResponse(ai("long answer")))
 
     async def invalid(ctx: Any) -> Replace:
         return Replace([Message("tool", "orphan", tool_call_id="x", name="f")])
 
+    agent.hooks.register("mid_react", invalid, name="invalid")
+    _, session, _ = await run(agent, tmp_path)
+    assert [m.content for m in session.messages] == ["hi", "long answer"]
+    assert "hook invalid: Replace refused: " in caplog.text
+
+
+async def test_a_valid_replace_at_agent_stop_is_applied(tmp_path: Path) -> None:
+    agent, _ = make_agent(tmp_path, lambda req: ModelResponse(ai("long answer")))
+
     async def valid(ctx: Any) -> Replace:
         return Replace([human("summary of it all")])
 
-    agent.hooks.register("mid_react", invalid, name="invalid")
     agent.hooks.register("post_react_loop", valid, name="valid")
     _, session, _ = await run(agent, tmp_path)
     assert [m.content for m in session.messages] == ["summary of it all"]
@@ -259,3 +271,115 @@ async def test_inject_context_reaches_the_system_prompt(tmp_path: Path) -> None:
     agent.hooks.register("pre_request", weather)
     await run(agent, tmp_path, "what's the weather?")
     assert "Current weather: sunny" in provider.requests[0].messages[0].content
+
+
+# ------------------------------------------------------------------ calling hooks by name
+async def test_functions_are_called_by_parameter_name(tmp_path: Path) -> None:
+    agent = echo_agent(tmp_path, ToolCall("c1", "echo", {"text": "x"}))
+    seen: dict[str, Any] = {}
+
+    async def response_only(response: ModelResponse) -> None:
+        seen.setdefault("response_only", response)
+
+    async def ctx_and_response(ctx: HookContext, response: ModelResponse) -> None:
+        seen.setdefault("ctx_and_response", (ctx, response))
+
+    async def keywords(*, response: ModelResponse, ctx: HookContext) -> None:
+        seen.setdefault("keywords", (ctx, response))
+
+    async def wrap(call_next: Any, call: ToolCall) -> ToolResult:  # any order
+        seen["wrap"] = call.id
+        return await call_next(call)
+
+    agent.hooks.register("after_model_call", response_only)
+    agent.hooks.register("mid_react", ctx_and_response)
+    agent.hooks.register("AfterLLMCall", keywords)
+    agent.hooks.register("wrap_tool_call", wrap)
+    result, session, _ = await run(agent, tmp_path)
+    assert result.stop_reason == "end_turn" and session.messages[-1].content == "done"
+    assert isinstance(seen["response_only"], ModelResponse)
+    for name in ("ctx_and_response", "keywords"):
+        ctx, response = seen[name]
+        assert isinstance(ctx, HookContext) and isinstance(response, ModelResponse), name
+    assert seen["wrap"] == "c1"
+
+
+def test_a_parameter_the_phase_does_not_offer_fails_at_registration() -> None:
+    registry = HookRegistry()
+
+    async def misnamed(ctx: Any, resp: Any) -> None: ...
+
+    with pytest.raises(
+        HookError,
+        match=r"hook 'misnamed' at after_model_call: .*misnamed\(ctx: 'Any', resp: 'Any'\) has a parameter "
+        r"'resp' this phase does not offer; it offers \(ctx, response\)",
+    ):
+        registry.register("mid_react", misnamed, name="misnamed")
+
+    async def with_default(ctx: Any, response: Any, verbose: bool = False) -> None: ...
+
+    registry.register("after_model_call", with_default, name="with_default")  # a default: left alone
+
+    class Renamed(Hook):
+        async def wrap_tool_call(self, ctx: Any, tool_call: Any, handler: Any) -> Any: ...
+
+    with pytest.raises(HookError, match=r"hook 'Renamed' at wrap_tool_call: .*'tool_call'"):
+        registry.add(Renamed())
+
+    async def block(ctx: Any, req: Any) -> None: ...
+
+    with pytest.raises(HookError, match=r"hook 'block' at BeforeLLMCall: .*'req'.*\(ctx, request\)"):
+        registry.register("BeforeLLMCall", block, name="block")
+    assert registry.names() == ["with_default"], "nothing half-registered"
+
+
+async def test_before_llm_call_that_raises_stops_the_call_and_says_why(tmp_path: Path) -> None:
+    agent, provider = make_agent(tmp_path, lambda req: ModelResponse(ai("answer")))
+
+    async def budget(request: ModelRequest) -> None:
+        raise RuntimeError("over the budget")
+
+    agent.hooks.register("BeforeLLMCall", budget, name="budget")
+    result, session, events = await run(agent, tmp_path)
+    assert provider.requests == [], "the model was not called"
+    why = "blocked by hook budget (BeforeLLMCall): over the budget"
+    assert result.stop_reason == "end_turn" and result.error == why
+    told = f"Model call {why}"
+    assert [e.text for e in events if isinstance(e, Notice)] == [told]  # the user is told
+    # ... and the model reads it at its next call
+    assert [(m.role, m.content) for m in session.messages] == [("user", "hi"), ("assistant", f"[{told}]")]
+
+
+async def test_a_failing_modify_request_is_skipped(tmp_path: Path) -> None:
+    agent, provider = make_agent(tmp_path, lambda req: ModelResponse(ai("answer")))
+
+    async def broken(request: ModelRequest) -> None:
+        raise RuntimeError("observer broke")
+
+    agent.hooks.register("modify_request", broken)
+    result, _, _ = await run(agent, tmp_path)
+    assert result.error is None and len(provider.requests) == 1
+
+
+async def test_before_tool_exec_that_raises_fails_that_call_only(tmp_path: Path) -> None:
+    seen: list[str] = []
+    agent = echo_agent(
+        tmp_path, ToolCall("c1", "echo", {"text": "rm -rf"}), ToolCall("c2", "echo", {"text": "fine"}), seen=seen
+    )
+
+    async def guard(call: ToolCall) -> None:
+        if "rm" in call.args["text"]:
+            raise PermissionError("rm is not allowed here")
+
+    async def broken_observer(result: ToolResult) -> None:  # AfterToolExec observes: fail-open
+        raise RuntimeError("observer broke")
+
+    agent.hooks.register("BeforeToolExec", guard, name="guard")
+    agent.hooks.register("AfterToolExec", broken_observer)
+    result, session, _ = await run(agent, tmp_path)
+    results = {m.tool_call_id: m for m in session.messages if m.role == "tool"}
+    assert results["c1"].is_error
+    assert results["c1"].content == "Error: blocked by hook guard (BeforeToolExec): rm is not allowed here"
+    assert not results["c2"].is_error and results["c2"].content == "fine"
+    assert seen == ["tool"], "the blocked call never ran"
+    assert result.stop_reason == "end_turn" and session.messages[-1].content == "done"

@@ -11,7 +11,7 @@ from crow.llm.base import (
     ModelEvent,
     ModelRequest,
     ModelResponse,
-    StopReason,
+    ModelStopReason,
     TextDelta,
     ThoughtDelta,
     ToolCallDelta,
@@ -26,7 +26,7 @@ __all__ = ["AnthropicProvider", "convert_messages", "convert_tools", "sanitize_t
 
 API_VERSION = "2023-06-01"
 _EPHEMERAL = {"type": "ephemeral"}
-_STOP: dict[str, StopReason] = {
+_STOP: dict[str, ModelStopReason] = {
     "end_turn": "end_turn",
     "stop_sequence": "end_turn",
     "pause_turn": "end_turn",

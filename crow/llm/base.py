@@ -14,7 +14,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from crow.messages import Message
 
-StopReason = Literal["end_turn", "tool_use", "max_tokens", "refusal", "error"]
+ModelStopReason = Literal["end_turn", "tool_use", "max_tokens", "refusal", "error"]
+"""Why one model reply ended (`ModelResponse.stop_reason`); a turn's is `crow.actions.TurnStopReason`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +85,7 @@ class ToolCallDelta:
 class ModelResponse:
     message: Message
     usage: Usage | None = None
-    stop_reason: StopReason = "end_turn"
+    stop_reason: ModelStopReason = "end_turn"
     model: str = ""
 
 

@@ -13,7 +13,7 @@ from crow.llm.base import (
     ModelEvent,
     ModelRequest,
     ModelResponse,
-    StopReason,
+    ModelStopReason,
     TextDelta,
     ThoughtDelta,
     ToolCallDelta,
@@ -26,7 +26,7 @@ from crow.messages import Message, ToolCall
 
 __all__ = ["OpenAIProvider", "convert_messages", "convert_tools"]
 
-_STOP: dict[str, StopReason] = {
+_STOP: dict[str, ModelStopReason] = {
     "stop": "end_turn",
     "tool_calls": "tool_use",
     "function_call": "tool_use",
