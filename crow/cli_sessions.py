@@ -80,7 +80,7 @@ def _private_stdout() -> None:
 
 
 async def _compact(agent: Any, session_id: str, instructions: str | None) -> int:
-    from crow.acp.convert import describe_compaction
+    from crow.prompting import describe_compaction
 
     session = await agent.resume_session(session_id)
     result = await agent.compact(session, instructions)
