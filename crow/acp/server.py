@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -84,10 +84,6 @@ class AcpServer:
             raise TypeError("AcpServer runs on crow's wire: set .wire (crow.acp.wire) before connecting")
         self.conn = conn
 
-    def _after_response(self, callback: Callable[[], Awaitable[None]]) -> None:
-        assert self.wire is not None  # on_connect saw to it
-        self.wire.after_response(callback)
-
     # ------------------------------------------------------------ handshake
     async def initialize(
         self,
@@ -97,9 +93,9 @@ class AcpServer:
         **kwargs: Any,
     ) -> InitializeResponse:
         self.client_capabilities = client_capabilities
-        # MCP import, hooks, store: started once this answer is on the wire, so the import
-        # thread does not compete with writing it.
-        self._after_response(self._warm_up)
+        # The warm-up (MCP import, hooks, store) is not started here: a session/new sent
+        # straight after this answer would wait behind its first ~20 ms on the event loop.
+        # The first session's preparation starts it once that answer is queued.
         # session/new usually comes next, at once: build its models (deferred by
         # crow.startup) here, ~6 ms, so that answer does not wait for them.
         for model in (NewSessionRequest, NewSessionResponse):
@@ -121,9 +117,6 @@ class AcpServer:
             ),
             auth_methods=[],
         )
-
-    async def _warm_up(self) -> None:
-        self.agent.warm_up()
 
     # ------------------------------------------------------------ sessions
     async def new_session(
@@ -149,14 +142,16 @@ class AcpServer:
         return acp_sessions.config_options(session, (session.config or self.agent.config).model_choices())
 
     def _advertise_commands(self, session_id: str) -> None:
-        """The slash commands, once the answer naming the session is out."""
+        """The slash commands, once the answer naming the session is written (clients drop
+        updates for a session they have not been told about)."""
 
         async def advertise() -> None:
             await self._notify(session_id, update_available_commands(COMMANDS))
 
-        self._after_response(advertise)
+        assert self.wire is not None  # on_connect checks it
+        self.wire.after_response(advertise)
 
-    async def _restore(self, session_id: str, cwd: str | None, mcp_servers: list[Any] | None) -> Session:
+    async def _resume(self, session_id: str, cwd: str | None, mcp_servers: list[Any] | None) -> Session:
         try:
             session = await self.agent.resume_session(
                 session_id, acp_convert.server_specs(mcp_servers), cwd, prepare=self._bind
@@ -187,7 +182,7 @@ class AcpServer:
     async def resume_session(
         self, session_id: str, cwd: str, mcp_servers: list[Any] | None = None, **kwargs: Any
     ) -> ResumeSessionResponse:
-        session = await self._restore(session_id, cwd, mcp_servers)
+        session = await self._resume(session_id, cwd, mcp_servers)
         self._advertise_commands(session_id)
         return ResumeSessionResponse(
             modes=acp_sessions.mode_state(session), config_options=self._options(session)
@@ -201,7 +196,7 @@ class AcpServer:
             new_id = await self.agent.fork_session(session_id)
         except CrowError as exc:
             raise session_error(exc) from exc
-        session = await self._restore(new_id, cwd, mcp_servers)
+        session = await self._resume(new_id, cwd, mcp_servers)
         self._advertise_commands(new_id)
         return ForkSessionResponse(
             session_id=new_id, modes=acp_sessions.mode_state(session), config_options=self._options(session)
@@ -341,7 +336,7 @@ class AcpServer:
         if instructions is not None and not isinstance(instructions, str):
             raise RequestError.invalid_params({"instructions": "must be a string"})
         if session_id not in self.agent.sessions:
-            await self._restore(session_id, None, None)
+            await self._resume(session_id, None, None)
         session = self._session(session_id)
         with self._cancellable(session_id, "a prompt; cancel it or wait before compacting"):
             try:
