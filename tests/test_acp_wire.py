@@ -142,10 +142,9 @@ async def test_crow_advertises_its_commands_after_naming_the_session(
         got: list[dict[str, Any]] = []
         while not any(f.get("method") == "session/update" for f in got):
             got += await read_frames(proc.stdout, 1)
-        answer = next(f for f in got if f.get("id") == 2)
         update = got[-1]["params"]
         assert [shape(f) for f in got] == ["answer 1", "answer 2", f"session/update {update['sessionId']}"]
-        assert update["sessionId"] == answer["result"]["sessionId"]
+        assert update["sessionId"] == got[1]["result"]["sessionId"]
         assert update["update"]["sessionUpdate"] == "available_commands_update"
         assert [c["name"] for c in update["update"]["availableCommands"]] == ["compact"]
     finally:
