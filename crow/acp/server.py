@@ -1,5 +1,7 @@
 """The ACP adapter: protocol in, `crow.events` out as `session/update` notifications.
 
+Only ACP lives here: a prompt goes to `Agent.prompt` (`crow.prompting`), which handles
+slash commands, the title and stored notices the same way for every front end.
 A plain class (not `acp.Agent`, whose stubs answer success for unimplemented methods):
 anything not defined here gets JSON-RPC -32601. Every handler accepts **kwargs because the
 SDK router spreads `_meta` keys into them.
