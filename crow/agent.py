@@ -351,6 +351,14 @@ class Agent:
             hook_settings=c.hooks.settings,
         )
 
+    async def prompt(self, session: Session, message: Message, emit: Emit) -> TurnResult:
+        """What a front end calls for the user's input: a slash command or a turn, with the
+        session's title and stored notices (`crow.prompting`). Raises `SessionBusy` while
+        another crow process runs a turn in the session."""
+        from crow.prompting import handle
+
+        return await handle(self, session, message, emit)
+
     async def run_turn(self, session: Session, prompt: Message, emit: Emit) -> TurnResult:
         """One prompt, holding the session (`Session.exclusive`): raises `SessionBusy` while
         another crow process runs a turn in it."""

@@ -197,7 +197,7 @@ async def _run(args: argparse.Namespace) -> int:
         session = agent.create_session(args.cwd)
         if sys.stdin.isatty():
             session.client = TerminalClient(args.cwd)
-        result = await agent.run_turn(session, human(" ".join(args.prompt)), emit)
+        result = await agent.prompt(session, human(" ".join(args.prompt)), emit)
         if wrote_text:
             sys.stdout.write("\n")
         return 1 if result.error else 0

@@ -89,9 +89,9 @@ def _private_stdout() -> None:
 async def _compact(config_path: str | None, session_id: str, instructions: str | None) -> int:
     """Refused (`SessionBusy`, exit 2) while another crow process runs a turn in the
     session: `Agent.compact` takes the lock a turn takes (`Session.exclusive`)."""
-    from crow.acp.convert import describe_compaction
     from crow.agent import Agent
     from crow.config import load_config
+    from crow.prompting import describe_compaction
 
     agent = Agent(load_config(config_path), builtin_hooks=False)  # compaction runs no hook
     try:

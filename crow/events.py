@@ -22,6 +22,7 @@ __all__ = [
     "PlanUpdated",
     "TextDelta",
     "ThoughtDelta",
+    "TitleChanged",
     "ToolCallEnd",
     "ToolCallRunning",
     "ToolCallStart",
@@ -76,6 +77,13 @@ class ModeChanged:
     mode: str
 
 
+@dataclass(frozen=True, slots=True)
+class TitleChanged:
+    """The session was named (already saved; from its first prompt); the front end shows it."""
+
+    title: str
+
+
 Event = (
     TextDelta
     | ThoughtDelta
@@ -86,5 +94,6 @@ Event = (
     | UsageUpdated
     | Notice
     | ModeChanged
+    | TitleChanged
 )
 Emit = Callable[[Event], Awaitable[None]]

@@ -8,16 +8,17 @@ from pathlib import Path
 from typing import Any
 
 from acp.helpers import update_available_commands, update_current_mode
-from acp.schema import SessionInfoUpdate, SessionNotification
+from acp.schema import SessionNotification
 from acp.utils import serialize_params
 
-from crow.acp.convert import event_update
-from crow.acp.server import COMMANDS, notification_params
+from crow.acp.convert import event_update, notification_params
+from crow.acp.server import COMMANDS
 from crow.events import (
     Notice,
     PlanUpdated,
     TextDelta,
     ThoughtDelta,
+    TitleChanged,
     ToolCallEnd,
     ToolCallRunning,
     ToolCallStart,
@@ -39,6 +40,7 @@ EVENTS = [
     PlanUpdated([{"id": "1", "title": "Plan", "status": "done"}, {"id": "2", "title": "Do", "status": "pending"}]),
     UsageUpdated(1234, 128_000),
     Notice("compacted"),
+    TitleChanged("A title"),
 ]
 
 
@@ -47,7 +49,6 @@ def test_each_update_serializes_as_the_sdk_would() -> None:
     updates += [
         update_available_commands(COMMANDS),
         update_current_mode("yolo"),
-        SessionInfoUpdate(session_update="session_info_update", title="A title"),
     ]
     for update in updates:
         assert update is not None

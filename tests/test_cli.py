@@ -58,3 +58,52 @@ def test_bad_config_is_a_clear_error(home: Path, workspace: Path) -> None:
     bad.write_text("max_iterations: many\n")
     done = crow("--config", str(bad), "run", "hi", env=crow_env(None, home), cwd=workspace)
     assert done.returncode == 2 and "invalid configuration" in done.stderr and "max_iterations" in done.stderr
+
+
+def _only_session(env: dict[str, str], cwd: Path) -> list[str]:
+    """`crow sessions list` for a store holding one session: its fields (id ... title)."""
+    listed = crow("sessions", "list", env=env, cwd=cwd)
+    assert listed.returncode == 0, listed.stderr
+    [line] = listed.stdout.splitlines()
+    return line.split("  ")
+
+
+def test_run_names_the_session_after_its_prompt(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
+    """The title is the Agent's job, not the ACP adapter's: `crow run` gets it too."""
+    llm.push(Reply(text="done"))
+    env = crow_env(llm, home)
+    done = crow("run", "Fix  the\nlogin bug", "--cwd", str(workspace), env=env, cwd=workspace)
+    assert done.returncode == 0, done.stderr
+    assert _only_session(env, workspace)[-1] == "Fix the login bug"
+
+
+def test_run_slash_compact_is_a_command_and_its_notice_is_replayed(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """`/compact` in `crow run` compacts instead of asking the model, and what the user was
+    told is stored: an editor that loads the session later shows it."""
+    import acp
+    import anyio
+
+    from tests.conftest import spawn_crow
+
+    env = crow_env(llm, home)
+    done = crow("run", "/compact", "keep", "numbers", "--cwd", str(workspace), env=env, cwd=workspace)
+    assert done.returncode == 0, done.stderr
+    [notice] = [line for line in done.stderr.splitlines() if line.startswith("Nothing compacted: ")]
+    assert llm.requests == [] and done.stdout == ""
+    sid = _only_session(env, workspace)[0]
+
+    async def replay() -> tuple[list[str], str]:
+        async with spawn_crow(env) as (conn, _proc, client):
+            await conn.initialize(protocol_version=1)
+            await conn.load_session(cwd=str(workspace), session_id=sid, mcp_servers=[])
+            await conn.prompt(session_id=sid, prompt=[acp.text_block("hello")])
+        return [u.content.text for u in client.of_type("UserMessageChunk")], client.text()
+
+    llm.push(Reply(text="hi there"))
+    users, text = anyio.run(replay)
+    assert users == ["/compact keep numbers"]
+    assert text == f"{notice}\nhi there"
+    sent = [m["content"] for m in llm.requests[-1].messages if m["role"] != "system"]
+    assert sent == ["hello"], "neither the command nor the notice reaches the model"

@@ -1,7 +1,9 @@
-"""Pure conversions between ACP and crow: prompt blocks in, events out, MCP server entries."""
+"""Pure conversions between ACP and crow: prompt blocks in, events out (and their bytes on
+the wire), slash commands, MCP server entries."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -9,7 +11,13 @@ from typing import Any
 import acp
 from acp import RequestError
 from acp.helpers import update_current_mode
-from acp.schema import UsageUpdate
+from acp.schema import (
+    AvailableCommand,
+    AvailableCommandInput,
+    SessionInfoUpdate,
+    UnstructuredCommandInput,
+    UsageUpdate,
+)
 
 from crow import images
 from crow.acp import view as acp_view
@@ -20,12 +28,14 @@ from crow.events import (
     PlanUpdated,
     TextDelta,
     ThoughtDelta,
+    TitleChanged,
     ToolCallEnd,
     ToolCallRunning,
     ToolCallStart,
     UsageUpdated,
 )
-from crow.messages import Image, Message, valid_text
+from crow.messages import Image, Message, valid_text, valid_value
+from crow.prompting import COMMANDS
 from crow.tools import ServerSpec
 
 log = logging.getLogger("crow.acp")
@@ -48,19 +58,36 @@ def event_update(event: Event, cwd: Path) -> Any:
     if isinstance(event, UsageUpdated):
         return UsageUpdate(session_update="usage_update", used=event.used, size=event.size)
     if isinstance(event, Notice):
-        return acp.update_agent_message_text(event.text + "\n")
+        return acp_view.notice_update(event.text)
     if isinstance(event, ModeChanged):  # the adapter follows it with the config options
         return update_current_mode(event.mode)
+    if isinstance(event, TitleChanged):
+        return SessionInfoUpdate(session_update="session_info_update", title=event.title)
     return None
 
 
-def describe_compaction(result: Any) -> str:
-    if not result.compacted:
-        return f"Nothing compacted: {result.error or 'the conversation is already short'}."
-    return (
-        f"Compacted the conversation: {result.messages_before} → {result.messages_after} "
-        f"messages, about {result.tokens_before:,} → {result.tokens_after:,} tokens."
-    )
+def notification_params(session_id: str, update: Any) -> bytes:
+    """`session/update` params as the SDK serializes them (by alias, without None or default
+    values), written by the update's own serializer in pydantic's Rust core: no
+    `SessionNotification` (a union of every update kind) is built or checked per chunk."""
+    options: dict[str, Any] = {"by_alias": True, "exclude_none": True, "exclude_defaults": True}
+    try:
+        body = update.model_dump_json(**options)
+    except ValueError:  # text that is not valid Unicode (a lone surrogate): sent with U+FFFD
+        body = json.dumps(valid_value(update.model_dump(mode="json", **options)), ensure_ascii=False)
+    return b'{"sessionId":' + json.dumps(session_id).encode() + b',"update":' + body.encode() + b"}"
+
+
+def available_commands() -> list[AvailableCommand]:
+    """crow's slash commands (`crow.prompting.COMMANDS`) as `available_commands_update` lists them."""
+    return [
+        AvailableCommand(
+            name=c.name,
+            description=c.description,
+            input=AvailableCommandInput(root=UnstructuredCommandInput(hint=c.hint)),
+        )
+        for c in COMMANDS
+    ]
 
 
 def server_specs(servers: list[Any] | None) -> list[ServerSpec]:

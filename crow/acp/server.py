@@ -1,5 +1,7 @@
 """The ACP adapter: protocol in, `crow.events` out as `session/update` notifications.
 
+Only ACP lives here: a prompt goes to `Agent.prompt` (`crow.prompting`), which handles
+slash commands, the title and stored notices the same way for every front end.
 A plain class (not `acp.Agent`, whose stubs answer success for unimplemented methods):
 anything not defined here gets JSON-RPC -32601. Every handler accepts **kwargs because the
 SDK router spreads `_meta` keys into them.
@@ -8,10 +10,10 @@ SDK router spreads `_meta` keys into them.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import acp
 import anyio
@@ -19,8 +21,6 @@ from acp import RequestError
 from acp.helpers import update_available_commands
 from acp.schema import (
     AgentCapabilities,
-    AvailableCommand,
-    AvailableCommandInput,
     ClientCapabilities,
     CloseSessionResponse,
     ConfigOptionUpdate,
@@ -38,12 +38,10 @@ from acp.schema import (
     SessionCapabilities,
     SessionCloseCapabilities,
     SessionForkCapabilities,
-    SessionInfoUpdate,
     SessionListCapabilities,
     SessionResumeCapabilities,
     SetSessionConfigOptionResponse,
     SetSessionModeResponse,
-    UnstructuredCommandInput,
 )
 
 from crow import __version__
@@ -53,41 +51,18 @@ from crow.acp import view as acp_view
 from crow.acp.client import AcpSessionClient
 from crow.agent import Agent
 from crow.errors import CrowError, SessionBusy, SessionError
-from crow.events import (
-    Event,
-    ModeChanged,
-    Notice,
-    ToolCallEnd,
-)
-from crow.messages import Message, valid_value
+from crow.events import Event, ModeChanged, TitleChanged, ToolCallEnd
 from crow.session import Session
+
+if TYPE_CHECKING:
+    from crow.acp.wire import StdioWire
 
 log = logging.getLogger("crow.acp")
 
 BUSY = -32001  # a prompt is already running in this session (here or in another crow process)
 UNKNOWN_SESSION = -32002
 
-COMMANDS = [
-    AvailableCommand(
-        name="compact",
-        description="Summarize older messages to free context",
-        input=AvailableCommandInput(
-            root=UnstructuredCommandInput(hint="optional instructions for the summary")
-        ),
-    ),
-]
-
-
-def notification_params(session_id: str, update: Any) -> bytes:
-    """`session/update` params as the SDK serializes them (by alias, without None or default
-    values), written by the update's own serializer in pydantic's Rust core: no
-    `SessionNotification` (a union of every update kind) is built or checked per chunk."""
-    options: dict[str, Any] = {"by_alias": True, "exclude_none": True, "exclude_defaults": True}
-    try:
-        body = update.model_dump_json(**options)
-    except ValueError:  # text that is not valid Unicode (a lone surrogate): sent with U+FFFD
-        body = json.dumps(valid_value(update.model_dump(mode="json", **options)), ensure_ascii=False)
-    return b'{"sessionId":' + json.dumps(session_id).encode() + b',"update":' + body.encode() + b"}"
+COMMANDS = acp_convert.available_commands()
 
 
 def session_error(exc: CrowError) -> RequestError:
@@ -96,15 +71,19 @@ def session_error(exc: CrowError) -> RequestError:
 
 
 class AcpServer:
+    """Runs on crow's own wire (`crow.acp.wire.StdioWire`, set as `wire` before connecting):
+    updates go out through it, and what must follow an answer is run by it."""
+
     def __init__(self, agent: Agent | None = None) -> None:
         self.agent = agent if agent is not None else Agent()
         self.conn: Any = None
+        self.wire: StdioWire | None = None
         self.client_capabilities: ClientCapabilities | None = None
         self._running: dict[str, anyio.CancelScope] = {}
-        self._background: set[asyncio.Task[None]] = set()
-        self.wire: Any = None  # crow's own stdio transport, when serving over it
 
     def on_connect(self, conn: Any) -> None:
+        if self.wire is None:
+            raise TypeError("AcpServer runs on crow's wire: set .wire (crow.acp.wire) before connecting")
         self.conn = conn
 
     # ------------------------------------------------------------ handshake
@@ -116,9 +95,9 @@ class AcpServer:
         **kwargs: Any,
     ) -> InitializeResponse:
         self.client_capabilities = client_capabilities
-        # MCP import, hooks, store: started just after this answer is on the wire, so the
-        # import thread does not compete with writing it.
-        self._after_response(self._warm_up())
+        # The warm-up (MCP import, hooks, store) is not started here: a session/new sent
+        # straight after this answer would wait behind its first ~20 ms on the event loop.
+        # The first session's preparation starts it once that answer is queued.
         # session/new usually comes next, at once: build its models (deferred by
         # crow.startup) here, ~6 ms, so that answer does not wait for them.
         for model in (NewSessionRequest, NewSessionResponse):
@@ -150,7 +129,7 @@ class AcpServer:
         except CrowError as exc:
             raise RequestError.invalid_params({"cwd": str(exc)}) from exc
         self._bind(session)
-        self._after_response(self._send_commands(session.id))
+        self._advertise_commands(session.id)
         return NewSessionResponse(
             session_id=session.id,
             modes=acp_sessions.mode_state(session),
@@ -164,7 +143,17 @@ class AcpServer:
     def _options(self, session: Session) -> list[Any]:
         return acp_sessions.config_options(session, (session.config or self.agent.config).model_choices())
 
-    async def _restore(self, session_id: str, cwd: str | None, mcp_servers: list[Any] | None) -> Session:
+    def _advertise_commands(self, session_id: str) -> None:
+        """The slash commands, once the answer naming the session is written (clients drop
+        updates for a session they have not been told about)."""
+
+        async def advertise() -> None:
+            await self._notify(session_id, update_available_commands(COMMANDS))
+
+        assert self.wire is not None  # on_connect checks it
+        self.wire.after_response(advertise)
+
+    async def _resume(self, session_id: str, cwd: str | None, mcp_servers: list[Any] | None) -> Session:
         try:
             session = await self.agent.resume_session(
                 session_id, acp_convert.server_specs(mcp_servers), cwd, prepare=self._bind
@@ -182,14 +171,12 @@ class AcpServer:
             )
         except CrowError as exc:
             raise session_error(exc) from exc
-        await self._update_many(session_id, acp_view.replay(transcript, session.cwd))
+        await self._notify_many(session_id, acp_view.replay(transcript, session.cwd))
         if session.todos:
-            await self._update(session_id, acp_view.plan_update(session.todos))
+            await self._notify(session_id, acp_view.plan_update(session.todos))
         if session.title:
-            await self._update(
-                session_id, SessionInfoUpdate(session_update="session_info_update", title=session.title)
-            )
-        self._after_response(self._send_commands(session_id))
+            await self._emit(session, TitleChanged(session.title))
+        self._advertise_commands(session_id)
         return LoadSessionResponse(
             modes=acp_sessions.mode_state(session), config_options=self._options(session)
         )
@@ -197,8 +184,8 @@ class AcpServer:
     async def resume_session(
         self, session_id: str, cwd: str, mcp_servers: list[Any] | None = None, **kwargs: Any
     ) -> ResumeSessionResponse:
-        session = await self._restore(session_id, cwd, mcp_servers)
-        self._after_response(self._send_commands(session_id))
+        session = await self._resume(session_id, cwd, mcp_servers)
+        self._advertise_commands(session_id)
         return ResumeSessionResponse(
             modes=acp_sessions.mode_state(session), config_options=self._options(session)
         )
@@ -211,16 +198,14 @@ class AcpServer:
             new_id = await self.agent.fork_session(session_id)
         except CrowError as exc:
             raise session_error(exc) from exc
-        session = await self._restore(new_id, cwd, mcp_servers)
-        self._after_response(self._send_commands(new_id))
+        session = await self._resume(new_id, cwd, mcp_servers)
+        self._advertise_commands(new_id)
         return ForkSessionResponse(
             session_id=new_id, modes=acp_sessions.mode_state(session), config_options=self._options(session)
         )
 
     async def close_session(self, session_id: str, **kwargs: Any) -> CloseSessionResponse:
-        scope = self._running.get(session_id)
-        if scope is not None:
-            scope.cancel()
+        await self.cancel(session_id)
         await self.agent.close_session(session_id)
         return CloseSessionResponse()
 
@@ -267,21 +252,6 @@ class AcpServer:
             raise RequestError.invalid_params({"configId": f"unknown config option {config_id!r}"})
         return SetSessionConfigOptionResponse(config_options=self._options(session))
 
-    def _after_response(self, coro: Any) -> None:
-        async def later() -> None:
-            await asyncio.sleep(0.005)  # clients drop updates that precede the response
-            await coro
-
-        task = asyncio.create_task(later())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def _warm_up(self) -> None:
-        self.agent.warm_up()
-
-    async def _send_commands(self, session_id: str) -> None:
-        await self._update(session_id, update_available_commands(COMMANDS))
-
     def _session(self, session_id: str) -> Session:
         try:
             return self.agent.get(session_id)
@@ -291,32 +261,12 @@ class AcpServer:
     # ------------------------------------------------------------ prompts
     async def prompt(self, session_id: str, prompt: list[Any], **kwargs: Any) -> PromptResponse:
         session = self._session(session_id)
-        if session_id in self._running:
-            raise RequestError(
-                BUSY, f"session {session_id} is busy with another prompt; wait for it to finish or cancel it"
-            )
         message = acp_convert.prompt_message(prompt)
-        command = acp_view.command_line(message.content)
-        scope = anyio.CancelScope()
-        self._running[session_id] = scope
-        try:
-            with scope:
-                await self.agent.session_ready(session)
-                async with session.exclusive():  # one crow process at a time; nothing stored before
-                    if command is not None and command[0] == "compact":
-                        await self._compact_command(session, message, command[1])
-                        return PromptResponse(stop_reason="end_turn")
-                    if not session.title:
-                        await self._set_title(session, message.content)
-                    # A project's crow.yaml is asked about here, before the first turn (not at
-                    # session/new: clients drop requests that precede its answer).
-                    if await self.agent.settle_project(session, lambda e: self._emit(session, e)):
-                        await self._emit(session, ModeChanged(session.mode))  # and the config options
-                    result = await self.agent.run_turn(session, message, lambda e: self._emit(session, e))
-        except SessionBusy as exc:
-            raise RequestError(BUSY, str(exc)) from exc
-        finally:
-            self._running.pop(session_id, None)
+        with self._cancellable(session_id, "another prompt; wait for it to finish or cancel it") as scope:
+            try:
+                result = await self.agent.prompt(session, message, lambda e: self._emit(session, e))
+            except SessionBusy as exc:
+                raise RequestError(BUSY, str(exc)) from exc
         if scope.cancelled_caught:
             return PromptResponse(stop_reason="cancelled")
         meta = {"crow": {"error": result.error}} if result.error else None
@@ -327,77 +277,54 @@ class AcpServer:
         if scope is not None:
             scope.cancel()
 
-    async def _compact_command(self, session: Session, message: Message, instructions: str) -> None:
-        await self.agent.session_ready(session)
-        await session.add(message, in_context=False)  # shown on replay, never sent to the model
+    @contextmanager
+    def _cancellable(self, session_id: str, busy_with: str) -> Iterator[anyio.CancelScope]:
+        """Work in a session that `session/cancel` (or closing it) stops; one at a time."""
+        if session_id in self._running:
+            raise RequestError(BUSY, f"session {session_id} is busy with {busy_with}")
+        scope = self._running[session_id] = anyio.CancelScope()
         try:
-            result = await self._compact(session, instructions or None)
-        except RequestError as exc:
-            await self._emit(session, Notice(str(exc)))
-            return
-        await self._emit(session, Notice(acp_convert.describe_compaction(result)))
-
-    async def _compact(self, session: Session, instructions: str | None) -> Any:
-        try:
-            return await self.agent.compact(session, instructions, emit=lambda e: self._emit(session, e))
-        except SessionBusy as exc:
-            raise RequestError(BUSY, str(exc)) from exc
-        except CrowError as exc:
-            raise RequestError(-32000, f"compaction failed: {exc}") from exc
-
-    async def _set_title(self, session: Session, text: str) -> None:
-        title = " ".join(text.split())[:80] or "Untitled"
-        await self.agent.session_ready(session)
-        await session.save(title=title)
-        await self._update(session.id, SessionInfoUpdate(session_update="session_info_update", title=title))
+            with scope:
+                yield scope
+        finally:
+            self._running.pop(session_id, None)
 
     # ------------------------------------------------------------ events -> updates
     async def _emit(self, session: Session, event: Event) -> None:
+        """The loop's sink: each event as the editor shows it."""
         update = acp_convert.event_update(event, session.cwd)
         if update is None:
             return
-        if isinstance(event, Notice):  # shown on replay, never sent to the model
-            await session.add(Message("system", event.text, meta={"notice": True}), in_context=False)
-        await self._update(session.id, update)
+        await self._notify(session.id, update)
         if isinstance(event, ModeChanged):  # clients that show config options, not modes
             options = ConfigOptionUpdate(
                 session_update="config_option_update", config_options=self._options(session)
             )
-            await self._update(session.id, options)
+            await self._notify(session.id, options)
         if isinstance(event, ToolCallEnd) and (tid := acp_view.terminal_id(event.result)):
             try:  # the editor keeps showing an embedded terminal after release
                 await self.conn.release_terminal(session_id=session.id, terminal_id=tid)
             except Exception:
                 log.debug("release_terminal failed", exc_info=True)
 
-    async def _update_many(self, session_id: str, updates: Iterable[Any], batch: int = 500) -> None:
-        """Send many updates in order (a replay): in batches of one write each on crow's own
-        wire, else one by one."""
-        if self.conn is None:
-            return
-        if self.wire is None:
-            for update in updates:
-                await self._update(session_id, update)
-            return
+    async def _notify_many(self, session_id: str, updates: Iterable[Any], batch: int = 500) -> None:
+        """Send many updates in order (a replay), in batches of one write each."""
+        assert self.wire is not None
         pending: list[bytes] = []
         for update in updates:
-            pending.append(notification_params(session_id, update))
+            pending.append(acp_convert.notification_params(session_id, update))
             if len(pending) >= batch:
-                await self.wire.send_notifications("session/update", pending)
+                await self.wire.notify("session/update", pending)
                 pending = []
         if pending:
-            await self.wire.send_notifications("session/update", pending)
+            await self.wire.notify("session/update", pending)
 
-    async def _update(self, session_id: str, update: Any) -> None:
-        if self.conn is None:
-            return
+    async def _notify(self, session_id: str, update: Any) -> None:
+        """One `session/update`; a client gone away must not crash the turn."""
+        assert self.wire is not None
         try:
-            if self.wire is not None:
-                params = notification_params(session_id, update)
-                await self.wire.send_notifications("session/update", [params])
-            else:
-                await self.conn.session_update(session_id, update)
-        except Exception:  # a client gone away must not crash the turn
+            await self.wire.notify("session/update", [acp_convert.notification_params(session_id, update)])
+        except Exception:
             log.debug("session/update to %s failed", session_id, exc_info=True)
 
     # ------------------------------------------------------------ extensions
@@ -411,19 +338,17 @@ class AcpServer:
         if instructions is not None and not isinstance(instructions, str):
             raise RequestError.invalid_params({"instructions": "must be a string"})
         if session_id not in self.agent.sessions:
-            await self._restore(session_id, None, None)
+            await self._resume(session_id, None, None)
         session = self._session(session_id)
-        if session_id in self._running:
-            raise RequestError(
-                BUSY, f"session {session_id} is busy with a prompt; cancel it or wait before compacting"
-            )
-        scope = anyio.CancelScope()
-        self._running[session_id] = scope
-        try:
-            with scope:
-                result = await self._compact(session, instructions)
-        finally:
-            self._running.pop(session_id, None)
+        with self._cancellable(session_id, "a prompt; cancel it or wait before compacting"):
+            try:
+                result = await self.agent.compact(
+                    session, instructions, emit=lambda e: self._emit(session, e)
+                )
+            except SessionBusy as exc:
+                raise RequestError(BUSY, str(exc)) from exc
+            except CrowError as exc:
+                raise RequestError(-32000, f"compaction failed: {exc}") from exc
         return result.to_dict()
 
     async def ext_notification(self, method: str, params: dict[str, Any]) -> None:

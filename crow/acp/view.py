@@ -229,6 +229,11 @@ def plan_update(todos: list[Mapping[str, Any]]) -> Any:
     )
 
 
+def notice_update(text: str) -> Any:
+    """A `Notice`, live or replayed: agent text on a line of its own."""
+    return update_agent_message_text(text + "\n")
+
+
 def replay(messages: list[Message], cwd: Path) -> Iterator[Any]:
     """The updates that show a stored transcript again, in order. A finished tool call is
     one notification carrying its final state, not a start and an update."""
@@ -264,16 +269,8 @@ def replay(messages: list[Message], cwd: Path) -> Iterator[Any]:
                 yield update_agent_message_text(m.content)
             pending.update((call.id, call) for call in m.tool_calls)
         elif m.role == "system" and (m.meta or {}).get("notice"):
-            yield update_agent_message_text(m.content)
+            yield notice_update(m.content)
     yield from unanswered()
-
-
-def command_line(text: str) -> tuple[str, str] | None:
-    """`/compact keep the API notes` -> ("compact", "keep the API notes")."""
-    if not text.startswith("/"):
-        return None
-    name, _, rest = text[1:].partition(" ")
-    return (name, rest.strip()) if name else None
 
 
 def describe_args(args: Mapping[str, Any]) -> str:

@@ -1,12 +1,36 @@
-"""The stdio wire, hardened: a line that is valid JSON but not an object gets a JSON-RPC
-error instead of reaching the SDK, whose dispatcher assumes an object and whose receive
-loop would die on `[]`, `123` or `"text"` (and take `null` for the end of input)."""
+"""crow's stdio wire, and the only module that touches the ACP SDK's internals.
+
+What it adds to the SDK's newline-delimited JSON transport:
+
+- a line that is valid JSON but not an object gets a JSON-RPC error instead of reaching the
+  SDK, whose dispatcher assumes an object and whose receive loop would die on `[]`, `123`
+  or `"text"` (and take `null` for the end of input);
+- `notify(method, params)`: many notifications, already serialized, as one write;
+- `after_response(callback)`: run once the answer to the request being handled is written.
+  Clients drop `session/update`s for a session they have not been told about yet, so what
+  follows `session/new` must follow its response on the wire, not merely be sent later.
+
+SDK internals used (checked against `CHECKED_SDK_VERSION` by tests/test_acp_sdk.py, which
+fails on any other version: re-check each of these, then update the constant):
+
+1. `acp._transport.NdjsonTransport`: subclassed; its `__init__(reader, sender)`,
+   `_read_line()` and `_sender`.
+2. `acp.task.sender._PendingSend(payload, future)` put on `MessageSender._queue`: the
+   sender's writer loop takes items in order and resolves the future once written.
+3. `acp.connection.Connection`: its receive loop creates each request's task right after
+   `receive()` returns (so the task inherits the context `receive` set: the request id),
+   and that task answers through `transport.send()`.
+4. `acp.core.DEFAULT_STDIO_BUFFER_LIMIT_BYTES`, `acp.stdio.stdio_streams`,
+   `acp.task.MessageSender`/`TaskSupervisor` (not exported by `acp`).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import Any
 
 from acp._transport import NdjsonTransport
@@ -17,22 +41,50 @@ from acp.task.sender import _PendingSend
 
 log = logging.getLogger("crow.acp")
 
+CHECKED_SDK_VERSION = "0.12.1"  # agent-client-protocol, as checked against the list above
+
 NOT_AN_OBJECT = {
     "jsonrpc": "2.0",
     "id": None,
     "error": {"code": -32600, "message": "Invalid Request: expected a JSON object"},
 }
-
-
 MAX_METHOD = 256  # no ACP method name comes close
+
+AfterResponse = Callable[[], Awaitable[None]]
+# The id of the request whose handler runs in this context (set by `receive`, inherited by
+# the task the SDK creates for that request).
+_request_id: ContextVar[str | int | None] = ContextVar("crow.acp.request_id", default=None)
 
 
 def _valid_id(rid: Any) -> Any:
     return rid if isinstance(rid, str | int) and not isinstance(rid, bool) else None
 
 
-class ObjectsOnlyTransport(NdjsonTransport):
-    async def send_notifications(self, method: str, params_json: list[bytes]) -> None:
+class StdioWire(NdjsonTransport):
+    def __init__(self, reader: asyncio.StreamReader, sender: MessageSender) -> None:
+        super().__init__(reader, sender)
+        self._after: dict[str | int, list[AfterResponse]] = {}
+
+    def after_response(self, callback: AfterResponse) -> None:
+        """Run `callback` once the (successful) answer to the request being handled has been
+        written, in the task that wrote it. Called from a request handler."""
+        rid = _request_id.get()
+        if rid is None:
+            raise RuntimeError("after_response() is for request handlers")
+        self._after.setdefault(rid, []).append(callback)
+
+    async def send(self, message: dict[str, Any]) -> None:
+        answered = _valid_id(message.get("id")) if "method" not in message else None
+        callbacks = self._after.pop(answered, None) if answered is not None else None
+        await super().send(message)
+        if callbacks and "result" in message:
+            for callback in callbacks:
+                try:
+                    await callback()
+                except Exception:  # the answer is out; a failed follow-up is only logged
+                    log.exception("after-response callback failed")
+
+    async def notify(self, method: str, params_json: list[bytes]) -> None:
         """Queue many notifications (params already serialized) as one write, in order with
         everything else the sender sends: a 5,000-message replay then costs one round trip
         to the writer, not 5,000."""
@@ -71,10 +123,16 @@ class ObjectsOnlyTransport(NdjsonTransport):
                         }
                     )
                 continue
+            _request_id.set(_valid_id(message.get("id")) if method is not None else None)
             return message
 
 
-async def stdio_transport() -> tuple[ObjectsOnlyTransport, TaskSupervisor]:
+async def stdio_transport() -> tuple[StdioWire, TaskSupervisor]:
+    """The wire on this process's stdin/stdout, and the supervisor of its writer task."""
     reader, writer = await stdio_streams(limit=DEFAULT_STDIO_BUFFER_LIMIT_BYTES)
+    return wire_on(reader, writer)
+
+
+def wire_on(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[StdioWire, TaskSupervisor]:
     supervisor = TaskSupervisor(source="crow.stdio")
-    return ObjectsOnlyTransport(reader, MessageSender(writer, supervisor)), supervisor
+    return StdioWire(reader, MessageSender(writer, supervisor)), supervisor

@@ -1,0 +1,107 @@
+"""A user's prompt, handled the same way whatever the front end (ACP, `crow run`, a script).
+
+`Agent.prompt(session, message, emit)` comes here. The front end turns the user's input into
+a `Message` and shows the events it is handed; everything else is decided here, once:
+
+- a slash command (`/compact [instructions]`) runs instead of a turn; the line is kept in
+  the transcript (shown on replay) but never sent to the model;
+- the first prompt names the session (`TitleChanged`);
+- every `Notice` is stored as a system message outside the model context, so a replay
+  shows what the user was told.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from crow.errors import CrowError
+from crow.events import Emit, Event, ModeChanged, Notice, TitleChanged
+from crow.messages import Message
+
+if TYPE_CHECKING:
+    from crow.agent import Agent
+    from crow.compact import CompactResult
+    from crow.loop import TurnResult
+    from crow.session import Session
+
+TITLE_LENGTH = 80
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """A slash command: `/name rest-of-line`. Front ends advertise these."""
+
+    name: str
+    description: str
+    hint: str  # what may follow the name
+
+
+COMMANDS = (
+    Command("compact", "Summarize older messages to free context", "optional instructions for the summary"),
+)
+_NAMES = {c.name for c in COMMANDS}
+
+
+def parse_command(text: str) -> tuple[str, str] | None:
+    """`/compact keep the API notes` -> ("compact", "keep the API notes"); None for text that
+    names no command (an unknown `/word` is an ordinary prompt)."""
+    if not text.startswith("/"):
+        return None
+    name, _, rest = text[1:].partition(" ")
+    return (name, rest.strip()) if name in _NAMES else None
+
+
+def title_of(text: str) -> str:
+    """A session's title from its first prompt: one line, at most 80 characters."""
+    return " ".join(text.split())[:TITLE_LENGTH] or "Untitled"
+
+
+def keeping_notices(session: Session, emit: Emit) -> Emit:
+    """`emit`, storing each `Notice` first (a system message outside the model context)."""
+
+    async def sink(event: Event) -> None:
+        if isinstance(event, Notice):
+            await session.add(Message("system", event.text, meta={"notice": True}), in_context=False)
+        await emit(event)
+
+    return sink
+
+
+async def handle(agent: Agent, session: Session, message: Message, emit: Emit) -> TurnResult:
+    """Run one user prompt: a command, or a turn. Raises `SessionBusy` while another crow
+    process runs a turn in the session; nothing is stored before the session is held."""
+    from crow.loop import TurnResult
+
+    emit = keeping_notices(session, emit)
+    await agent.session_ready(session)
+    async with session.exclusive():
+        command = parse_command(message.content)
+        if command is not None:  # only `compact` so far
+            await session.add(message, in_context=False)  # shown on replay, never sent to the model
+            await _compact(agent, session, command[1] or None, emit)
+            return TurnResult(stop_reason="end_turn")
+        if not session.title:
+            await session.save(title=title_of(message.content))
+            await emit(TitleChanged(session.title))
+        if await agent.settle_project(session, emit):
+            await emit(ModeChanged(session.mode))  # front ends show the mode (and its options)
+        return await agent.run_turn(session, message, emit)
+
+
+async def _compact(agent: Agent, session: Session, instructions: str | None, emit: Emit) -> None:
+    try:
+        result = await agent.compact(session, instructions, emit=emit)
+    except CrowError as exc:
+        await emit(Notice(f"compaction failed: {exc}"))
+        return
+    await emit(Notice(describe_compaction(result)))
+
+
+def describe_compaction(result: CompactResult) -> str:
+    if not result.compacted:
+        return f"Nothing compacted: {result.error or 'the conversation is already short'}."
+    return (
+        f"Compacted the conversation: {result.messages_before} → {result.messages_after} "
+        f"messages, about {result.tokens_before:,} → {result.tokens_after:,} tokens."
+    )
