@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from crow import Compact, CompactService, Hook, HookContext, ModelResponse, should_compact
 
 if TYPE_CHECKING:
-    from crow.agent import Agent
+    from crow import Agent
 
 
 class SummarizationHook(Hook):

@@ -27,11 +27,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 
-from crow import Hook, HookContext, ModelRequest, ModelResponse, ToolCall, ToolResult
+from crow import CallModel, CallTool, Hook, HookContext, ModelRequest, ModelResponse, ToolCall, ToolResult
 
 if TYPE_CHECKING:
     from crow import Agent
-    from crow.hooks import CallModel, CallTool
 
 log = logging.getLogger("crow.hooks.tracing")
 

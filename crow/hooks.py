@@ -13,8 +13,10 @@ Eight phases (seed names accepted as aliases):
 
 A hook is a `Hook` subclass overriding only the phases it needs, or a plain async function
 registered at a phase; a function may accept fewer arguments than the phase offers (just
-`ctx`, say). Onions are built once: the first hook registered is the outermost layer.
-Registration validates before it changes anything, and fails with the hook's name.
+`ctx`, say). Every phase keeps its hooks in one order, the stack's: crow's builtins first,
+then everyone else's, each band by `order` then name (`crow.plugins` says where hooks come
+from); for the onions the first is the outermost layer. Registration validates before it
+changes anything, and fails with the hook's name.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from crow.errors import HookError
 from crow.llm.base import ModelRequest, ModelResponse
@@ -31,6 +33,8 @@ from crow.messages import Message, ToolCall, ToolResult
 
 if TYPE_CHECKING:
     from crow.context import HookContext
+    from crow.session import Session
+    from crow.tools import ServerSpec
 
 log = logging.getLogger("crow.hooks")
 
@@ -123,7 +127,7 @@ class Hook:
     """Override only the phases you need; the others are never called."""
 
     name: str = ""
-    order: int = 0  # lower runs first / wraps outermost; ties keep registration order
+    order: int = 0  # within its band: lower runs first / wraps outermost; ties go by name
 
     async def before_agent(self, ctx: HookContext) -> None: ...
 
@@ -143,6 +147,11 @@ class Hook:
 
     async def on_error(self, ctx: HookContext, error: Exception) -> None: ...
 
+    def tool_servers(self, session: Session) -> Sequence[ServerSpec]:
+        """MCP servers this hook offers the session's model, connected with the session's
+        tools (after the front end's); none by default."""
+        return ()
+
     def phases(self) -> list[str]:
         """The phases this hook's class overrides."""
         return [p for p in PHASES if getattr(type(self), p) is not getattr(Hook, p)]
@@ -150,6 +159,11 @@ class Hook:
     @property
     def hook_name(self) -> str:
         return self.name or type(self).__name__
+
+
+# The stack's bands, outermost first: crow's own hooks, then everyone else's.
+BUILTIN_BAND = 0
+USER_BAND = 1
 
 
 @dataclass(slots=True)
@@ -160,8 +174,12 @@ class _Impl:
     phase: str
     fn: Callable[..., Awaitable[Any]]
     order: int
-    seq: int
+    band: int
     nargs: int  # how many phase arguments after ctx it accepts
+
+    @property
+    def key(self) -> tuple[int, int, str]:
+        return (self.band, self.order, self.name)
 
     async def __call__(self, ctx: HookContext, *args: Any) -> Any:
         return await self.fn(ctx, *args[: self.nargs])
@@ -215,50 +233,83 @@ def _tool_side_adapter(side: str, fn: Callable[..., Awaitable[Any]]) -> Callable
 
 
 class HookRegistry:
-    """Holds hooks in order. Frozen at the first turn; registering after that raises."""
+    """The hook stack. Each phase's hooks are kept in one order, whatever the order they
+    were registered in: band (crow's builtins, then everyone else's), then `order`, then
+    name. Frozen at the first turn; registering after that raises."""
 
     def __init__(self) -> None:
         self._impls: dict[str, list[_Impl]] = {p: [] for p in PHASES}
         self._names: set[str] = set()
-        self._hooks: list[Hook] = []
-        self._seq = 0
+        self._hooks: list[tuple[tuple[int, int, str], Hook]] = []
         self._frozen = False
 
-    def add(self, hook: Hook, *, name: str | None = None, order: int | None = None) -> Hook:
-        """Register a Hook object at every phase its class overrides."""
-        hook_name = name or hook.hook_name
-        phases = hook.phases()
-        if not phases:
-            raise HookError(f"hook {hook_name!r} ({type(hook).__qualname__}) overrides no phase")
-        impls = [(p, getattr(hook, p)) for p in phases]
-        self._commit(hook_name, impls, hook.order if order is None else order)
-        self._hooks.append(hook)
-        return hook
+    @overload
+    def register(
+        self, hook: Hook, /, *, name: str | None = None, order: int | None = None, builtin: bool = False
+    ) -> Hook: ...
+
+    @overload
+    def register(
+        self,
+        phase: str,
+        fn: Callable[..., Awaitable[Any]],
+        /,
+        *,
+        name: str | None = None,
+        order: int | None = None,
+        builtin: bool = False,
+    ) -> Callable[..., Awaitable[Any]]: ...
 
     def register(
-        self, phase: str, fn: Callable[..., Awaitable[Any]], *, name: str | None = None, order: int = 0
-    ) -> Callable[..., Awaitable[Any]]:
-        """Register an async function at a phase (or alias). Returns fn (usable as decorator
-        via `functools.partial`)."""
+        self,
+        target: Hook | str,
+        fn: Callable[..., Awaitable[Any]] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        order: int | None = None,
+        builtin: bool = False,
+    ) -> Any:
+        """`register(hook)`: a Hook object, at every phase its class overrides.
+        `register(phase, fn)`: an async function at one phase (or alias).
+        `order` defaults to the hook's own `order` (0 for functions); `builtin` is set by
+        crow's discovery for crow's own hooks, which wrap everyone else's."""
+        band = BUILTIN_BAND if builtin else USER_BAND
+        if isinstance(target, Hook):
+            if fn is not None:
+                raise HookError(f"register({target!r}, ...): a Hook is registered alone, without a function")
+            hook_name = name or target.hook_name
+            phases = target.phases()
+            if not phases:
+                raise HookError(f"hook {hook_name!r} ({type(target).__qualname__}) overrides no phase")
+            rank = target.order if order is None else order
+            self._commit(hook_name, [(p, getattr(target, p)) for p in phases], rank, band)
+            self._hooks.append(((band, rank, hook_name), target))
+            self._hooks.sort(key=lambda entry: entry[0])
+            return target
+        if not isinstance(target, str) or fn is None:
+            raise HookError(f"register expects a Hook, or a phase name and an async function; got {target!r}")
         hook_name = name or getattr(fn, "__qualname__", repr(fn))
-        if phase in TOOL_SIDES:
+        if target in TOOL_SIDES:
             if not inspect.iscoroutinefunction(fn):
-                raise HookError(f"hook {hook_name!r} at {phase}: must be an async function ({_where(fn)})")
-            self._commit(hook_name, [("wrap_tool_call", _tool_side_adapter(TOOL_SIDES[phase], fn))], order)
+                raise HookError(f"hook {hook_name!r} at {target}: must be an async function ({_where(fn)})")
+            impl = ("wrap_tool_call", _tool_side_adapter(TOOL_SIDES[target], fn))
         else:
-            self._commit(hook_name, [(canonical_phase(phase), fn)], order)
+            impl = (canonical_phase(target), fn)
+        self._commit(hook_name, [impl], order or 0, band)
         return fn
 
-    def _commit(self, name: str, impls: list[tuple[str, Callable[..., Any]]], order: int) -> None:
+    def _commit(
+        self, name: str, impls: list[tuple[str, Callable[..., Any]]], order: int, band: int
+    ) -> None:
         if self._frozen:
             raise HookError(f"cannot register hook {name!r}: hooks are frozen once a turn ran")
         if name in self._names:
             raise HookError(f"a hook named {name!r} is already registered")
         checked = [(phase, fn, _check(name, phase, fn)) for phase, fn in impls]  # validate all first
         for phase, fn, nargs in checked:
-            self._seq += 1
-            self._impls[phase].append(_Impl(name, phase, fn, order, self._seq, nargs))
-            self._impls[phase].sort(key=lambda i: (i.order, i.seq))
+            self._impls[phase].append(_Impl(name, phase, fn, order, band, nargs))
+            self._impls[phase].sort(key=lambda i: i.key)
         self._names.add(name)
 
     def freeze(self) -> None:
@@ -269,7 +320,8 @@ class HookRegistry:
 
     @property
     def hooks(self) -> list[Hook]:
-        return list(self._hooks)
+        """The Hook objects, in the stack's order."""
+        return [hook for _, hook in self._hooks]
 
     def names(self, phase: str | None = None) -> list[str]:
         if phase is None:

@@ -506,7 +506,7 @@ async def agent_with_history(llm: ScriptedLLM, tmp_path: Path, monkeypatch: pyte
     )
     agent = Agent(config, builtin_hooks=False)
     agent.tool(note)
-    agent.hooks.add(factory(agent))
+    agent.hooks.register(factory(agent))
     session = agent.create_session(tmp_path)
     await agent.session_ready(session)
     llm.rule(is_summary_request, Reply(text="SUMMARY: the user wants notes read.", usage=(300, 20)))
