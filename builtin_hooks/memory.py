@@ -106,6 +106,6 @@ class MemoryHook(Hook):
 
 
 def factory(agent: Agent) -> MemoryHook:
-    """Factory for `builtin_hooks.install`: extra files from `hooks.settings.memory.paths`."""
+    """The `crow.hooks` entry point: extra files from `hooks.settings.memory.paths`."""
     settings = agent.config.hooks.settings.get("memory", {})
     return MemoryHook(settings.get("paths", []), home=agent.config.home)

@@ -203,6 +203,6 @@ class SkillsHook(Hook):
 
 
 def factory(agent: Agent) -> SkillsHook:
-    """Factory for `builtin_hooks.install`: paths from `hooks.settings.skills.paths`."""
+    """The `crow.hooks` entry point: paths from `hooks.settings.skills.paths`."""
     settings = agent.config.hooks.settings.get("skills", {})
     return SkillsHook(settings.get("paths", []), home=agent.config.home)

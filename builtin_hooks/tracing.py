@@ -177,6 +177,6 @@ def trace_path(agent: Agent) -> str | None:
 
 
 def factory(agent: Agent) -> TracingHook | None:
-    """Factory for `builtin_hooks.install`: None (not registered) when no trace file is set."""
+    """The `crow.hooks` entry point: None (not registered) when no trace file is set."""
     path = trace_path(agent)
     return TracingHook(path) if path else None

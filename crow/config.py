@@ -179,7 +179,7 @@ ADDITIVE_LISTS = {
     ("permissions", "ask"),
     ("permissions", "deny"),
     ("environment", "exclude"),
-    ("hooks", "commands"),  # a project's commands run after the user's (builtin_hooks/project_commands)
+    ("hooks", "commands"),  # a project's commands run after the user's (crow/project_commands.py)
 }
 PROJECT_FILE = "crow.yaml"
 
