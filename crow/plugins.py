@@ -35,12 +35,13 @@ and nothing is left half-registered.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import Distribution, EntryPoint, entry_points
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -96,8 +97,11 @@ def discover(agent: Agent, builtins: bool = True) -> list[Found]:
         builtin = _is_crow(ep)
         if ep.name in blocked or not (builtins if builtin else config.entry_points):
             continue
-        obj = _load(ep)
-        hook = obj if phase else _made(obj, _provenance(ep), agent)
+        try:
+            obj = ep.load()
+            hook = obj if phase else _made(obj, agent)
+        except Exception as exc:
+            raise HookError(f"{_provenance(ep)}: failed to load: {exc}") from exc
         if hook is not None:
             found.append(Found(ep.name, hook, phase, builtin))
     found += extra_hooks(config.extra, agent)
@@ -118,7 +122,12 @@ def extra_hooks(specs: Iterable[str], agent: Agent) -> list[Found]:
         obj = load_object(target)
         if phase:
             found.append(Found(target.rsplit(":", 1)[-1], obj, phase))
-        elif (hook := _made(obj, f"hook {spec!r}", agent)) is not None:
+            continue
+        try:
+            hook = _made(obj, agent)
+        except Exception as exc:
+            raise HookError(f"hook {spec!r}: {exc}") from exc
+        if hook is not None:
             found.append(Found(hook.name or target.rsplit(":", 1)[-1], hook))
     return found
 
@@ -157,7 +166,7 @@ def _register(registry: HookRegistry, item: Found) -> None:
         registry.register(item.phase, item.hook, name=item.name, builtin=item.builtin)
 
 
-def _made(obj: Any, where: str, agent: Agent) -> Hook | None:
+def _made(obj: Any, agent: Agent) -> Hook | None:
     """A Hook from what an entry point or config names: the instance itself, the class
     made with no arguments, or what a factory makes of the agent (None: stay out)."""
     if isinstance(obj, Hook):
@@ -168,20 +177,20 @@ def _made(obj: Any, where: str, agent: Agent) -> Hook | None:
         made = obj(agent)
         if made is None or isinstance(made, Hook):
             return made
-        raise HookError(f"{where}: factory returned {made!r}, not a crow.Hook")
-    raise HookError(f"{where}: {obj!r} is not a Hook class, instance or factory")
+        raise HookError(f"factory returned {made!r}, not a crow.Hook")
+    raise HookError(f"{obj!r} is not a Hook class, instance or factory")
 
 
-def _load(ep: EntryPoint) -> Any:
-    try:
-        return ep.load()
-    except Exception as exc:
-        raise HookError(f"{_provenance(ep)}: failed to load: {exc!r}") from exc
+@functools.cache
+def _dist_name(dist: Distribution) -> str:
+    # Each read of `name` parses the distribution's METADATA (~1 ms); its entry points
+    # share one Distribution object, so this parses it once.
+    return str(dist.name)
 
 
 def _is_crow(ep: EntryPoint) -> bool:
     dist = getattr(ep, "dist", None)
-    return dist is not None and dist.name == CROW_DISTRIBUTION
+    return dist is not None and _dist_name(dist) == CROW_DISTRIBUTION
 
 
 def _provenance(ep: EntryPoint) -> str:

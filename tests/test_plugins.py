@@ -22,7 +22,7 @@ from crow.agent import Agent
 from crow.config import CommandHookEntry, Config, HooksConfig
 from crow.context import HookContext
 from crow.editor import EditorClient
-from crow.errors import ConfigError
+from crow.errors import ConfigError, HookError
 from crow.hooks import Hook
 from crow.messages import human
 from crow.plugins import CROW_DISTRIBUTION, GROUP
@@ -49,27 +49,40 @@ async def at_stop(ctx):
 '''
 
 
-@pytest.fixture
-def plugin(tmp_path: Path) -> Iterator[str]:
-    """An installed distribution `crow-test-plugin` with a Hook class (`plugged`) and a
-    function at agent_stop (`stopper`)."""
-    site = tmp_path / "site"
-    info = site / "crow_test_plugin-0.1.dist-info"
+def install_dist(site: Path, name: str, module: str, source: str, entry_points: str) -> None:
+    """A distribution `name` holding `module`, as pip would leave it in `site`."""
+    info = site / f"{name.replace('-', '_')}-0.1.dist-info"
     info.mkdir(parents=True)
-    (site / "crow_test_plugin.py").write_text(PLUGIN, encoding="utf-8")
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: crow-test-plugin\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(
-        f"[{GROUP}]\nplugged = crow_test_plugin:Plugged\n\n"
-        f"[{GROUP}.agent_stop]\nstopper = crow_test_plugin:at_stop\n"
-    )
-    sys.path.insert(0, str(site))
+    (site / f"{module}.py").write_text(source, encoding="utf-8")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(entry_points)
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Iterator[Path]:
+    """A folder on sys.path for the duration of the test, where `install_dist` installs."""
+    folder = tmp_path / "site"
+    folder.mkdir()
+    sys.path.insert(0, str(folder))
     importlib.invalidate_caches()
     try:
-        yield "crow-test-plugin"
+        yield folder
     finally:
-        sys.path.remove(str(site))
-        sys.modules.pop("crow_test_plugin", None)
+        sys.path.remove(str(folder))
+        for module in [m for m in sys.modules if m.startswith("crow_test_")]:
+            del sys.modules[module]
         importlib.invalidate_caches()
+
+
+@pytest.fixture
+def plugin(site: Path) -> str:
+    """An installed distribution `crow-test-plugin` with a Hook class (`plugged`) and a
+    function at agent_stop (`stopper`)."""
+    entry_points = (
+        f"[{GROUP}]\nplugged = crow_test_plugin:Plugged\n\n[{GROUP}.agent_stop]\nstopper = crow_test_plugin:at_stop\n"
+    )
+    install_dist(site, "crow-test-plugin", "crow_test_plugin", PLUGIN, entry_points)
+    return "crow-test-plugin"
 
 
 def recorder(label: str, log: list[str]) -> Any:
@@ -189,6 +202,24 @@ async def test_disable_names_builtins_and_plugins_and_nothing_else(
         with pytest.raises(ConfigError, match=r"unknown hook\(s\) 'permisions'; the hooks are .*permissions"):
             await agent.ready()
         assert agent.hooks.names() == [], "nothing half-registered"
+    finally:
+        await agent.aclose()
+
+
+async def test_a_broken_plugin_fails_the_warm_up_by_name_and_distribution(
+    tmp_path: Path, site: Path, plugin: str
+) -> None:
+    source = "def make(agent):\n    return 42\n"
+    install_dist(site, "crow-test-broken", "crow_test_broken", source, f"[{GROUP}]\nbroken = crow_test_broken:make\n")
+    agent = Agent(Config(home=tmp_path / "home"), builtin_hooks=False)
+    try:
+        with pytest.raises(HookError) as err:
+            await agent.ready()
+        assert str(err.value) == (
+            f"entry point {GROUP}:broken = crow_test_broken:make from crow-test-broken 0.1: "
+            "failed to load: factory returned 42, not a crow.Hook"
+        )
+        assert agent.hooks.names() == [], "nothing half-registered (plugged loaded fine)"
     finally:
         await agent.aclose()
 
