@@ -27,6 +27,7 @@ from crow.agent import Agent
 from crow.config import CommandHookEntry, Config, HooksConfig
 from crow.messages import human
 from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
+from tests.support.site import on_sys_path
 
 pytestmark = pytest.mark.anyio
 
@@ -73,15 +74,8 @@ def installed() -> Iterator[Path]:
     cache.mkdir(exist_ok=True)
     target = cache / _fingerprint()
     _build(target)
-    sys.path.insert(0, str(target))
-    importlib.invalidate_caches()
-    try:
+    with on_sys_path(target, "crow_audit_hook", "crow_ralph_hook"):
         yield target
-    finally:
-        sys.path.remove(str(target))
-        for module in ("crow_audit_hook", "crow_ralph_hook"):
-            sys.modules.pop(module, None)
-        importlib.invalidate_caches()
 
 
 @pytest.fixture

@@ -7,9 +7,7 @@ Entry-point plugins here are real distributions: a `*.dist-info` folder with an
 from __future__ import annotations
 
 import ast
-import importlib
 import inspect
-import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +25,7 @@ from crow.hooks import Hook
 from crow.messages import human
 from crow.plugins import CROW_DISTRIBUTION, GROUP
 from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
+from tests.support.site import on_sys_path
 
 pytestmark = pytest.mark.anyio
 
@@ -63,15 +62,8 @@ def site(tmp_path: Path) -> Iterator[Path]:
     """A folder on sys.path for the duration of the test, where `install_dist` installs."""
     folder = tmp_path / "site"
     folder.mkdir()
-    sys.path.insert(0, str(folder))
-    importlib.invalidate_caches()
-    try:
+    with on_sys_path(folder, "crow_test_plugin", "crow_test_broken"):
         yield folder
-    finally:
-        sys.path.remove(str(folder))
-        for module in [m for m in sys.modules if m.startswith("crow_test_")]:
-            del sys.modules[module]
-        importlib.invalidate_caches()
 
 
 @pytest.fixture
