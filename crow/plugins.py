@@ -28,7 +28,9 @@ For the onions the first is the outermost layer. `Agent(builtin_hooks=False)` le
     compaction = "my_pkg:compaction_hook"
 
 A factory is any other callable: it is called with the `Agent` (for its config) and
-returns a Hook, or None to stay out. Everything is loaded and validated first, then
+returns a Hook, or None to stay out. Imports and factories run in a worker thread (the
+event loop keeps serving sessions meanwhile), so a factory must not need the running loop.
+Everything is loaded and validated first, then
 registered: a broken plugin fails the warm-up with its entry-point name and distribution,
 and nothing is left half-registered.
 """
