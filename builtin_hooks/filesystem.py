@@ -17,7 +17,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from crow import Config, Hook, HookContext, ServerSpec, Session, ToolCall, ToolResult
+from crow import (
+    Config,
+    EditorClient,
+    Hook,
+    HookContext,
+    ServerSpec,
+    Session,
+    ToolCall,
+    ToolResult,
+    child_environment,
+)
 
 log = logging.getLogger("crow.filesystem")
 
@@ -62,7 +72,7 @@ class EditorBackend:
     of a file at a time (across sessions too). How the editor writes (atomically or not,
     following symlinks or not) is the editor's own."""
 
-    def __init__(self, client: Any, local: Any) -> None:
+    def __init__(self, client: EditorClient, local: Any) -> None:
         self.client = client
         self.local = local
 
@@ -95,6 +105,7 @@ class FilesystemHook(Hook):
     unsandboxed and, with `sandbox: workspace`, the user is told so at the first prompt."""
 
     name = "filesystem"
+    order = -70
 
     def __init__(self, evict_over: int = EVICT_OVER) -> None:
         self.evict_over = evict_over
@@ -127,13 +138,12 @@ class FilesystemHook(Hook):
         return Sandbox.create([session.cwd], hidden=_hidden(config), network=config.network, bwrap=bwrap)
 
     def tool_servers(self, session: Session) -> list[ServerSpec]:
-        from crow.environment import child_environment
         from crow.tools import direct_call_state
         from mcp_servers.filesystem import LocalBackend, build_server
 
         config = session.config if session.config is not None else Config()
         local = LocalBackend(session.cwd, self._sandbox(session, config), child_environment(config))
-        client = session.client
+        client: EditorClient | None = session.client
         backend: Any = local
         if client is not None and (client.can_read or client.can_write or client.can_terminal):
             backend = EditorBackend(client, local)

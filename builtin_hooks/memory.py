@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from builtin_hooks.skills import add_to_system_prompt
 from crow import Hook, HookContext, ModelRequest
 
 if TYPE_CHECKING:
@@ -35,7 +34,7 @@ GUIDELINES = """Guidelines for agent memory:
 - You can update it by editing the AGENTS.md file (use edit_file, or write_file to create one)
 - Use it to record important context, decisions, conventions and patterns worth keeping
 - Keep entries concise and organized; do not store secrets or one-off details"""
-_STATE_KEY = "memory.block"
+_BLOCK = "memory.block"  # ctx.turn_state: this prompt's <agent_memory> block
 
 
 def repo_root(cwd: Path) -> Path | None:
@@ -65,6 +64,7 @@ class MemoryHook(Hook):
     """Loads AGENTS.md memory each prompt (mtime-cached) and adds it to the system prompt."""
 
     name = "memory"
+    order = -40
 
     def __init__(self, paths: list[str] | tuple[str, ...] = (), *, home: Path | str | None = None) -> None:
         self.paths = [str(p) for p in paths]
@@ -98,16 +98,14 @@ class MemoryHook(Hook):
         return f"<agent_memory>\n{body}\n</agent_memory>\n\n{GUIDELINES.format(files=files)}"
 
     async def before_agent(self, ctx: HookContext) -> None:
-        ctx.session.state[_STATE_KEY] = await anyio.to_thread.run_sync(self.load, Path(ctx.cwd))
+        ctx.turn_state[_BLOCK] = await anyio.to_thread.run_sync(self.load, Path(ctx.cwd))
 
     async def modify_request(self, ctx: HookContext, request: ModelRequest) -> ModelRequest | None:
-        block = ctx.session.state.get(_STATE_KEY)
-        if not block:
-            return None
-        return add_to_system_prompt(request, block)
+        block = ctx.turn_state.get(_BLOCK)
+        return request.with_system(block) if block else None
 
 
 def factory(agent: Agent) -> MemoryHook:
-    """Factory for `builtin_hooks.install`: extra files from `hooks.settings.memory.paths`."""
+    """The `crow.hooks` entry point: extra files from `hooks.settings.memory.paths`."""
     settings = agent.config.hooks.settings.get("memory", {})
     return MemoryHook(settings.get("paths", []), home=agent.config.home)

@@ -25,19 +25,7 @@ from typing import Any
 
 import anyio
 
-from crow import Hook, HookContext, ToolCall, ToolResult
-from crow.project_rules import ProjectRules
-from crow.rules import (
-    EDIT_TOOLS,
-    RuleError,
-    RuleSet,
-    compile_rules,
-    decide,
-    parse_rule,
-    path_candidates,
-    subject,
-)
-from crow.rules import choices as prompt_choices
+from crow import EditorClient, Hook, HookContext, ProjectRules, ToolCall, ToolResult, rules
 
 log = logging.getLogger("crow.permissions")
 MODES = ("ask", "accept_edits", "yolo", "read_only", "plan")
@@ -49,6 +37,7 @@ _LOCK = "permissions.lock"  # session.state: one question at a time
 
 class PermissionsHook(Hook):
     name = "permissions"
+    order = -90  # outside every hook that runs tools
 
     def __init__(self, timeout: float = 600.0) -> None:
         self.timeout = timeout
@@ -81,11 +70,13 @@ class PermissionsHook(Hook):
         """None (run), a refusal, or "ask"."""
         config = session.config
         perms = config.permissions if config is not None else None
-        configured = compile_rules(tuple(perms.allow), tuple(perms.ask), tuple(perms.deny)) if perms else None
+        configured = None
+        if perms is not None:
+            configured = rules.compile_rules(tuple(perms.allow), tuple(perms.ask), tuple(perms.deny))
         sets = [s for s in (configured, _session_rules(session)) if s]
         decision, rule = None, None
         if sets:  # no rules, nothing to parse
-            decision, rule = decide(subject(call.name, call.args, str(session.cwd)), *sets)
+            decision, rule = rules.decide(rules.subject(call.name, call.args, str(session.cwd)), *sets)
         if decision == "deny":
             assert rule is not None
             if rule.origin == "session":
@@ -114,32 +105,33 @@ class PermissionsHook(Hook):
             return "ask" if decision == "ask" else None
         if read_only or mode == "yolo":
             return None
-        if mode == "accept_edits" and call.name in EDIT_TOOLS and not _in_git(call, str(session.cwd)):
+        if mode == "accept_edits" and call.name in rules.EDIT_TOOLS and not _in_git(call, str(session.cwd)):
             return None
         return "ask"
 
     async def _ask(self, session: Any, call: ToolCall) -> str | None:
-        subj = subject(call.name, call.args, str(session.cwd))
+        subj = rules.subject(call.name, call.args, str(session.cwd))
         config = session.config
         perms = config.permissions if config is not None else None
         asked_by_rule = False
         if perms is not None and perms.ask:
-            asked_by_rule = decide(subj, compile_rules((), tuple(perms.ask), ()))[0] == "ask"
-        options = prompt_choices(subj, asked_by_rule)
+            asked_by_rule = rules.decide(subj, rules.compile_rules((), tuple(perms.ask), ()))[0] == "ask"
+        options = rules.choices(subj, asked_by_rule)
         hub = session.tools
         spec = hub.spec(call.name) if hub is not None else None
         read_only = bool(spec and spec.read_only)
-        chosen = await session.client.ask_permission(
+        client: EditorClient = session.client
+        chosen = await client.ask_permission(
             call, options=options, read_only=read_only, timeout=self.timeout
         )
         choice = next((c for c in options if c.id == chosen), None)
         if choice is None:
             return "The user did not answer the permission request; the tool call was not run."
         if choice.rules:
-            rules = _session_rules(session)
+            granted = _session_rules(session)
             decision = "allow" if choice.kind == "allow_always" else "deny"
             for text in choice.rules:
-                rules.add(decision, parse_rule(text, origin="session"))
+                granted.add(decision, rules.parse_rule(text, origin="session"))
         if choice.id == "allow_always_project" and config is not None:
             try:
                 ProjectRules(config.home).add(session.cwd, choice.rules)
@@ -155,25 +147,25 @@ class PermissionsHook(Hook):
         return "The user declined this tool call. Ask what they would like instead."
 
 
-def _session_rules(session: Any) -> RuleSet:
+def _session_rules(session: Any) -> rules.RuleSet:
     """The session's rules: those granted for its project (read once, at its first call)
     and its own "always" answers."""
-    rules: RuleSet | None = session.state.get(_RULES)
-    if rules is None:
-        rules = session.state[_RULES] = RuleSet()
+    found: rules.RuleSet | None = session.state.get(_RULES)
+    if found is None:
+        found = session.state[_RULES] = rules.RuleSet()
         if session.config is not None:
             for text in ProjectRules(session.config.home).allowed(session.cwd):
                 try:
-                    rules.add("allow", parse_rule(text, origin="project"))
-                except RuleError as exc:
+                    found.add("allow", rules.parse_rule(text, origin="project"))
+                except rules.RuleError as exc:
                     log.warning("ignoring a stored project rule: %s", exc)
-    return rules
+    return found
 
 
 def _in_git(call: ToolCall, cwd: str) -> bool:
     """An edit inside a `.git` folder: its config and hooks are commands git runs (a
     `core.fsmonitor`, a `pre-commit`), so accept_edits still asks for it."""
-    paths, _ = path_candidates(call.args.get("path", "."), cwd)
+    paths, _ = rules.path_candidates(call.args.get("path", "."), cwd)
     return not paths or any(".git" in p.lower().split("/") for p in paths)
 
 

@@ -29,8 +29,8 @@ from typing import Any
 
 import anyio
 
-from builtin_hooks.skills import add_to_system_prompt
 from crow import (
+    EditorClient,
     Hook,
     HookContext,
     Message,
@@ -64,9 +64,9 @@ PLAN_NOTE = (
     "ask questions; do not edit files or run commands (they are refused). When the plan is "
     f"ready, call {TOOL} with it (markdown) to ask the user to approve it."
 )
-_BATCH = "plan.batch"  # ids of the calls sent in the same reply as exit_plan_mode
-_LOCK = "plan.lock"
-_STATE = "plan"
+_BATCH = "plan.batch"  # ctx.turn_state: ids of the calls sent in the same reply as exit_plan_mode
+_LOCK = "plan.lock"  # ctx.turn_state: one plan question at a time
+_STATE = "plan"  # session.state: the approved plan
 
 
 def approved_plan(messages: list[Message]) -> dict[str, str] | None:
@@ -83,6 +83,7 @@ def approved_plan(messages: list[Message]) -> dict[str, str] | None:
 
 class PlanHook(Hook):
     name = "plan"
+    order = -80  # exit_plan_mode; refuses calls sent beside it
 
     def __init__(self, timeout: float = 600.0) -> None:
         self.timeout = timeout
@@ -121,21 +122,21 @@ class PlanHook(Hook):
     async def modify_request(self, ctx: HookContext, request: ModelRequest) -> ModelRequest | None:
         if ctx.session.mode != "plan":
             return None
-        return add_to_system_prompt(request, PLAN_NOTE)
+        return request.with_system(PLAN_NOTE)
 
     async def after_model_call(self, ctx: HookContext, response: ModelResponse) -> None:
         calls = response.message.tool_calls
         if ctx.session.mode == "plan" and any(c.name == TOOL for c in calls):
-            ctx.session.state[_BATCH] = frozenset(c.id for c in calls if c.name != TOOL)
+            ctx.turn_state[_BATCH] = frozenset(c.id for c in calls if c.name != TOOL)
         else:
-            ctx.session.state.pop(_BATCH, None)
+            ctx.turn_state.pop(_BATCH, None)
 
     async def wrap_tool_call(self, ctx: HookContext, call: ToolCall, call_next: Any) -> ToolResult:
         session = ctx.session
         if call.name != TOOL:
             # The model wrote these beside its plan, before anyone approved it: they are
             # judged as plan mode judges them, whenever the approval lands.
-            if call.id in session.state.get(_BATCH, ()) and not _read_only(session, call.name):
+            if call.id in ctx.turn_state.get(_BATCH, ()) and not _read_only(session, call.name):
                 return ToolResult(
                     call.id,
                     call.name,
@@ -143,7 +144,7 @@ class PlanHook(Hook):
                     "approved. Call it again now if the plan was approved.",
                 )
             return await call_next(call)
-        lock: anyio.Lock = session.state.setdefault(_LOCK, anyio.Lock())
+        lock: anyio.Lock = ctx.turn_state.setdefault(_LOCK, anyio.Lock())
         async with lock:  # two plans in one reply: one question at a time
             return await self._exit_plan_mode(ctx, call, call_next)
 
@@ -160,15 +161,15 @@ class PlanHook(Hook):
         if result.is_error:
             return result
         plan = str(call.args.get("plan", ""))
-        ask = getattr(session.client, "ask", None)
-        if ask is None:
+        client: EditorClient | None = session.client
+        if client is None:
             return ToolResult(
                 call.id,
                 call.name,
                 error="Nobody is attached to approve the plan (no editor, no terminal), so the "
                 "session stays in plan mode. Give the plan in your answer instead.",
             )
-        choice = await ask(
+        choice = await client.ask(
             call,
             OPTIONS,
             title="Ready to code? Review the plan",

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from crow import Hook, HookContext, Message, ModelRequest, ServerSpec, Session
+from crow import Hook, HookContext, ModelRequest, ServerSpec, Session
 
 if TYPE_CHECKING:
     from crow import Agent
@@ -143,21 +143,11 @@ def render_catalog(skills: list[Skill]) -> str:
     return "\n".join([HEADER, *lines])
 
 
-def add_to_system_prompt(request: ModelRequest, text: str) -> ModelRequest:
-    """A copy of `request` with `text` appended to its system message (inserted if none)."""
-    messages = list(request.messages)
-    if messages and messages[0].role == "system":
-        first = messages[0]
-        messages[0] = first.replace(content=f"{first.content}\n\n{text}" if first.content else text)
-    else:
-        messages.insert(0, Message("system", text))
-    return request.replace(messages=messages)
-
-
 class SkillsHook(Hook):
     """Finds SKILL.md skills once per session and lists them in the system prompt."""
 
     name = "skills"
+    order = -50
 
     def __init__(self, paths: list[str] | tuple[str, ...] = (), *, home: Path | str | None = None) -> None:
         self.paths = [str(p) for p in paths]
@@ -209,10 +199,10 @@ class SkillsHook(Hook):
         catalog = ctx.session.state.get(_STATE_KEY)
         if not catalog:
             return None
-        return add_to_system_prompt(request, catalog)
+        return request.with_system(catalog)
 
 
 def factory(agent: Agent) -> SkillsHook:
-    """Factory for `builtin_hooks.install`: paths from `hooks.settings.skills.paths`."""
+    """The `crow.hooks` entry point: paths from `hooks.settings.skills.paths`."""
     settings = agent.config.hooks.settings.get("skills", {})
     return SkillsHook(settings.get("paths", []), home=agent.config.home)

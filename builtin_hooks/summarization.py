@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from crow import Compact, Hook, HookContext, ModelResponse
 
 if TYPE_CHECKING:
-    from crow.agent import Agent
+    from crow import Agent
 
 
 class SummarizationHook(Hook):

@@ -9,6 +9,7 @@ from crow import Hook, HookContext, PlanUpdated, ServerSpec, Session, ToolCall, 
 
 class TodoListHook(Hook):
     name = "todolist"
+    order = -60
 
     def tool_servers(self, session: Session) -> list[ServerSpec]:
         from crow.tools import direct_call_state

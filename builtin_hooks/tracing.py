@@ -27,11 +27,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 
-from crow import Hook, HookContext, ModelRequest, ModelResponse, ToolCall, ToolResult
+from crow import CallModel, CallTool, Hook, HookContext, ModelRequest, ModelResponse, ToolCall, ToolResult
 
 if TYPE_CHECKING:
     from crow import Agent
-    from crow.hooks import CallModel, CallTool
 
 log = logging.getLogger("crow.hooks.tracing")
 
@@ -178,6 +177,6 @@ def trace_path(agent: Agent) -> str | None:
 
 
 def factory(agent: Agent) -> TracingHook | None:
-    """Factory for `builtin_hooks.install`: None (not registered) when no trace file is set."""
+    """The `crow.hooks` entry point: None (not registered) when no trace file is set."""
     path = trace_path(agent)
     return TracingHook(path) if path else None

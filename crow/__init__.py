@@ -11,6 +11,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
+# name -> the module defining it; a name that is a module's own last part is that module.
 _EXPORTS = {
     "Agent": "crow.agent",
     "Hook": "crow.hooks",
@@ -20,7 +21,13 @@ _EXPORTS = {
     "Replace": "crow.hooks",
     "Stop": "crow.hooks",
     "PHASES": "crow.hooks",
+    "CallModel": "crow.hooks",
+    "CallTool": "crow.hooks",
     "HookContext": "crow.context",
+    "EditorClient": "crow.editor",
+    "child_environment": "crow.environment",
+    "rules": "crow.rules",  # the permission-rule language: parse, compile, decide
+    "ProjectRules": "crow.project_rules",
     "Session": "crow.session",
     "Message": "crow.messages",
     "Messages": "crow.messages",
@@ -50,6 +57,7 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'crow' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    imported = importlib.import_module(module)
+    value = imported if module == f"crow.{name}" else getattr(imported, name)
     globals()[name] = value
     return value

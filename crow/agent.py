@@ -106,10 +106,9 @@ class Agent:
 
     async def _set_up(self) -> None:
         await anyio.to_thread.run_sync(_import_runtime)
-        if self._builtin_hooks:
-            from builtin_hooks import install
+        from crow.plugins import install
 
-            install(self)
+        await install(self, builtins=self._builtin_hooks)
         if self.config.tools:
             from crow.plugins import load_object
 
@@ -202,9 +201,7 @@ class Agent:
         session.tools = hub
         specs: list[ServerSpec] = []
         for hook in self.hooks.hooks:
-            provide = getattr(hook, "tool_servers", None)
-            if provide is not None:
-                specs.extend(provide(session))
+            specs.extend(hook.tool_servers(session))
         if self._function_server is not None:
             specs.append(ServerSpec("crow-tools", "inprocess", server=self._function_server, direct=True))
         await hub.connect([*specs, *servers])

@@ -70,7 +70,7 @@ class CommandHookEntry(_Model):
 
 
 class HooksConfig(_Model):
-    disable: list[str] = Field(default_factory=list)  # builtin hook names to switch off
+    disable: list[str] = Field(default_factory=list)  # builtin or entry-point hooks to leave out
     extra: list[str] = Field(default_factory=list)  # "module:object" hooks to add
     settings: dict[str, dict[str, Any]] = Field(default_factory=dict)  # per-hook options
     commands: list[CommandHookEntry] = Field(default_factory=list)
@@ -248,7 +248,7 @@ ADDITIVE_LISTS = {
     ("permissions", "ask"),
     ("permissions", "deny"),
     ("environment", "exclude"),
-    ("hooks", "commands"),  # a project's commands run after the user's (builtin_hooks/project_commands)
+    ("hooks", "commands"),  # a project's commands run after the user's (crow/project_commands.py)
 }
 PROJECT_FILE = "crow.yaml"
 
@@ -358,29 +358,7 @@ def _validate(data: Mapping[str, Any], where: str) -> Config:
         config = Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"invalid configuration{where}: {exc}") from exc
-    unknown = sorted(set(config.hooks.disable) - set(builtin_hook_names()))
-    if unknown:  # an installed hook may be switched off by its entry-point name too
-        unknown = sorted(set(unknown) - _entry_point_hook_names())
-    if unknown:
-        raise ConfigError(
-            f"invalid configuration{where}: hooks.disable names unknown hook(s) "
-            f"{', '.join(map(repr, unknown))}; the builtin hooks are {', '.join(builtin_hook_names())}"
-        )
-    return config
-
-
-def builtin_hook_names() -> list[str]:
-    from builtin_hooks import BUILTINS  # a light module: the hooks themselves load at install
-
-    return [name for name, _ in BUILTINS]
-
-
-def _entry_point_hook_names() -> set[str]:
-    from importlib.metadata import entry_points
-
-    installed = entry_points()
-    groups = [g for g in installed.groups if g == "crow.hooks" or g.startswith("crow.hooks.")]
-    return {ep.name for g in groups for ep in installed.select(group=g)}
+    return config  # hooks.disable is checked where hooks are found (crow.plugins)
 
 
 def load_config(

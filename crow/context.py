@@ -27,6 +27,9 @@ class HookContext:
     usage: Usage = field(default_factory=Usage)  # summed over this turn's model calls
     injected: list[str] = field(default_factory=list)
     compactor: CompactService | None = None  # the agent's one compaction service
+    # Scratch space for hooks that lives for this prompt's turn only (each prompt gets a
+    # new context); `session.state` is the one that lives as long as the session.
+    turn_state: dict[str, Any] = field(default_factory=dict)
 
     # -------- the session, as seed 004 promises
     @property

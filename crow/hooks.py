@@ -15,8 +15,10 @@ A hook is a `Hook` subclass overriding only the phases it needs, or a plain asyn
 registered at a phase. Hooks are called by parameter NAME: a function takes any of the
 names its phase offers, in any order (`(response)`, `(ctx, response)`, `(*, response)`);
 a parameter the phase does not offer (and that has no default) fails at registration.
-Onions are built once: the first hook registered is the outermost layer. Registration
-validates before it changes anything, and fails with the hook's name.
+Every phase keeps its hooks in one order, the stack's: crow's builtins first, then
+everyone else's, each band by `order` then name (`crow.plugins` says where hooks come
+from); for the onions the first is the outermost layer. Registration validates before it
+changes anything, and fails with the hook's name.
 
 Seed 003's per-call phases are adapted onto the onions (`SEED_PHASES`). `BeforeLLMCall`
 (ctx, request) and `BeforeToolExec` (ctx, call) block: one that raises stops that call
@@ -31,7 +33,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 # The actions are part of the hook API: importable from here as from crow.actions.
 from crow.actions import Action, ActionPicker, Compact, Continue, Replace, Stop  # noqa: F401
@@ -41,6 +43,8 @@ from crow.messages import ToolCall, ToolResult
 
 if TYPE_CHECKING:
     from crow.context import HookContext
+    from crow.session import Session
+    from crow.tools import ServerSpec
 
 log = logging.getLogger("crow.hooks")
 
@@ -115,7 +119,7 @@ class Hook:
     """Override only the phases you need; the others are never called."""
 
     name: str = ""
-    order: int = 0  # lower runs first / wraps outermost; ties keep registration order
+    order: int = 0  # within its band: lower runs first / wraps outermost; ties go by name
 
     async def before_agent(self, ctx: HookContext) -> None: ...
 
@@ -135,6 +139,11 @@ class Hook:
 
     async def on_error(self, ctx: HookContext, error: Exception) -> None: ...
 
+    def tool_servers(self, session: Session) -> Sequence[ServerSpec]:
+        """MCP servers this hook offers the session's model, connected with the session's
+        tools (after the front end's); none by default."""
+        return ()
+
     def phases(self) -> list[str]:
         """The phases this hook's class overrides."""
         return [p for p in PHASES if getattr(type(self), p) is not getattr(Hook, p)]
@@ -142,6 +151,11 @@ class Hook:
     @property
     def hook_name(self) -> str:
         return self.name or type(self).__name__
+
+
+# The stack's bands, outermost first: crow's own hooks, then everyone else's.
+BUILTIN_BAND = 0
+USER_BAND = 1
 
 
 @dataclass(slots=True)
@@ -152,8 +166,12 @@ class _Impl:
     phase: str
     fn: Callable[..., Awaitable[Any]]
     order: int
-    seq: int
+    band: int
     call: _Call
+
+    @property
+    def key(self) -> tuple[int, int, str]:
+        return (self.band, self.order, self.name)
 
     async def __call__(self, **offered: Any) -> Any:
         return await self.call(self.fn, offered)
@@ -254,48 +272,81 @@ def _seed_adapter(name: str, seed_phase: str, fn: Callable[..., Awaitable[Any]])
 
 
 class HookRegistry:
-    """Holds hooks in order. Frozen at the first turn; registering after that raises."""
+    """The hook stack. Each phase's hooks are kept in one order, whatever the order they
+    were registered in: band (crow's builtins, then everyone else's), then `order`, then
+    name. Frozen at the first turn; registering after that raises."""
 
     def __init__(self) -> None:
         self._impls: dict[str, list[_Impl]] = {p: [] for p in PHASES}
         self._names: set[str] = set()
-        self._hooks: list[Hook] = []
-        self._seq = 0
+        self._hooks: list[tuple[tuple[int, int, str], Hook]] = []
         self._frozen = False
 
-    def add(self, hook: Hook, *, name: str | None = None, order: int | None = None) -> Hook:
-        """Register a Hook object at every phase its class overrides."""
-        hook_name = name or hook.hook_name
-        phases = hook.phases()
-        if not phases:
-            raise HookError(f"hook {hook_name!r} ({type(hook).__qualname__}) overrides no phase")
-        impls = [(p, getattr(hook, p)) for p in phases]
-        self._commit(hook_name, impls, hook.order if order is None else order)
-        self._hooks.append(hook)
-        return hook
+    @overload
+    def register(
+        self, hook: Hook, /, *, name: str | None = None, order: int | None = None, builtin: bool = False
+    ) -> Hook: ...
+
+    @overload
+    def register(
+        self,
+        phase: str,
+        fn: Callable[..., Awaitable[Any]],
+        /,
+        *,
+        name: str | None = None,
+        order: int | None = None,
+        builtin: bool = False,
+    ) -> Callable[..., Awaitable[Any]]: ...
 
     def register(
-        self, phase: str, fn: Callable[..., Awaitable[Any]], *, name: str | None = None, order: int = 0
-    ) -> Callable[..., Awaitable[Any]]:
-        """Register an async function at a phase (or alias). Returns fn (usable as decorator
-        via `functools.partial`)."""
+        self,
+        target: Hook | str,
+        fn: Callable[..., Awaitable[Any]] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        order: int | None = None,
+        builtin: bool = False,
+    ) -> Any:
+        """`register(hook)`: a Hook object, at every phase its class overrides.
+        `register(phase, fn)`: an async function at one phase (or alias).
+        `order` defaults to the hook's own `order` (0 for functions); `builtin` is set by
+        crow's discovery for crow's own hooks, which wrap everyone else's."""
+        band = BUILTIN_BAND if builtin else USER_BAND
+        if isinstance(target, Hook):
+            if fn is not None:
+                raise HookError(f"register({target!r}, ...): a Hook is registered alone, without a function")
+            hook_name = name or target.hook_name
+            phases = target.phases()
+            if not phases:
+                raise HookError(f"hook {hook_name!r} ({type(target).__qualname__}) overrides no phase")
+            rank = target.order if order is None else order
+            self._commit(hook_name, [(p, getattr(target, p)) for p in phases], rank, band)
+            self._hooks.append(((band, rank, hook_name), target))
+            self._hooks.sort(key=lambda entry: entry[0])
+            return target
+        if not isinstance(target, str) or fn is None:
+            raise HookError(f"register expects a Hook, or a phase name and an async function; got {target!r}")
         hook_name = name or getattr(fn, "__qualname__", repr(fn))
-        if phase in SEED_PHASES:
-            self._commit(hook_name, [(canonical_phase(phase), _seed_adapter(hook_name, phase, fn))], order)
+        if target in SEED_PHASES:
+            impl = (canonical_phase(target), _seed_adapter(hook_name, target, fn))
         else:
-            self._commit(hook_name, [(canonical_phase(phase), fn)], order)
+            impl = (canonical_phase(target), fn)
+        self._commit(hook_name, [impl], order or 0, band)
         return fn
 
-    def _commit(self, name: str, impls: list[tuple[str, Callable[..., Any]]], order: int) -> None:
+    def _commit(
+        self, name: str, impls: list[tuple[str, Callable[..., Any]]], order: int, band: int
+    ) -> None:
         if self._frozen:
             raise HookError(f"cannot register hook {name!r}: hooks are frozen once a turn ran")
         if name in self._names:
             raise HookError(f"a hook named {name!r} is already registered")
         checked = [(phase, fn, _check(name, phase, fn)) for phase, fn in impls]  # validate all first
         for phase, fn, call in checked:
-            self._seq += 1
-            self._impls[phase].append(_Impl(name, phase, fn, order, self._seq, call))
-            self._impls[phase].sort(key=lambda i: (i.order, i.seq))
+            self._impls[phase].append(_Impl(name, phase, fn, order, band, call))
+            self._impls[phase].sort(key=lambda i: i.key)
         self._names.add(name)
 
     def freeze(self) -> None:
@@ -306,7 +357,8 @@ class HookRegistry:
 
     @property
     def hooks(self) -> list[Hook]:
-        return list(self._hooks)
+        """The Hook objects, in the stack's order."""
+        return [hook for _, hook in self._hooks]
 
     def names(self, phase: str | None = None) -> list[str]:
         if phase is None:

@@ -16,7 +16,7 @@ from builtin_hooks import memory as memory_mod
 from builtin_hooks import skills as skills_mod
 from builtin_hooks import tracing as tracing_mod
 from builtin_hooks.memory import MemoryHook
-from builtin_hooks.skills import SkillsHook, add_to_system_prompt, discover
+from builtin_hooks.skills import SkillsHook, discover
 from builtin_hooks.tracing import TracingHook
 from crow import Compact, CompactService, Hook, HookContext, ModelRequest, ToolCall, ToolResult
 from crow.agent import Agent
@@ -44,7 +44,7 @@ async def make_agent(tmp_path: Path, model_env: ScriptedLLM) -> AsyncIterator[Ca
         config.setdefault("home", tmp_path / "home")
         agent = Agent(Config(model="openai:scripted", **config), builtin_hooks=False)
         for hook in hooks:
-            agent.hooks.add(hook)
+            agent.hooks.register(hook)
         agents.append(agent)
         return agent
 
@@ -143,13 +143,13 @@ async def test_read_skill_reads_skills_outside_the_workspace(
     assert "not a file in the folder" in results[2] and "no skill named 'nope'" in results[3]
 
 
-def test_catalog_goes_into_the_system_message_without_mutating() -> None:
+def test_with_system_appends_to_the_system_message_without_mutating() -> None:
     request = ModelRequest(messages=[Message("system", "base"), human("hi")])
-    changed = add_to_system_prompt(request, "CATALOG")
+    changed = request.with_system("CATALOG")
     assert changed.messages[0].content == "base\n\nCATALOG"
     assert request.messages[0].content == "base"
     bare = ModelRequest(messages=[human("hi")])
-    inserted = add_to_system_prompt(bare, "CATALOG")
+    inserted = bare.with_system("CATALOG")
     assert [m.role for m in inserted.messages] == ["system", "user"]
     assert inserted.messages[0].content == "CATALOG"
     assert len(bare.messages) == 1
@@ -358,14 +358,10 @@ def test_tracing_off_means_no_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert isinstance(hook, TracingHook) and hook.writer.path == tmp_path / "env.jsonl"
 
 
-async def test_install_registers_tracing_only_with_a_trace_file(
+async def test_discovery_registers_tracing_only_with_a_trace_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import builtin_hooks
-
-    names = [name for name, _ in getattr(builtin_hooks, "BUILTINS", [])]
-    if "tracing" not in names:
-        pytest.skip("tracing is not wired into builtin_hooks.BUILTINS yet")
+    """Through the real discovery (crow's own entry points): outermost when on, absent when off."""
     monkeypatch.delenv("CROW_TRACE", raising=False)
     hooks = HooksConfig(entry_points=False)
     off = Agent(Config(home=tmp_path / "a", hooks=hooks), builtin_hooks=True)
@@ -373,8 +369,9 @@ async def test_install_registers_tracing_only_with_a_trace_file(
     try:
         await off.ready()
         await on.ready()
-        assert "tracing" not in off.hooks
-        assert "tracing" in on.hooks
+        assert "tracing" not in off.hooks and "permissions" in off.hooks
+        assert on.hooks.names("wrap_tool_call")[:2] == ["tracing", "permissions"]
+        assert isinstance(on.hooks.hooks[0], TracingHook)
     finally:
         await off.aclose()
         await on.aclose()

@@ -38,7 +38,7 @@ async def make_agent(tmp_path: Path, model_env: ScriptedLLM) -> AsyncIterator[Ca
     def make(*entries: CommandHookEntry) -> Agent:
         agent = Agent(Config(model="openai:scripted", home=tmp_path / "home"), builtin_hooks=False)
         for entry in entries:
-            agent.hooks.add(command_hook(entry))
+            agent.hooks.register(command_hook(entry))
         agent.compactor = RecordingCompactor()
         agent.tool(echo)
         agents.append(agent)
@@ -342,21 +342,17 @@ async def test_missing_command_is_skipped(
     assert session.messages[-1].content == "ok"
 
 
-async def test_configured_through_install(tmp_path: Path, workspace: Path, model_env: ScriptedLLM) -> None:
-    import builtin_hooks
-
-    builtin_names = [name for name, _ in getattr(builtin_hooks, "BUILTINS", [])]
+async def test_configured_through_discovery(tmp_path: Path, workspace: Path, model_env: ScriptedLLM) -> None:
     cmd = script(tmp_path, 'out({"action": "compact"})\n')
     config = Config(
         model="openai:scripted",
         home=tmp_path / "home",
         hooks=HooksConfig(
-            disable=builtin_names,
             entry_points=False,
             commands=[CommandHookEntry(command=cmd, name="compactor"), CommandHookEntry(command="true")],
         ),
     )
-    agent = Agent(config, builtin_hooks=True)
+    agent = Agent(config, builtin_hooks=False)  # the user's command hooks stay
     agent.compactor = RecordingCompactor()
     try:
         await run(agent, workspace)

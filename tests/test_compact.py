@@ -562,7 +562,7 @@ async def agent_with_history(
     )
     agent = Agent(config, builtin_hooks=False)
     agent.tool(note)
-    agent.hooks.add(factory(agent))
+    agent.hooks.register(factory(agent))
     session = agent.create_session(tmp_path)
     await agent.session_ready(session)
     llm.rule(is_summary_request, summary)

@@ -110,12 +110,6 @@ def test_keys_a_project_may_not_set(home: Path, tmp_path: Path, data: dict, key:
     assert str(tmp_path / "crow.yaml") in str(err.value)
 
 
-def test_misspelt_hook_name_is_an_error(home: Path) -> None:
-    with pytest.raises(ConfigError, match=r"'permisions'.*permissions"):
-        user(home, {"hooks": {"disable": ["permisions"]}})
-    assert user(home, {"hooks": {"disable": ["memory"]}}).hooks.disable == ["memory"]
-
-
 # ------------------------------------------------------------------ credentials
 def test_project_base_url_needs_its_own_key(home: Path, tmp_path: Path) -> None:
     path = tmp_path / "crow.yaml"
@@ -339,9 +333,7 @@ def test_concurrent_trust_commands_all_land(home: Path, tmp_path: Path) -> None:
 async def test_project_commands_run_once_and_the_users_are_not_repeated(
     home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from builtin_hooks.project_commands import ProjectCommandsHook
     from crow.agent import Agent
-    from crow.command_hooks import command_hook
     from crow.messages import human
     from tests.llm_server import Reply, ScriptedLLM
 
@@ -354,9 +346,7 @@ async def test_project_commands_run_once_and_the_users_are_not_repeated(
     with ScriptedLLM(default=Reply(text="ok")) as llm:
         monkeypatch.setenv("OPENAI_BASE_URL", llm.base_url)
         monkeypatch.setenv("OPENAI_API_KEY", "k")
-        agent = Agent(config, builtin_hooks=False)
-        agent.hooks.add(ProjectCommandsHook(config.hooks.commands))  # registered first, as a builtin
-        agent.hooks.add(command_hook(config.hooks.commands[0]), name="command-1")
+        agent = Agent(config, builtin_hooks=False)  # both are the user's: discovery adds them
         try:
             inside = agent.create_session(tmp_path / "p")
             outside = agent.create_session(tmp_path)
@@ -368,6 +358,7 @@ async def test_project_commands_run_once_and_the_users_are_not_repeated(
             await agent.run_turn(outside, human("hi"), ignore)
         finally:
             await agent.aclose()
+    assert agent.hooks.names("before_agent") == ["command-1", "project_commands"]
     assert log.read_text().split() == ["user", "project", "user"]
 
 

@@ -86,7 +86,7 @@ async def test_tool_call_then_answer_with_hooks_in_order(
     assert start.status == "pending" and start.raw_input == {"a": 2, "b": 3}
     statuses = [u.status for u in client.of_type("ToolCallProgress")]
     assert statuses == ["in_progress", "completed"]
-    # first registered hook is the outermost layer, for model and tool calls alike
+    # the lower `order` is the outer layer, for model and tool calls alike
     assert order_file.read_text().split() == [
         "outer:model:before",
         "inner:model:before",

@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 
-import builtin_hooks
 from crow.agent import Agent
 from crow.config import CommandHookEntry, Config, HooksConfig
 from crow.messages import human
 from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
+from tests.support.site import on_sys_path
 
 pytestmark = pytest.mark.anyio
 
@@ -74,15 +74,8 @@ def installed() -> Iterator[Path]:
     cache.mkdir(exist_ok=True)
     target = cache / _fingerprint()
     _build(target)
-    sys.path.insert(0, str(target))
-    importlib.invalidate_caches()
-    try:
+    with on_sys_path(target, "crow_audit_hook", "crow_ralph_hook"):
         yield target
-    finally:
-        sys.path.remove(str(target))
-        for module in ("crow_audit_hook", "crow_ralph_hook"):
-            sys.modules.pop(module, None)
-        importlib.invalidate_caches()
 
 
 @pytest.fixture
@@ -108,19 +101,13 @@ class RecordingCompactor:
 async def make_agent(
     tmp_path: Path, installed: Path, model_env: ScriptedLLM
 ) -> AsyncIterator[Callable[..., Agent]]:
-    """An agent that loads hooks the way `crow` does (builtin_hooks.install, entry points on),
-    with the builtin hooks switched off so only the examples act."""
+    """An agent that finds hooks the way `crow` does (entry points on), without crow's
+    builtin hooks so only the examples act."""
     agents: list[Agent] = []
 
     def make(**hooks: Any) -> Agent:
-        disable = [name for name, _ in getattr(builtin_hooks, "BUILTINS", [])]
-        config = Config(
-            model="openai:scripted",
-            home=tmp_path / "home",
-            mode="yolo",
-            hooks=HooksConfig(disable=disable, **hooks),
-        )
-        agent = Agent(config, builtin_hooks=True)
+        config = Config(model="openai:scripted", home=tmp_path / "home", mode="yolo", hooks=HooksConfig(**hooks))
+        agent = Agent(config, builtin_hooks=False)
         agent.compactor = RecordingCompactor()
         agents.append(agent)
         return agent

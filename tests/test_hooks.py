@@ -40,7 +40,7 @@ def test_only_overridden_phases_are_wired() -> None:
             return None
 
     registry = HookRegistry()
-    registry.add(OnlyStop())
+    registry.register(OnlyStop())
     assert registry.names("agent_stop") == ["OnlyStop"]
     assert all(registry.names(p) == [] for p in PHASES if p != "agent_stop")
 
@@ -68,7 +68,7 @@ def test_registration_is_validated_and_atomic() -> None:
             ...
 
     with pytest.raises(HookError):
-        registry.add(Broken())
+        registry.register(Broken())
     assert registry.names() == [], "nothing half-registered"
     registry.register("pre_request", ok, name="ok")
     with pytest.raises(HookError, match="already registered"):
@@ -132,10 +132,10 @@ async def test_onion_order_and_every_phase_fires(tmp_path: Path) -> None:
 
         return wrap_model, wrap_tool
 
-    for name in ("outer", "inner"):
+    for rank, name in enumerate(("outer", "inner")):  # by name alone "inner" would be outside
         model, tool = wrapper(name)
-        agent.hooks.register("wrap_model_call", model, name=f"{name}-model")
-        agent.hooks.register("wrap_tool_call", tool, name=f"{name}-tool")
+        agent.hooks.register("wrap_model_call", model, name=f"{name}-model", order=rank)
+        agent.hooks.register("wrap_tool_call", tool, name=f"{name}-tool", order=rank)
     for phase in ("pre_request", "modify_request", "mid_react", "post_react_loop", "post_request"):
 
         async def observer(ctx: Any, *args: Any, phase: str = phase) -> None:

@@ -43,6 +43,17 @@ class ModelRequest:
     def replace(self, **changes: Any) -> ModelRequest:
         return dataclasses.replace(self, **changes)
 
+    def with_system(self, text: str) -> ModelRequest:
+        """A copy with `text` appended to the system message (one is put first if there is
+        none). Text added at the end keeps the provider's cache of what comes before it."""
+        messages = list(self.messages)
+        if messages and messages[0].role == "system":
+            first = messages[0]
+            messages[0] = first.replace(content=f"{first.content}\n\n{text}" if first.content else text)
+        else:
+            messages.insert(0, Message("system", text))
+        return self.replace(messages=messages)
+
 
 @dataclass(frozen=True, slots=True)
 class Usage:

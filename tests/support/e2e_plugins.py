@@ -17,11 +17,12 @@ def _record(entry: str) -> None:
             f.write(entry + "\n")
 
 
-def _recorder(label: str) -> type[Hook]:
+def _recorder(label: str, rank: int) -> type[Hook]:
     """A hook class that records when it enters and leaves model and tool calls."""
 
     class Recorder(Hook):
         name = label
+        order = rank
 
         async def wrap_model_call(self, ctx, request, call_next):  # type: ignore[no-untyped-def]
             _record(f"{label}:model:before")
@@ -38,8 +39,8 @@ def _recorder(label: str) -> type[Hook]:
     return Recorder
 
 
-Outer = _recorder("outer")
-Inner = _recorder("inner")
+Outer = _recorder("outer", -1)  # by name alone "inner" would be outside
+Inner = _recorder("inner", 0)
 
 
 async def add(a: int, b: int) -> str:

@@ -10,13 +10,13 @@ import os
 from crow import Continue, HookContext
 
 QUESTION = "Are you sure? Check your work."
-_KEY = "ralph.asked"  # the HookContext of the prompt we already asked in (one per prompt)
+_KEY = "ralph.asked"  # in ctx.turn_state, which every prompt starts empty
 
 
 async def ralph(ctx: HookContext) -> Continue | None:
     if os.environ.get("CROW_RALPH") != "1":
         return None
-    if ctx.session.state.get(_KEY) is ctx:
+    if ctx.turn_state.get(_KEY):
         return None  # asked once in this prompt: let it stop
-    ctx.session.state[_KEY] = ctx
+    ctx.turn_state[_KEY] = True
     return Continue([QUESTION])
