@@ -324,7 +324,7 @@ def test_a_parameter_the_phase_does_not_offer_fails_at_registration() -> None:
         async def wrap_tool_call(self, ctx: Any, tool_call: Any, handler: Any) -> Any: ...
 
     with pytest.raises(HookError, match=r"hook 'Renamed' at wrap_tool_call: .*'tool_call'"):
-        registry.add(Renamed())
+        registry.register(Renamed())
 
     async def block(ctx: Any, req: Any) -> None: ...
 

@@ -143,7 +143,7 @@ async def test_after_agent_is_bounded_after_a_cancel(tmp_path: Path, monkeypatch
         await anyio.sleep(30)
         ran.append("never")
 
-    agent.hooks.register("post_request", hang, name="hang")
+    agent.hooks.register("post_request", hang, name="hang", order=1)  # after record
     session = agent.create_session(tmp_path)
     started = anyio.current_time()
     with anyio.CancelScope() as scope:
