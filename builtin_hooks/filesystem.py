@@ -143,7 +143,7 @@ class FilesystemHook(Hook):
             request_state_security=direct_call_state(),
             hidden=_file_tools_hidden(config, session.cwd),
         )
-        return [ServerSpec("filesystem", "inprocess", server=server, direct=True)]
+        return [ServerSpec("filesystem", "inprocess", server=server)]
 
     async def before_agent(self, ctx: HookContext) -> None:
         if ctx.session.id in self._untold:

@@ -111,7 +111,7 @@ class PlanHook(Hook):
         server.add_tool(
             exit_plan_mode, annotations=ToolAnnotations(read_only_hint=True), structured_output=False
         )
-        return [ServerSpec("plan", "inprocess", server=server, direct=True)]
+        return [ServerSpec("plan", "inprocess", server=server)]
 
     async def before_agent(self, ctx: HookContext) -> None:
         state = ctx.session.state

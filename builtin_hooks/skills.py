@@ -193,7 +193,7 @@ class SkillsHook(Hook):
             return await anyio.Path(target).read_text(encoding="utf-8", errors="replace")
 
         server.add_tool(read_skill, annotations=ToolAnnotations(read_only_hint=True), structured_output=False)
-        return [ServerSpec("skills", "inprocess", server=server, direct=True)]
+        return [ServerSpec("skills", "inprocess", server=server)]
 
     async def before_agent(self, ctx: HookContext) -> None:
         state = ctx.session.state

@@ -214,7 +214,7 @@ class Agent:
             if provide is not None:
                 specs.extend(provide(session))
         if self._function_server is not None:
-            specs.append(ServerSpec("crow-tools", "inprocess", server=self._function_server, direct=True))
+            specs.append(ServerSpec("crow-tools", "inprocess", server=self._function_server))
         await hub.connect([*specs, *servers])
 
     async def session_ready(self, session: Session) -> None:
