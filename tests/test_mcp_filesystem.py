@@ -198,6 +198,21 @@ async def test_edit_file_preserves_final_newline(
     assert (root / "f").read_bytes() == after.encode()
 
 
+async def test_an_edit_that_changes_nothing_says_so_and_writes_nothing(client: Client, root: Path) -> None:
+    """Removing only the final newline is undone by edit_file's newline rule: it used to
+    report "1 replacement" and rewrite the file."""
+    path = root / "f.txt"
+    path.write_text("a\nb\n")
+    before = path.stat()
+    message = await fail(client, "edit_file", path="f.txt", old_text="b\n", new_text="b")
+    assert message == (
+        "Error executing tool edit_file: nothing changed: with this edit the file reads exactly as "
+        "before (edit_file keeps the file's final newline and line endings); the file was not written"
+    )
+    after = path.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
 # --- glob --------------------------------------------------------------------------------
 
 
