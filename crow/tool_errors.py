@@ -91,7 +91,9 @@ def signature(schema: Mapping[str, Any], root: Mapping[str, Any] | None = None, 
         return ""
     root = schema if root is None else root
     required = set(_required(schema))
-    parts = [f'"{arg}"{"" if arg in required else "?"}: {_type(spec, root, depth)}' for arg, spec in props.items()]
+    parts = [
+        f'"{arg}"{"" if arg in required else "?"}: {_type(spec, root, depth)}' for arg, spec in props.items()
+    ]
     return "{" + ", ".join(parts) + "}"
 
 

@@ -121,28 +121,44 @@ class _StreamState:
                 events.extend(self._feed_call(frag))
             if reason := choice.get("finish_reason"):
                 self.finish = reason
+                if self.calls:  # calls whose arguments never started
+                    events.extend(self._announce(max(self.calls)))
         return events
 
     def _feed_call(self, frag: Mapping[str, Any]) -> list[ModelEvent]:
+        """A tool call's name may arrive in pieces: they are joined until its arguments
+        start (a name repeated whole in later deltas, as some servers send, is not added
+        again). The call is announced once its arguments start or the stream finishes."""
         index = frag.get("index")
         if not isinstance(index, int):
             index = len(self.calls)
         call = self.calls.setdefault(index, _PendingCall())
         fn = frag.get("function") or {}
-        if frag.get("id") and not call.announced:
+        if frag.get("id") and not call.id:
             call.id = frag["id"]
-        if fn.get("name") and not call.announced:
-            call.name += fn["name"]
+        name = fn.get("name")
+        if name and not call.args and name != call.name:
+            call.name += name
         if fn.get("arguments"):
             call.args.append(
                 fn["arguments"] if isinstance(fn["arguments"], str) else json.dumps(fn["arguments"])
             )
-        if call.name and not call.announced:
+            return [] if call.announced else self._announce(index)
+        return []
+
+    def _announce(self, upto: int) -> list[ModelEvent]:
+        """ToolCallDeltas for the named calls up to index `upto`, in index order."""
+        events: list[ModelEvent] = []
+        for position, index in enumerate(sorted(self.calls)):
+            call = self.calls[index]
+            if index > upto:
+                break
+            if call.announced or not call.name:
+                continue
             call.id = call.id or f"call_{uuid.uuid4().hex[:24]}"
             call.announced = True
-            position = sorted(self.calls).index(index)
-            return [ToolCallDelta(position, call.id, call.name)]
-        return []
+            events.append(ToolCallDelta(position, call.id, call.name))
+        return events
 
     def response(self) -> ModelResponse:
         calls = tuple(
