@@ -162,7 +162,7 @@ class Agent:
             from crow.llm.registry import create_provider
 
             self._providers[key] = create_provider(
-                ref, providers=config.providers_settings(), models=config.models_settings()
+                ref, providers=config.providers, models=config.model_settings
             )
         return self._providers[key]
 
