@@ -75,7 +75,7 @@ async def test_a_wrong_type_names_the_argument_and_the_value(hub: ToolHub) -> No
     assert todos.error == (
         "write_todos was not run: its arguments are wrong.\n"
         "- `todos`: input should be a valid list (got 'nope')\n"
-        'Send: {"todos": {"id": string, "title": string, "status": \'pending\' | \'in_progress\' | \'done\'}[]}'
+        'Send: {"todos": {"id"?: string, "title": string, "status": \'pending\' | \'in_progress\' | \'done\'}[]}'
     )
 
 
