@@ -109,7 +109,10 @@ class PlanHook(Hook):
         # Read-only: the tool itself changes nothing; the mode changes only when the user
         # approves, and that is this hook's doing (below).
         server.add_tool(
-            exit_plan_mode, annotations=ToolAnnotations(read_only_hint=True), structured_output=False
+            exit_plan_mode,
+            annotations=ToolAnnotations(read_only_hint=True),
+            meta={"crow": {"kind": "switch_mode", "title": "Plan ready for review"}},
+            structured_output=False,
         )
         return [ServerSpec("plan", "inprocess", server=server)]
 

@@ -192,7 +192,12 @@ class SkillsHook(Hook):
                 raise ToolError(f"{file!r} is not a file in the folder of skill {name!r}")
             return await anyio.Path(target).read_text(encoding="utf-8", errors="replace")
 
-        server.add_tool(read_skill, annotations=ToolAnnotations(read_only_hint=True), structured_output=False)
+        server.add_tool(
+            read_skill,
+            annotations=ToolAnnotations(read_only_hint=True),
+            meta={"crow": {"kind": "read", "title": "Read skill {name}"}},
+            structured_output=False,
+        )
         return [ServerSpec("skills", "inprocess", server=server)]
 
     async def before_agent(self, ctx: HookContext) -> None:

@@ -291,8 +291,7 @@ class Turn:
     # ------------------------------------------------------------ tool calls
     async def _run_tools(self, ctx: HookContext, calls: Sequence[ToolCall]) -> None:
         for call in calls:
-            spec = self._tool_specs.get(call.name)
-            await self.emit(ToolCallStart(call, read_only=bool(spec and spec.read_only)))
+            await self.emit(ToolCallStart(call, self._tool_specs.get(call.name)))
         chain = build_chain(self.hooks.at("wrap_tool_call"), ctx, self._execute)
 
         async def one(call: ToolCall) -> None:

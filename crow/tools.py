@@ -149,15 +149,11 @@ class ToolHub:
                 name = _first_free(_NAME_OK.sub("_", f"{conn.spec.name}_{tool.name}")[:60], self._routes)
                 renamed.append(f"{tool.name} as {name}")
             self._routes[name] = (conn, tool.name)
-            read_only = self.trusted(name) and bool(tool.annotations and tool.annotations.read_only_hint)
-            self._specs.append(
-                ToolSpec(
-                    name,
-                    tool.description or "",
-                    tool.input_schema or {"type": "object", "properties": {}},
-                    read_only,
-                )
-            )
+            hints = tool.annotations
+            read_only = self.trusted(name) and bool(hints and hints.read_only_hint)
+            kind, title = _presentation(tool)
+            schema = tool.input_schema or {"type": "object", "properties": {}}
+            self._specs.append(ToolSpec(name, tool.description or "", schema, read_only, kind, title))
         if renamed:
             self.failures.append(
                 f"MCP server {conn.spec.name!r}: tool names already taken are offered to the model "
@@ -172,6 +168,12 @@ class ToolHub:
 
     def spec(self, name: str) -> ToolSpec | None:
         return next((s for s in self._specs if s.name == name), None)
+
+    def kind(self, name: str) -> str:
+        """The tool's kind as policy may rely on it: declared by a trusted server, else
+        "other" (a server's claim to be an edit or the plan must not relax a question)."""
+        spec = self.spec(name)
+        return spec.kind if spec is not None and self.trusted(name) else "other"
 
     def trusted(self, name: str) -> bool:
         """Whether the tool's server is believed (crow's own, or marked trusted)."""
@@ -192,7 +194,8 @@ class ToolHub:
         conn, remote_name = route
         if conn.client is None:
             return ToolResult(call.id, call.name, error=f"the MCP server {conn.spec.name!r} is not running")
-        schema = self._schema(call.name)
+        spec = self.spec(call.name)
+        schema = spec.parameters if spec is not None else {}
         if (wrong := check_arguments(call.name, call.args, schema)) is not None:
             return ToolResult(call.id, call.name, error=wrong)
         timeout = None if conn.spec.transport == "inprocess" else conn.spec.timeout
@@ -200,11 +203,12 @@ class ToolHub:
             result = await conn.client.call_tool(remote_name, dict(call.args), read_timeout_seconds=timeout)
         except Exception as exc:  # MCP and transport errors stop here
             return ToolResult(call.id, call.name, error=f"tool {call.name} failed: {_describe(exc)}")
-        return to_tool_result(call, result, schema)
-
-    def _schema(self, name: str) -> Mapping[str, Any]:
-        spec = self.spec(name)
-        return spec.parameters if spec is not None else {}
+        done = to_tool_result(call, result, schema)
+        if spec is not None and (spec.kind != "other" or spec.title):  # how replay shows it
+            title = render_title(spec.title, call.args, schema)
+            shown = {"kind": spec.kind, **({"title": title} if title else {})}
+            done = done.replace(meta={**(done.meta or {}), PRESENTATION: shown})
+        return done
 
     async def aclose(self) -> None:
         for conn in self._conns.values():
@@ -349,6 +353,64 @@ async def _open_client(spec: ServerSpec, env: Mapping[str, str] | None = None): 
         raise ValueError(f"unknown MCP transport {spec.transport!r}")
     async with Client(target, mode=mode) as client:
         yield client
+
+
+# ACP's tool kinds.
+KINDS = frozenset(
+    {"read", "edit", "delete", "move", "search", "execute", "think", "fetch", "switch_mode", "other"}
+)
+
+
+def _presentation(tool: Any) -> tuple[str, str]:
+    """(kind, title template) of a listed tool: `_meta.crow.kind`/`title` when the server
+    declares them (crow's own do), else the kind its annotations imply."""
+    declared = (tool.meta or {}).get("crow")
+    declared = declared if isinstance(declared, Mapping) else {}
+    title = declared.get("title") if isinstance(declared.get("title"), str) else ""
+    kind = declared.get("kind")
+    if kind in KINDS:
+        return kind, title
+    hints = tool.annotations
+    if hints is not None and hints.read_only_hint:
+        return "read", title
+    if hints is not None and hints.destructive_hint:
+        return "edit", title
+    return "other", title
+
+
+_FIELD = re.compile(r"\{(\w+)(!r)?\}")
+_OPTIONAL = re.compile(r"\[([^\[\]]*)\]")
+_MAX_TITLE_VALUE = 80  # characters of one argument shown in a title
+PRESENTATION = "crow/tool"  # ToolResult.meta: the kind and title a call was shown with
+
+
+def render_title(template: str, args: Mapping[str, Any], schema: Mapping[str, Any]) -> str | None:
+    """A call's title from its tool's template: `{x}` is argument x (or its default),
+    `{x!r}` quoted, a `[...]` part shows only when its arguments were given and differ from
+    their defaults, a value is cut at 80 characters. None without a template, or when an
+    argument outside `[...]` is missing with no default."""
+    if not template:
+        return None
+    props = schema.get("properties")
+    props = props if isinstance(props, Mapping) else {}
+    defaults = {k: v["default"] for k, v in props.items() if isinstance(v, Mapping) and "default" in v}
+
+    def given(name: str) -> bool:
+        return args.get(name) not in (None, "")
+
+    if not all(given(n) or n in defaults for n, _ in _FIELD.findall(_OPTIONAL.sub("", template))):
+        return None
+
+    def optional(m: re.Match[str]) -> str:
+        names = [name for name, _ in _FIELD.findall(m[1])]
+        return m[1] if all(given(n) and args[n] != defaults.get(n) for n in names) else ""
+
+    def field(m: re.Match[str]) -> str:
+        value = args[m[1]] if given(m[1]) else defaults.get(m[1], "")
+        text = repr(value) if m[2] else str(value)
+        return text if len(text) <= _MAX_TITLE_VALUE else text[: _MAX_TITLE_VALUE - 3] + "..."
+
+    return _FIELD.sub(field, _OPTIONAL.sub(optional, template))
 
 
 def _first_free(name: str, taken: Mapping[str, Any]) -> str:

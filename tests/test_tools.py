@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -199,5 +200,46 @@ async def test_a_second_clash_after_renaming_never_replaces_a_route() -> None:
         assert (await hub.call(ToolCall("x", "two_add", {"a": 1, "b": 2}))).output == "first server"
         assert hub.server_of("two_add_2") == "two"
         assert (await hub.call(ToolCall("y", "two_add_2", {"a": 1, "b": 2}))).output == "3"
+    finally:
+        await hub.aclose()
+
+
+async def test_kinds_and_titles_come_from_meta_and_annotations(tmp_path: Path) -> None:
+    from crow.acp import view
+    from mcp_servers.filesystem import build_server
+
+    claims = MCPServer("claims")
+
+    @claims.tool(meta={"crow": {"kind": "think", "title": "Plan {what}"}})
+    async def plan(what: str) -> str:
+        """Says it only updates a plan."""
+        return what
+
+    (tmp_path / "a.txt").write_text("a\n")
+    hub = ToolHub()
+    await hub.connect(
+        [
+            ServerSpec("filesystem", "inprocess", server=build_server(tmp_path)),
+            ServerSpec("sample", "inprocess", server=sample_server(), trusted=False),  # as an editor's
+            ServerSpec("claims", "inprocess", server=claims, trusted=False),
+        ]
+    )
+    try:
+        kinds = {s.name: s.kind for s in hub.specs()}
+        assert [kinds[n] for n in ("read_file", "edit_file", "grep", "execute", "add", "crash", "plan")] == [
+            "read", "edit", "search", "execute", "read", "other", "think",
+        ]  # fmt: skip
+        # Policy believes a kind only from a trusted server: a claim must not skip a question.
+        assert (hub.kind("read_file"), hub.kind("plan"), hub.kind("add")) == ("read", "other", "other")
+        glob = hub.spec("glob")
+        assert view.tool_title(ToolCall("g", "glob", {"pattern": "*.py"}), glob) == "Find *.py"
+        assert view.tool_title(ToolCall("g", "glob", {"pattern": "*.py", "path": "src"}), glob) == "Find *.py in src"
+        assert view.tool_title(ToolCall("l", "ls", {}), hub.spec("ls")) == "List ."
+        # A result remembers how its call was shown, for session/load's replay.
+        call = ToolCall("r", "read_file", {"path": "a.txt"})
+        result = await hub.call(call)
+        assert (result.meta or {})["crow/tool"] == {"kind": "read", "title": "Read a.txt"}
+        replayed = view.finished_update(call, result, tmp_path)
+        assert (replayed.title, replayed.kind) == ("Read a.txt", "read")
     finally:
         await hub.aclose()

@@ -22,6 +22,8 @@ from mcp.server.request_state import RequestStateSecurity
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from mcp_servers import crow_meta
+
 Status = Literal["pending", "in_progress", "done"]
 
 # Other agents' spellings -> crow's.
@@ -95,7 +97,10 @@ def build_server(*, request_state_security: RequestStateSecurity | None = None) 
     )
     server.todos = []
 
-    @server.tool(annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=True))
+    @server.tool(
+        annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=True),
+        meta=crow_meta("think", "Update plan"),
+    )
     async def write_todos(todos: list[Todo]) -> CallToolResult:
         """Replace the whole todo list with `todos`. Use it to plan multi-step work and to
         report progress: send every item each time (items left out are dropped), each
