@@ -49,6 +49,7 @@ from crow.messages import (
     validate,
 )
 from crow.rules import FILE_TOOLS
+from crow.tools import presented
 
 if TYPE_CHECKING:
     from crow.session import Session
@@ -295,6 +296,7 @@ class Turn:
         chain = build_chain(self.hooks.at("wrap_tool_call"), ctx, self._execute)
 
         async def one(call: ToolCall) -> None:
+            spec = self._tool_specs.get(call.name)
             await self.emit(ToolCallRunning(call))  # its turn has come: it really starts now
             try:
                 result = await chain(call)
@@ -303,7 +305,7 @@ class Turn:
                 result = ToolResult(call.id, call.name, error=f"a hook around this tool failed: {exc!r}")
             if not isinstance(result, ToolResult):
                 result = ToolResult(call.id, call.name, error="a hook returned no tool result")
-            result = result.replace(tool_call_id=call.id, name=call.name)
+            result = presented(result.replace(tool_call_id=call.id, name=call.name), call, spec)
             await self.session.add(result.to_message())
             await self.emit(ToolCallEnd(call, result))
 

@@ -203,12 +203,7 @@ class ToolHub:
             result = await conn.client.call_tool(remote_name, dict(call.args), read_timeout_seconds=timeout)
         except Exception as exc:  # MCP and transport errors stop here
             return ToolResult(call.id, call.name, error=f"tool {call.name} failed: {_describe(exc)}")
-        done = to_tool_result(call, result, schema)
-        if spec is not None and (spec.kind != "other" or spec.title):  # how replay shows it
-            title = render_title(spec.title, call.args, schema)
-            shown = {"kind": spec.kind, **({"title": title} if title else {})}
-            done = done.replace(meta={**(done.meta or {}), PRESENTATION: shown})
-        return done
+        return to_tool_result(call, result, schema)
 
     async def aclose(self) -> None:
         for conn in self._conns.values():
@@ -411,6 +406,16 @@ def render_title(template: str, args: Mapping[str, Any], schema: Mapping[str, An
         return text if len(text) <= _MAX_TITLE_VALUE else text[: _MAX_TITLE_VALUE - 3] + "..."
 
     return _FIELD.sub(field, _OPTIONAL.sub(optional, template))
+
+
+def presented(result: ToolResult, call: ToolCall, spec: ToolSpec | None) -> ToolResult:
+    """`result` remembering how its call was shown (kind, title), for session/load's replay;
+    unchanged for a tool crow shows plainly."""
+    if spec is None or (spec.kind == "other" and not spec.title):
+        return result
+    title = render_title(spec.title, call.args, spec.parameters)
+    shown = {"kind": spec.kind, **({"title": title} if title else {})}
+    return result.replace(meta={**(result.meta or {}), PRESENTATION: shown})
 
 
 def _first_free(name: str, taken: Mapping[str, Any]) -> str:

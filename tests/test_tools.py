@@ -15,7 +15,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 from crow.messages import ToolCall
-from crow.tools import DirectClient, ServerSpec, ToolHub
+from crow.tools import DirectClient, ServerSpec, ToolHub, presented
 
 pytestmark = pytest.mark.anyio
 
@@ -237,7 +237,7 @@ async def test_kinds_and_titles_come_from_meta_and_annotations(tmp_path: Path) -
         assert view.tool_title(ToolCall("l", "ls", {}), hub.spec("ls")) == "List ."
         # A result remembers how its call was shown, for session/load's replay.
         call = ToolCall("r", "read_file", {"path": "a.txt"})
-        result = await hub.call(call)
+        result = presented(await hub.call(call), call, hub.spec("read_file"))
         assert (result.meta or {})["crow/tool"] == {"kind": "read", "title": "Read a.txt"}
         replayed = view.finished_update(call, result, tmp_path)
         assert (replayed.title, replayed.kind) == ("Read a.txt", "read")
