@@ -88,13 +88,9 @@ class PlanHook(Hook):
         self.timeout = timeout
 
     def tool_servers(self, session: Session) -> list[ServerSpec]:
-        from mcp.server.mcpserver import MCPServer
         from mcp.server.mcpserver.exceptions import ToolError
-        from mcp.types import ToolAnnotations
 
-        from crow.tools import direct_call_state
-
-        server = MCPServer("crow-plan", request_state_security=direct_call_state())
+        from crow.tools import function_server
 
         async def exit_plan_mode(plan: str) -> str:
             """Plan mode only: present your plan (markdown: the steps, the files to change,
@@ -108,12 +104,8 @@ class PlanHook(Hook):
 
         # Read-only: the tool itself changes nothing; the mode changes only when the user
         # approves, and that is this hook's doing (below).
-        server.add_tool(
-            exit_plan_mode,
-            annotations=ToolAnnotations(read_only_hint=True),
-            meta={"crow": {"kind": "switch_mode", "title": "Plan ready for review"}},
-            structured_output=False,
-        )
+        shown = {"exit_plan_mode": ("switch_mode", "Plan ready for review")}
+        server = function_server([(exit_plan_mode, True)], "crow-plan", shown)
         return [ServerSpec("plan", "inprocess", server=server)]
 
     async def before_agent(self, ctx: HookContext) -> None:

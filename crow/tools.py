@@ -434,14 +434,21 @@ def _describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def function_server(functions: Sequence[tuple[Callable[..., Any], bool]], name: str = "crow-tools") -> Any:
+def function_server(
+    functions: Sequence[tuple[Callable[..., Any], bool]],
+    name: str = "crow-tools",
+    shown: Mapping[str, tuple[str, str]] | None = None,
+) -> Any:
     """An in-process MCP server serving plain Python functions (the seed's FuncTool);
-    each entry is (function, read_only)."""
+    each entry is (function, read_only). `shown` gives a function (by name) the kind and
+    title template an editor shows its calls with (`_meta.crow`)."""
     from mcp.server.mcpserver import MCPServer
     from mcp.types import ToolAnnotations
 
     server = MCPServer(name, request_state_security=direct_call_state())
     for fn, read_only in functions:
         annotations = ToolAnnotations(read_only_hint=True) if read_only else None
-        server.add_tool(fn, annotations=annotations, structured_output=False)
+        kind_title = (shown or {}).get(fn.__name__)
+        meta = {"crow": {"kind": kind_title[0], "title": kind_title[1]}} if kind_title else None
+        server.add_tool(fn, annotations=annotations, meta=meta, structured_output=False)
     return server
