@@ -49,7 +49,7 @@ from crow.messages import (
     validate,
 )
 from crow.rules import FILE_TOOLS
-from crow.tools import presented
+from crow.tool_kinds import presented
 
 if TYPE_CHECKING:
     from crow.session import Session

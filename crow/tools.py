@@ -10,9 +10,10 @@ passes in `session/new` (stdio, http, sse) connect as ordinary MCP clients.
 The hub routes a tool name to its server and keeps names unique: a server whose name is
 taken is connected under `NAME_2` (`_3`, ...), a tool whose name is taken is offered as
 `SERVER_TOOL` (then `SERVER_TOOL_2`, ...); crow's own servers come first, so they keep
-their names, and each rename is told to the user at the first prompt (`failures`). It
-turns MCP results and failures into `ToolResult`s, wording errors for the model once
-(`crow.tool_errors`).
+their names, and each rename is told to the user at the first prompt (`failures`). Each
+tool's `ToolSpec` carries its kind and title (`crow.tool_kinds`: `_meta.crow`, else the
+annotations). It turns MCP results and failures into `ToolResult`s, wording errors for the
+model once (`crow.tool_errors`).
 
 `mcp` costs about a second to import, so nothing here imports it at module load: the ACP
 adapter warms it in a thread after `initialize`, and sessions connect lazily.
@@ -32,6 +33,7 @@ from typing import Any
 from crow.llm.base import ToolSpec
 from crow.messages import ToolCall, ToolResult
 from crow.tool_errors import check_arguments, for_model
+from crow.tool_kinds import declared_presentation
 
 log = logging.getLogger("crow.tools")
 
@@ -151,7 +153,7 @@ class ToolHub:
             self._routes[name] = (conn, tool.name)
             hints = tool.annotations
             read_only = self.trusted(name) and bool(hints and hints.read_only_hint)
-            kind, title = _presentation(tool)
+            kind, title = declared_presentation(tool)
             schema = tool.input_schema or {"type": "object", "properties": {}}
             self._specs.append(ToolSpec(name, tool.description or "", schema, read_only, kind, title))
         if renamed:
@@ -348,74 +350,6 @@ async def _open_client(spec: ServerSpec, env: Mapping[str, str] | None = None): 
         raise ValueError(f"unknown MCP transport {spec.transport!r}")
     async with Client(target, mode=mode) as client:
         yield client
-
-
-# ACP's tool kinds.
-KINDS = frozenset(
-    {"read", "edit", "delete", "move", "search", "execute", "think", "fetch", "switch_mode", "other"}
-)
-
-
-def _presentation(tool: Any) -> tuple[str, str]:
-    """(kind, title template) of a listed tool: `_meta.crow.kind`/`title` when the server
-    declares them (crow's own do), else the kind its annotations imply."""
-    declared = (tool.meta or {}).get("crow")
-    declared = declared if isinstance(declared, Mapping) else {}
-    title = declared.get("title") if isinstance(declared.get("title"), str) else ""
-    kind = declared.get("kind")
-    if kind in KINDS:
-        return kind, title
-    hints = tool.annotations
-    if hints is not None and hints.read_only_hint:
-        return "read", title
-    if hints is not None and hints.destructive_hint:
-        return "edit", title
-    return "other", title
-
-
-_FIELD = re.compile(r"\{(\w+)(!r)?\}")
-_OPTIONAL = re.compile(r"\[([^\[\]]*)\]")
-_MAX_TITLE_VALUE = 80  # characters of one argument shown in a title
-PRESENTATION = "crow/tool"  # ToolResult.meta: the kind and title a call was shown with
-
-
-def render_title(template: str, args: Mapping[str, Any], schema: Mapping[str, Any]) -> str | None:
-    """A call's title from its tool's template: `{x}` is argument x (or its default),
-    `{x!r}` quoted, a `[...]` part shows only when its arguments were given and differ from
-    their defaults, a value is cut at 80 characters. None without a template, or when an
-    argument outside `[...]` is missing with no default."""
-    if not template:
-        return None
-    props = schema.get("properties")
-    props = props if isinstance(props, Mapping) else {}
-    defaults = {k: v["default"] for k, v in props.items() if isinstance(v, Mapping) and "default" in v}
-
-    def given(name: str) -> bool:
-        return args.get(name) not in (None, "")
-
-    if not all(given(n) or n in defaults for n, _ in _FIELD.findall(_OPTIONAL.sub("", template))):
-        return None
-
-    def optional(m: re.Match[str]) -> str:
-        names = [name for name, _ in _FIELD.findall(m[1])]
-        return m[1] if all(given(n) and args[n] != defaults.get(n) for n in names) else ""
-
-    def field(m: re.Match[str]) -> str:
-        value = args[m[1]] if given(m[1]) else defaults.get(m[1], "")
-        text = repr(value) if m[2] else str(value)
-        return text if len(text) <= _MAX_TITLE_VALUE else text[: _MAX_TITLE_VALUE - 3] + "..."
-
-    return _FIELD.sub(field, _OPTIONAL.sub(optional, template))
-
-
-def presented(result: ToolResult, call: ToolCall, spec: ToolSpec | None) -> ToolResult:
-    """`result` remembering how its call was shown (kind, title), for session/load's replay;
-    unchanged for a tool crow shows plainly."""
-    if spec is None or (spec.kind == "other" and not spec.title):
-        return result
-    title = render_title(spec.title, call.args, spec.parameters)
-    shown = {"kind": spec.kind, **({"title": title} if title else {})}
-    return result.replace(meta={**(result.meta or {}), PRESENTATION: shown})
 
 
 def _first_free(name: str, taken: Mapping[str, Any]) -> str:

@@ -15,7 +15,8 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 from crow.messages import ToolCall
-from crow.tools import DirectClient, ServerSpec, ToolHub, presented
+from crow.tool_kinds import presented
+from crow.tools import DirectClient, ServerSpec, ToolHub
 
 pytestmark = pytest.mark.anyio
 

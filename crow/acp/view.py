@@ -31,7 +31,7 @@ from acp.schema import ToolCallLocation
 
 from crow.llm.base import ToolSpec
 from crow.messages import Message, ToolCall, ToolResult
-from crow.tools import PRESENTATION, render_title
+from crow.tool_kinds import PRESENTATION, render_title
 
 _MAX_SHOWN = 20_000  # characters of tool output shown in the editor
 _PLACE_KINDS = frozenset({"read", "edit", "delete", "move"})  # a call of these is at its path
