@@ -38,6 +38,17 @@ async def _pair(n: int, direct: Any, via_hub: Any, warm: int = 10) -> tuple[floa
     return median(a), median(b)
 
 
+def _through_session(server: Any) -> Any:
+    """The server with a middleware of its own, which only an MCP session runs: the hub
+    then connects it through `mcp.Client` instead of calling it directly."""
+
+    async def through(ctx: Any, call_next: Any) -> Any:
+        return await call_next(ctx)
+
+    server.middleware.append(through)
+    return server
+
+
 async def _hub_figures(ctx: Ctx, direct_calls: bool = True) -> list[Figure]:
     """As crow calls its own servers (direct), or through an MCP session (info only)."""
     from crow.messages import ToolCall
@@ -48,13 +59,14 @@ async def _hub_figures(ctx: Ctx, direct_calls: bool = True) -> list[Figure]:
     (ws / "small.txt").write_text("".join(f"line {i}\n" for i in range(40)))
     how = "" if direct_calls else " through an MCP session"
     target = ("overhead < 0.5 ms", ("diff", "<", 0.5)) if direct_calls else ("-", None)
-    specs = [ServerSpec("fn", "inprocess", server=function_server([(echo, True)]), direct=direct_calls)]
+    served = (lambda server: server) if direct_calls else _through_session
+    specs = [ServerSpec("fn", "inprocess", server=served(function_server([(echo, True)])))]
     fs_server = None
     try:
         from mcp_servers.filesystem.server import build_server
 
         fs_server = build_server(ws)
-        specs.append(ServerSpec("fs", "inprocess", server=fs_server, direct=direct_calls))
+        specs.append(ServerSpec("fs", "inprocess", server=served(fs_server)))
     except ImportError as exc:
         fs_missing = f"mcp_servers.filesystem: {exc}"
     hub = ToolHub()
@@ -210,8 +222,8 @@ async def _write_file_tool_figure(ctx: Ctx, ws: Path, big: str, n: int) -> Figur
 
     hub = ToolHub()
     await hub.connect([
-        ServerSpec("atomic", "inprocess", server=build_server(ws), direct=True),
-        ServerSpec("plain", "inprocess", server=build_server(ws, backend=PlainWrites(ws)), direct=True),
+        ServerSpec("atomic", "inprocess", server=build_server(ws)),
+        ServerSpec("plain", "inprocess", server=build_server(ws, backend=PlainWrites(ws))),
     ])  # fmt: skip
     try:
         plain_name = next(s.name for s in hub.specs() if s.name != "write_file" and s.name.endswith("write_file"))

@@ -33,9 +33,9 @@ log = logging.getLogger("crow.filesystem")
 
 EVICT_OVER = 80_000
 KEEP_HEAD = KEEP_TAIL = 2_000
-# Results of these tools are already bounded, or the model needs them whole.
-NOT_EVICTED = frozenset({"ls", "glob", "grep", "read_file", "edit_file", "write_file"})
-EDITS = {"write_file": "written", "edit_file": "edited"}
+# Results of these kinds (crow's own file tools) are already bounded, or the model needs
+# them whole; commands and other servers' tools are cut.
+NOT_EVICTED = frozenset({"read", "search", "edit"})
 
 
 def evict(text: str, limit: int = EVICT_OVER) -> str:
@@ -138,7 +138,7 @@ class FilesystemHook(Hook):
         return Sandbox.create([session.cwd], hidden=_hidden(config), network=config.network, bwrap=bwrap)
 
     def tool_servers(self, session: Session) -> list[ServerSpec]:
-        from crow.tools import direct_call_state
+        from crow import direct_call_state
         from mcp_servers.filesystem import LocalBackend, build_server
 
         config = session.config if session.config is not None else Config()
@@ -153,7 +153,7 @@ class FilesystemHook(Hook):
             request_state_security=direct_call_state(),
             hidden=_file_tools_hidden(config, session.cwd),
         )
-        return [ServerSpec("filesystem", "inprocess", server=server, direct=True)]
+        return [ServerSpec("filesystem", "inprocess", server=server)]
 
     async def before_agent(self, ctx: HookContext) -> None:
         if ctx.session.id in self._untold:
@@ -165,14 +165,17 @@ class FilesystemHook(Hook):
 
     async def wrap_tool_call(self, ctx: HookContext, call: ToolCall, call_next: Any) -> ToolResult:
         result: ToolResult = await call_next(call)
-        if call.name in EDITS and not result.is_error:
-            diff = (result.meta or {}).get("crow/diff") or {}
+        hub = ctx.session.tools
+        kind = hub.kind(call.name) if hub is not None else "other"
+        diff = (result.meta or {}).get("crow/diff")
+        if kind == "edit" and isinstance(diff, Mapping) and not result.is_error:
             path = str(diff.get("path") or call.args.get("path") or "")
-            if path:
+            if path:  # a whole file written (`content`), else edited; edited again stays edited
                 files = dict(ctx.session.files)
-                files[path] = EDITS[call.name] if path not in files else "edited"
+                written = isinstance(call.args.get("content"), str) and path not in files
+                files[path] = "written" if written else "edited"
                 await ctx.session.save(files=files)
-        elif call.name not in NOT_EVICTED and len(result.output) > self.evict_over:
+        elif kind not in NOT_EVICTED and len(result.output) > self.evict_over:
             result = result.replace(output=evict(result.output, self.evict_over))
         return result
 

@@ -2,7 +2,7 @@
 
 Rules (`permissions: {allow, ask, deny}` in the config, see crow.rules) hold in every
 mode: deny > ask > allow. Then the session's mode:
-    ask           ask before write_file, edit_file, execute and any tool not trusted read-only
+    ask           ask before edits, commands and any tool not trusted read-only
     accept_edits  file edits run without asking (but those inside a `.git` folder);
                   commands and other tools still ask
     yolo          nothing else asks
@@ -11,7 +11,9 @@ mode: deny > ask > allow. Then the session's mode:
     plan          as read_only, and the model is told to finish with exit_plan_mode(plan)
 
 Only crow's own servers are believed when they call a tool read-only (ToolHub marks the
-others' tools not read-only). "Always allow" / "always reject" add session rules scoped to
+others' tools not read-only) or name its kind (an edit, the plan, leaving plan mode: the
+kinds that relax a question); a kind that makes a tool stricter (edit, execute) is
+believed from any server. "Always allow" / "always reject" add session rules scoped to
 what the prompt named (`git status` commands, edits to one file or folder, one tool).
 Requests are asked one at a time per session, each re-checked against the rules the
 previous answer may have added. A request nobody answers within `timeout` seconds counts
@@ -29,8 +31,8 @@ from crow import EditorClient, Hook, HookContext, ProjectRules, ToolCall, ToolRe
 
 log = logging.getLogger("crow.permissions")
 MODES = ("ask", "accept_edits", "yolo", "read_only", "plan")
-ASK_TOOLS = frozenset({"write_file", "edit_file", "execute"})
-NEVER_ASK = frozenset({"write_todos", "exit_plan_mode"})  # the plan, and leaving plan mode
+CHANGES = frozenset({"edit", "delete", "move", "execute"})  # kinds that always ask (or are refused)
+NEVER_ASK = frozenset({"think", "switch_mode"})  # the plan, and leaving plan mode
 _RULES = "permissions.rules"  # session.state: the session's RuleSet (from "always" answers)
 _LOCK = "permissions.lock"  # session.state: one question at a time
 
@@ -90,22 +92,24 @@ class PermissionsHook(Hook):
                 "the user if you need it."
             )
         hub = session.tools
-        if call.name in NEVER_ASK and (hub is None or hub.trusted(call.name)):
+        trusted_kind = hub.kind(call.name) if hub is not None else "other"
+        if trusted_kind in NEVER_ASK:
             return None  # crow's own: another server's `write_todos` is judged like any tool
         spec = hub.spec(call.name) if hub is not None else None
-        read_only = bool(spec and spec.read_only) and call.name not in ASK_TOOLS
+        changes = spec is not None and spec.kind in CHANGES
+        read_only = bool(spec and spec.read_only) and not changes
         mode = session.mode if session.mode in MODES else "ask"
         if mode in ("read_only", "plan"):
             # Edits and commands never run here, whatever the rules; an allow rule can admit
             # another server's tool, whose read-only hint crow does not believe.
-            allowed = decision == "allow" and call.name not in ASK_TOOLS
+            allowed = decision == "allow" and not changes
             if not (read_only or allowed):
                 return _refusal(mode, call.name)
         if decision is not None:
             return "ask" if decision == "ask" else None
         if read_only or mode == "yolo":
             return None
-        if mode == "accept_edits" and call.name in rules.EDIT_TOOLS and not _in_git(call, str(session.cwd)):
+        if mode == "accept_edits" and trusted_kind == "edit" and not _in_git(call, str(session.cwd)):
             return None
         return "ask"
 
@@ -119,11 +123,8 @@ class PermissionsHook(Hook):
         options = rules.choices(subj, asked_by_rule)
         hub = session.tools
         spec = hub.spec(call.name) if hub is not None else None
-        read_only = bool(spec and spec.read_only)
         client: EditorClient = session.client
-        chosen = await client.ask_permission(
-            call, options=options, read_only=read_only, timeout=self.timeout
-        )
+        chosen = await client.ask_permission(call, options=options, spec=spec, timeout=self.timeout)
         choice = next((c for c in options if c.id == chosen), None)
         if choice is None:
             return "The user did not answer the permission request; the tool call was not run."

@@ -89,13 +89,9 @@ class PlanHook(Hook):
         self.timeout = timeout
 
     def tool_servers(self, session: Session) -> list[ServerSpec]:
-        from mcp.server.mcpserver import MCPServer
         from mcp.server.mcpserver.exceptions import ToolError
-        from mcp.types import ToolAnnotations
 
-        from crow.tools import direct_call_state
-
-        server = MCPServer("crow-plan", request_state_security=direct_call_state())
+        from crow import function_server
 
         async def exit_plan_mode(plan: str) -> str:
             """Plan mode only: present your plan (markdown: the steps, the files to change,
@@ -109,10 +105,9 @@ class PlanHook(Hook):
 
         # Read-only: the tool itself changes nothing; the mode changes only when the user
         # approves, and that is this hook's doing (below).
-        server.add_tool(
-            exit_plan_mode, annotations=ToolAnnotations(read_only_hint=True), structured_output=False
-        )
-        return [ServerSpec("plan", "inprocess", server=server, direct=True)]
+        shown = {"exit_plan_mode": ("switch_mode", "Plan ready for review")}
+        server = function_server([(exit_plan_mode, True)], "crow-plan", shown)
+        return [ServerSpec("plan", "inprocess", server=server)]
 
     async def before_agent(self, ctx: HookContext) -> None:
         state = ctx.session.state

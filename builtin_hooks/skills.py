@@ -159,13 +159,9 @@ class SkillsHook(Hook):
 
     def tool_servers(self, session: Session) -> list[ServerSpec]:
         """`read_skill`: skills often live outside the workspace the file tools are confined to."""
-        from mcp.server.mcpserver import MCPServer
         from mcp.server.mcpserver.exceptions import ToolError
-        from mcp.types import ToolAnnotations
 
-        from crow.tools import direct_call_state
-
-        server = MCPServer("crow-skills", request_state_security=direct_call_state())
+        from crow import function_server
 
         async def read_skill(name: str, file: str = "SKILL.md") -> str:
             """Read a skill's SKILL.md (or another file in the skill's folder) by skill name."""
@@ -182,8 +178,9 @@ class SkillsHook(Hook):
                 raise ToolError(f"{file!r} is not a file in the folder of skill {name!r}")
             return await anyio.Path(target).read_text(encoding="utf-8", errors="replace")
 
-        server.add_tool(read_skill, annotations=ToolAnnotations(read_only_hint=True), structured_output=False)
-        return [ServerSpec("skills", "inprocess", server=server, direct=True)]
+        shown = {"read_skill": ("read", "Read skill {name}")}
+        server = function_server([(read_skill, True)], "crow-skills", shown)
+        return [ServerSpec("skills", "inprocess", server=server)]
 
     async def before_agent(self, ctx: HookContext) -> None:
         state = ctx.session.state

@@ -12,13 +12,13 @@ class TodoListHook(Hook):
     order = -60
 
     def tool_servers(self, session: Session) -> list[ServerSpec]:
-        from crow.tools import direct_call_state
+        from crow import direct_call_state
         from mcp_servers.todos import Todo, build_server
 
         server = build_server(request_state_security=direct_call_state())
         if session.todos:  # a resumed session keeps its list
             server.todos = [Todo(**t) for t in session.todos]
-        return [ServerSpec("todos", "inprocess", server=server, direct=True)]
+        return [ServerSpec("todos", "inprocess", server=server)]
 
     async def wrap_tool_call(self, ctx: HookContext, call: ToolCall, call_next: Any) -> ToolResult:
         result: ToolResult = await call_next(call)

@@ -165,7 +165,7 @@ class Agent:
             from crow.llm.registry import create_provider
 
             self._providers[key] = create_provider(
-                ref, providers=config.providers_settings(), models=config.models_settings()
+                ref, providers=config.providers, models=config.model_settings
             )
         return self._providers[key]
 
@@ -203,7 +203,7 @@ class Agent:
         for hook in self.hooks.hooks:
             specs.extend(hook.tool_servers(session))
         if self._function_server is not None:
-            specs.append(ServerSpec("crow-tools", "inprocess", server=self._function_server, direct=True))
+            specs.append(ServerSpec("crow-tools", "inprocess", server=self._function_server))
         await hub.connect([*specs, *servers])
 
     async def session_ready(self, session: Session) -> None:

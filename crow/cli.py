@@ -181,7 +181,7 @@ async def _run(args: argparse.Namespace) -> int:
         elif isinstance(event, ToolCallStart):
             from crow.acp.view import tool_title
 
-            print(f"\n→ {_printable(tool_title(event.call))}", file=sys.stderr)
+            print(f"\n→ {_printable(tool_title(event.call, event.spec))}", file=sys.stderr)
         elif isinstance(event, ToolCallEnd):
             mark = "✗" if event.result.is_error else "✓"
             first = (event.result.text.splitlines() or [""])[0][:120]
@@ -224,7 +224,7 @@ class TerminalClient:
         self._lock: Any = None
 
     async def ask_permission(
-        self, call: Any, *, options: Any = None, read_only: bool = False, timeout: float = 600.0
+        self, call: Any, *, options: Any = None, spec: Any = None, timeout: float = 600.0
     ) -> str | None:
         import anyio
 
@@ -239,8 +239,8 @@ class TerminalClient:
         async with self._lock:
             with anyio.move_on_after(timeout):
                 self._discard_typed_ahead()
-                print(_printable(_question(call, self.cwd)), file=sys.stderr)
-                prompt = f"  {menu}\n  Answer for {_call_name(call)}: "
+                print(_printable(_question(call, self.cwd, spec)), file=sys.stderr)
+                prompt = f"  {menu}\n  Answer for {_call_name(call, spec)}: "
                 while True:
                     print(prompt, end="", file=sys.stderr, flush=True)
                     line = await self._readline()
@@ -251,7 +251,7 @@ class TerminalClient:
                         return keys[answer]
                     if answer in ("yes", "no"):
                         return keys.get(answer[0])
-                    prompt = f"  Please answer one of {', '.join(keys)} for {_call_name(call)}: "
+                    prompt = f"  Please answer one of {', '.join(keys)} for {_call_name(call, spec)}: "
             return None
 
     async def ask(
@@ -316,25 +316,27 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() or c in "\n\t" else f"\\x{ord(c):02x}" for c in text)
 
 
-def _call_name(call: Any) -> str:
+def _call_name(call: Any, spec: Any = None) -> str:
     from crow.acp.view import tool_title
 
-    return f"{tool_title(call)!r} (call {call.id})"
+    return f"{tool_title(call, spec)!r} (call {call.id})"
 
 
-def _question(call: Any, cwd: str) -> str:
+def _question(call: Any, cwd: str, spec: Any = None) -> str:
     """The call and what it would do: the command, a unified diff, or its arguments."""
     import difflib
 
     from crow.acp.view import current_text, tool_title
 
     args = call.args
-    lines = [f"\nAllow {tool_title(call)}?"]
+    lines = [f"\nAllow {tool_title(call, spec)}?"]
+    kind = spec.kind if spec is not None else "other"
     path = args.get("path") if isinstance(args.get("path"), str) else None
-    if call.name == "execute":
+    writes = isinstance(args.get("content"), str)  # a whole file, else old_text -> new_text
+    if kind == "execute":
         lines.append(f"  $ {args.get('command', '')}")
-    elif call.name in ("write_file", "edit_file") and path:
-        if call.name == "write_file":
+    elif kind == "edit" and path and (writes or isinstance(args.get("new_text"), str)):
+        if writes:
             old = current_text(os.path.join(cwd, path))
             new = str(args.get("content", ""))
         else:
@@ -344,7 +346,7 @@ def _question(call: Any, cwd: str) -> str:
                 (old or "").splitlines(), new.splitlines(), f"a/{path}", f"b/{path}", lineterm=""
             )
         )
-        if old is None and call.name == "write_file":
+        if old is None and writes:
             if os.path.lexists(os.path.join(cwd, path)):
                 diff[0:2] = [f"--- a/{path} (exists; binary or over 1 MB, not shown)", f"+++ b/{path}"]
             else:

@@ -41,9 +41,13 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ProviderEntry(_Model):
+class ProviderSettings(_Model):
+    """One provider endpoint (`providers.NAME`); the registry's builtins are these too.
+    Fields left unset fall back to the builtin entry of the same name."""
+
     kind: Literal["openai", "anthropic"] | None = None  # None: as the builtin of that name
     base_url: str | None = None
+    base_url_env: str | None = None  # an environment variable that overrides base_url
     api_key_env: str | None = None
     api_key: str | None = None  # prefer api_key_env: a key in a file is a key on disk
     connect_timeout: float | None = None
@@ -53,8 +57,14 @@ class ProviderEntry(_Model):
     # User config only: a trusted project's crow.yaml may point this provider elsewhere.
     allow_project_base_url: bool = False
 
+    def merged(self, override: ProviderSettings) -> ProviderSettings:
+        """This entry with what `override` sets laid over it."""
+        return self.model_copy(update=override.model_dump(exclude_unset=True))
 
-class ModelEntry(_Model):
+
+class ModelSettings(_Model):
+    """Per-model settings (`model_settings.REF`), by `provider:model` or model name."""
+
     context_window: int | None = None
     max_tokens: int | None = None
     temperature: float | None = None
@@ -170,8 +180,8 @@ MODES = ("ask", "accept_edits", "yolo", "read_only", "plan")
 class Config(_Model):
     model: str | None = None  # "provider:model"
     models: list[str] = Field(default_factory=list)  # offered in the editor's model picker
-    providers: dict[str, ProviderEntry] = Field(default_factory=dict)
-    model_settings: dict[str, ModelEntry] = Field(default_factory=dict)
+    providers: dict[str, ProviderSettings] = Field(default_factory=dict)
+    model_settings: dict[str, ModelSettings] = Field(default_factory=dict)
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     max_iterations: int = Field(25, ge=1)
     max_continues: int = Field(5, ge=0)
@@ -211,22 +221,6 @@ class Config(_Model):
     @property
     def db_path(self) -> Path:
         return self.home / DB_FILE
-
-    def providers_settings(self) -> dict[str, Any]:
-        from crow.llm.registry import ProviderSettings
-
-        return {
-            name: ProviderSettings(**entry.model_dump(exclude_unset=True, exclude={"allow_project_base_url"}))
-            for name, entry in self.providers.items()
-        }
-
-    def models_settings(self) -> dict[str, Any]:
-        from crow.llm.registry import ModelSettings
-
-        return {
-            ref: ModelSettings(**entry.model_dump(exclude_unset=True))
-            for ref, entry in self.model_settings.items()
-        }
 
     def model_choices(self) -> list[str]:
         seen = [self.model] if self.model else []
@@ -452,7 +446,7 @@ def check_credentials(user: Config, project: Mapping[str, Any], where: str) -> N
                 f"invalid configuration{where}: providers.{name}.api_key_env names {key_env}, the key "
                 f"of another provider: a project may not send one provider's key to another"
             )
-        redirects = [k for k in ("base_url", "headers") if entry.get(k)]
+        redirects = [k for k in ("base_url", "base_url_env", "headers") if entry.get(k)]
         if not redirects:
             continue
         if mine is not None and mine.allow_project_base_url:

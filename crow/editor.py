@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from crow.llm.base import ToolSpec
     from crow.messages import ToolCall
     from crow.rules import Choice
 
@@ -28,10 +29,11 @@ class EditorClient(Protocol):
         call: ToolCall,
         *,
         options: Sequence[Choice] = ...,
-        read_only: bool = False,
+        spec: ToolSpec | None = None,
         timeout: float = ...,
     ) -> str | None:
-        """Ask whether `call` may run; the chosen option's id, or None (no answer)."""
+        """Ask whether `call` may run (`spec`: its tool's kind and title, for showing it);
+        the chosen option's id, or None (no answer)."""
         ...
 
     async def ask(

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from crow.llm.base import TextDelta, ThoughtDelta
+from crow.llm.base import TextDelta, ThoughtDelta, ToolSpec
 from crow.messages import ToolCall, ToolResult
 
 __all__ = [
@@ -32,10 +32,11 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class ToolCallStart:
-    """The model asked for a tool; it has not run yet (status pending)."""
+    """The model asked for a tool; it has not run yet (status pending). `spec` is the tool
+    as its server declared it (kind, title), None for a tool crow does not know."""
 
     call: ToolCall
-    read_only: bool = False
+    spec: ToolSpec | None = None
 
 
 @dataclass(frozen=True, slots=True)

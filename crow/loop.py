@@ -64,6 +64,7 @@ from crow.hooks import HookRegistry, build_chain
 from crow.llm.base import ModelRequest, ModelResponse, Provider, ToolSpec
 from crow.messages import Message, ToolCall, ToolResult, close_dangling_tool_calls, human, system
 from crow.rules import FILE_TOOLS
+from crow.tool_kinds import presented
 
 if TYPE_CHECKING:
     from crow.session import Session
@@ -326,12 +327,12 @@ class Turn:
     # ------------------------------------------------------------ tool calls
     async def _run_tools(self, ctx: HookContext, calls: Sequence[ToolCall]) -> None:
         for call in calls:
-            spec = self._tool_specs.get(call.name)
             self._open[call.id] = call
-            await self.emit(ToolCallStart(call, read_only=bool(spec and spec.read_only)))
+            await self.emit(ToolCallStart(call, self._tool_specs.get(call.name)))
         chain = build_chain(self.hooks.at("wrap_tool_call"), ctx, self._execute)
 
         async def one(call: ToolCall) -> None:
+            spec = self._tool_specs.get(call.name)
             await self.emit(ToolCallRunning(call))  # its turn has come: it really starts now
             try:
                 result = await chain(call)
@@ -339,7 +340,7 @@ class Turn:
                 result = ToolResult(call.id, call.name, error=str(exc))
             if not isinstance(result, ToolResult):
                 result = ToolResult(call.id, call.name, error="a hook returned no tool result")
-            result = result.replace(tool_call_id=call.id, name=call.name)
+            result = presented(result.replace(tool_call_id=call.id, name=call.name), call, spec)
             await self.session.add(result.to_message())
             await self.emit(ToolCallEnd(call, result))
             self._open.pop(call.id, None)

@@ -1,12 +1,19 @@
 """ToolHub: every tool crow offers the model comes from an MCP server.
 
-crow's own in-process servers (filesystem, todos, skills, programmatic Python tools) are
-`MCPServer`s called through the server's own `list_tools`/`call_tool` (`direct=True`): the
-same tools and results as over a transport, without a JSON-RPC round trip validated on
-both sides (~0.25 ms a call). Other in-process servers connect through `mcp.Client(server)`
-(their lifespan and middleware run); the servers an editor passes in `session/new`
-(stdio, http, sse) connect as ordinary MCP clients. The hub routes a tool name to its
-server, keeps names unique, and turns MCP results and failures into `ToolResult`s.
+Every in-process `MCPServer` (crow's own filesystem, todos, skills and Python tools, and a
+plugin's) is called through the server's own `list_tools`/`call_tool` (`DirectClient`):
+the same tools and results as over a transport, without a JSON-RPC round trip validated on
+both sides (~0.25 ms a call). Only a server with a lifespan or middleware of its own, which
+run inside an MCP session, connects through `mcp.Client(server)`; the servers an editor
+passes in `session/new` (stdio, http, sse) connect as ordinary MCP clients.
+
+The hub routes a tool name to its server and keeps names unique: a server whose name is
+taken is connected under `NAME_2` (`_3`, ...), a tool whose name is taken is offered as
+`SERVER_TOOL` (then `SERVER_TOOL_2`, ...); crow's own servers come first, so they keep
+their names, and each rename is told to the user at the first prompt (`failures`). Each
+tool's `ToolSpec` carries its kind and title (`crow.tool_kinds`: `_meta.crow`, else the
+annotations). It turns MCP results and failures into `ToolResult`s, wording errors for the
+model once (`crow.tool_errors`).
 
 `mcp` costs about a second to import, so nothing here imports it at module load: the ACP
 adapter warms it in a thread after `initialize`, and sessions connect lazily.
@@ -16,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -24,6 +32,8 @@ from typing import Any
 
 from crow.llm.base import ToolSpec
 from crow.messages import ToolCall, ToolResult
+from crow.tool_errors import check_arguments, for_model
+from crow.tool_kinds import declared_presentation
 
 log = logging.getLogger("crow.tools")
 
@@ -43,7 +53,6 @@ class ServerSpec:
     name: str
     transport: str  # "inprocess" | "stdio" | "http" | "sse"
     server: Any = None  # an MCPServer, for in-process
-    direct: bool = False  # in-process: call the server's methods, no MCP session (see above)
     command: str = ""
     args: Sequence[str] = ()
     env: Mapping[str, str] = field(default_factory=dict)
@@ -78,16 +87,24 @@ class ToolHub:
         self.failures: list[str] = []  # what to tell the user about servers that failed
 
     async def connect(self, specs: Sequence[ServerSpec], *, connect_timeout: float = 30.0) -> None:
-        """Connect servers concurrently; a server that fails is reported, not fatal."""
-        conns = [self._start(spec) for spec in specs]
+        """Connect servers concurrently; a server that fails, or whose name is taken, is
+        reported (`failures`), never fatal."""
+        conns = [self._start(self._unique_server(spec)) for spec in specs]
         await asyncio.gather(*(self._await_ready(c, connect_timeout) for c in conns))
         for conn in conns:
             if conn.error is None:
                 await self._index(conn)
 
+    def _unique_server(self, spec: ServerSpec) -> ServerSpec:
+        if spec.name not in self._conns:
+            return spec
+        name = _first_free(spec.name, self._conns)
+        self.failures.append(
+            f"MCP server {spec.name!r}: another server already has that name; it is connected as {name!r}"
+        )
+        return dataclasses.replace(spec, name=name)
+
     def _start(self, spec: ServerSpec) -> _Connection:
-        if spec.name in self._conns:
-            raise ValueError(f"an MCP server named {spec.name!r} is already connected")
         conn = _Connection(spec)
         self._conns[spec.name] = conn
         # Each connection lives in its own task: MCP clients must be exited by the task
@@ -127,20 +144,22 @@ class ToolHub:
         except Exception as exc:
             self.failures.append(f"MCP server {conn.spec.name!r} did not list its tools: {_describe(exc)}")
             return
+        renamed: list[str] = []
         for tool in listed.tools:
             name = tool.name
-            if name in self._routes:  # keep names unique: qualify the newcomer
-                name = _NAME_OK.sub("_", f"{conn.spec.name}_{tool.name}")[:64]
-                log.info("tool %s of %s renamed %s (name taken)", tool.name, conn.spec.name, name)
+            if name in self._routes:  # keep names unique: qualify the newcomer, never replace
+                name = _first_free(_NAME_OK.sub("_", f"{conn.spec.name}_{tool.name}")[:60], self._routes)
+                renamed.append(f"{tool.name} as {name}")
             self._routes[name] = (conn, tool.name)
-            read_only = self.trusted(name) and bool(tool.annotations and tool.annotations.read_only_hint)
-            self._specs.append(
-                ToolSpec(
-                    name,
-                    tool.description or "",
-                    tool.input_schema or {"type": "object", "properties": {}},
-                    read_only,
-                )
+            hints = tool.annotations
+            read_only = self.trusted(name) and bool(hints and hints.read_only_hint)
+            kind, title = declared_presentation(tool)
+            schema = tool.input_schema or {"type": "object", "properties": {}}
+            self._specs.append(ToolSpec(name, tool.description or "", schema, read_only, kind, title))
+        if renamed:
+            self.failures.append(
+                f"MCP server {conn.spec.name!r}: tool names already taken are offered to the model "
+                f"under other names: {', '.join(renamed)}"
             )
 
     def specs(self) -> list[ToolSpec]:
@@ -151,6 +170,12 @@ class ToolHub:
 
     def spec(self, name: str) -> ToolSpec | None:
         return next((s for s in self._specs if s.name == name), None)
+
+    def kind(self, name: str) -> str:
+        """The tool's kind as policy may rely on it: declared by a trusted server, else
+        "other" (a server's claim to be an edit or the plan must not relax a question)."""
+        spec = self.spec(name)
+        return spec.kind if spec is not None and self.trusted(name) else "other"
 
     def trusted(self, name: str) -> bool:
         """Whether the tool's server is believed (crow's own, or marked trusted)."""
@@ -171,12 +196,16 @@ class ToolHub:
         conn, remote_name = route
         if conn.client is None:
             return ToolResult(call.id, call.name, error=f"the MCP server {conn.spec.name!r} is not running")
+        spec = self.spec(call.name)
+        schema = spec.parameters if spec is not None else {}
+        if (wrong := check_arguments(call.name, call.args, schema)) is not None:
+            return ToolResult(call.id, call.name, error=wrong)
         timeout = None if conn.spec.transport == "inprocess" else conn.spec.timeout
         try:
             result = await conn.client.call_tool(remote_name, dict(call.args), read_timeout_seconds=timeout)
         except Exception as exc:  # MCP and transport errors stop here
             return ToolResult(call.id, call.name, error=f"tool {call.name} failed: {_describe(exc)}")
-        return to_tool_result(call, result)
+        return to_tool_result(call, result, schema)
 
     async def aclose(self) -> None:
         for conn in self._conns.values():
@@ -191,8 +220,9 @@ class ToolHub:
         self._specs.clear()
 
 
-def to_tool_result(call: ToolCall, result: Any) -> ToolResult:
-    """Text content is what the model reads; structured content and _meta go to the editor."""
+def to_tool_result(call: ToolCall, result: Any, schema: Mapping[str, Any] | None = None) -> ToolResult:
+    """Text content is what the model reads; structured content and _meta go to the editor.
+    An error's text is worded for the model (`crow.tool_errors.for_model`)."""
     parts: list[str] = []
     for block in result.content or ():
         kind = getattr(block, "type", "")
@@ -212,7 +242,7 @@ def to_tool_result(call: ToolCall, result: Any) -> ToolResult:
     if result.meta:
         meta.update({k: v for k, v in result.meta.items() if not k.startswith("io.modelcontextprotocol")})
     if result.is_error:
-        return ToolResult(call.id, call.name, error=text or "the tool failed", meta=meta or None)
+        return ToolResult(call.id, call.name, error=for_model(call.name, text, schema), meta=meta or None)
     return ToolResult(call.id, call.name, output=text, meta=meta or None)
 
 
@@ -234,9 +264,10 @@ _direct_state: Any = None
 
 
 def direct_call_state() -> Any:
-    """`request_state_security=` for an MCPServer crow calls directly (ServerSpec
-    direct=True). MCPServer's default generates an AES key per server, which loads
-    OpenSSL's ciphers: ~1.3 MB at the first session, for state these servers never use."""
+    """`request_state_security=` for an MCPServer only ever served in-process by a ToolHub
+    (which calls it directly). Optional: MCPServer's default generates an AES key per
+    server, which loads OpenSSL's ciphers: ~1.3 MB at the first session, for state a
+    directly called server never uses."""
     global _direct_state
     if _direct_state is None:
         from mcp.server.request_state import RequestStateSecurity
@@ -278,9 +309,18 @@ class DirectClient:
         return result
 
 
+def _needs_session(server: Any) -> bool:
+    """Whether an in-process server has parts only an MCP session runs: a lifespan, or
+    middleware beyond the SDK's own (tracing, the requestState boundary)."""
+    settings = getattr(server, "settings", None)
+    if settings is None or getattr(settings, "lifespan", None) is not None:
+        return True
+    return any(not type(m).__module__.startswith("mcp.") for m in getattr(server, "middleware", ()))
+
+
 @contextlib.asynccontextmanager
 async def _open_client(spec: ServerSpec, env: Mapping[str, str] | None = None):  # type: ignore[no-untyped-def]
-    if spec.transport == "inprocess" and spec.direct:
+    if spec.transport == "inprocess" and not _needs_session(spec.server):
         yield DirectClient(spec.server)
         return
     from mcp import Client, StdioServerParameters
@@ -312,20 +352,37 @@ async def _open_client(spec: ServerSpec, env: Mapping[str, str] | None = None): 
         yield client
 
 
+def _first_free(name: str, taken: Mapping[str, Any]) -> str:
+    """`name`, else `name_2`, `name_3`, ...: the first not in `taken`."""
+    n = 1
+    candidate = name
+    while candidate in taken:
+        n += 1
+        candidate = f"{name}_{n}"
+    return candidate
+
+
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, BaseExceptionGroup):
         return "; ".join(_describe(e) for e in exc.exceptions)
     return str(exc) or type(exc).__name__
 
 
-def function_server(functions: Sequence[tuple[Callable[..., Any], bool]], name: str = "crow-tools") -> Any:
+def function_server(
+    functions: Sequence[tuple[Callable[..., Any], bool]],
+    name: str = "crow-tools",
+    shown: Mapping[str, tuple[str, str]] | None = None,
+) -> Any:
     """An in-process MCP server serving plain Python functions (the seed's FuncTool);
-    each entry is (function, read_only)."""
+    each entry is (function, read_only). `shown` gives a function (by name) the kind and
+    title template an editor shows its calls with (`_meta.crow`)."""
     from mcp.server.mcpserver import MCPServer
     from mcp.types import ToolAnnotations
 
     server = MCPServer(name, request_state_security=direct_call_state())
     for fn, read_only in functions:
         annotations = ToolAnnotations(read_only_hint=True) if read_only else None
-        server.add_tool(fn, annotations=annotations, structured_output=False)
+        kind_title = (shown or {}).get(fn.__name__)
+        meta = {"crow": {"kind": kind_title[0], "title": kind_title[1]}} if kind_title else None
+        server.add_tool(fn, annotations=annotations, meta=meta, structured_output=False)
     return server

@@ -205,6 +205,14 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
+def file_tool_specs() -> dict[str, Any]:
+    """crow's file tools as the ToolHub lists them: kind and title template included."""
+    from crow.llm.base import ToolSpec
+    from mcp_servers.filesystem.server import TOOLS
+
+    return {name: ToolSpec(name, "", {}, kind=kind, title=title) for name, _, kind, title in TOOLS}
+
+
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     """The filesystem server's workspace root, for the tests that build one."""

@@ -20,8 +20,9 @@ Standard library only. Runs in a background thread on 127.0.0.1 (random port)::
         llm.requests, llm.pending, llm.disconnects
 
 Steps: ``Reply`` (text / reasoning / tool_calls / usage=(input, output) / cache=(read, creation) /
-finish_reason / chunk_size (0 = word chunks) / chunk_delay / empty), ``Fault`` (status, message,
-retry_after, times, error_type; body in the provider's error shape, 529 = overloaded),
+finish_reason / chunk_size (0 = word chunks) / chunk_delay / empty / name_chunks: a tool name
+split over N deltas), ``Fault`` (status, message, retry_after, times, error_type; body in the
+provider's error shape, 529 = overloaded),
 ``Stall`` (seconds, send_headers, then=Reply to send afterwards), ``Cut`` (a Reply plus
 ``after_chunks``: deltas sent before the connection drops without [DONE] / message_stop).
 Rules are checked before the queue; rule and default steps may be callables ``(req) -> step``.
@@ -81,6 +82,7 @@ class Reply:
     chunk_size: int = 0  # 0 = word chunks, else N characters per delta
     chunk_delay: float = 0.0  # seconds between deltas
     empty: bool = False  # no content, no tool calls
+    name_chunks: int = 1  # OpenAI: each tool call's name arrives split over this many deltas
 
 
 @dataclass
@@ -334,8 +336,15 @@ class _Plan:
                     # Odd indexes carry their first fragment in the header delta, even ones "":
                     # real providers do both, and clients must handle both.
                     first = frags[i].pop(0) if i % 2 and frags[i] else ""
-                    fn = {"name": call.name, "arguments": first}
-                    tc = {"index": i, "id": self.ids[i], "type": "function", "function": fn}
+                    size = -(-len(call.name) // max(1, self.r.name_chunks))
+                    *head, last = _pieces(call.name, size) or [""]
+                    header = {"id": self.ids[i], "type": "function"}
+                    for piece in head:  # the name split over several deltas (name_chunks)
+                        tc = {"index": i, **header, "function": {"name": piece, "arguments": ""}}
+                        yield chunk({"tool_calls": [tc]}), True
+                        header = {}
+                    fn = {"name": last, "arguments": first}
+                    tc = {"index": i, **header, "function": fn}
                 elif rnd - 1 < len(frags[i]):
                     tc = {"index": i, "function": {"arguments": frags[i][rnd - 1]}}
                 else:

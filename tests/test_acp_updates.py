@@ -24,6 +24,7 @@ from crow.events import (
     ToolCallStart,
     UsageUpdated,
 )
+from crow.llm.base import ToolSpec
 from crow.messages import ToolCall, ToolResult
 
 CWD = Path("/work/project")
@@ -33,7 +34,7 @@ EVENTS = [
     TextDelta("Hello, \"world\" — ünïcode\n"),
     ThoughtDelta("thinking…"),
     ToolCallStart(EDIT),
-    ToolCallStart(ToolCall("call_2", "read_file", {"path": "README.md"}), read_only=True),
+    ToolCallStart(ToolCall("call_2", "read_file", {"path": "README.md"}), ToolSpec("read_file", "", {}, True, "read")),
     ToolCallRunning(EDIT),
     ToolCallEnd(EDIT, ToolResult("call_1", "edit_file", output="edited src/a.py", meta=DIFF)),
     ToolCallEnd(EDIT, ToolResult("call_1", "edit_file", error="old text not found")),
@@ -64,6 +65,7 @@ def test_a_write_over_an_existing_file_is_previewed_as_an_overwrite(tmp_path: Pa
 
     from crow.acp import view as acp_view
     from crow.messages import ToolCall
+    from tests.conftest import file_tool_specs
 
     (tmp_path / "app.py").write_text("old = 1\n")
     (tmp_path / "blob.bin").write_bytes(b"\x00\xff" * 10)
@@ -71,7 +73,7 @@ def test_a_write_over_an_existing_file_is_previewed_as_an_overwrite(tmp_path: Pa
 
     def shown(path: str) -> list[Any]:
         call = ToolCall("c", "write_file", {"path": path, "content": "new = 2\n"})
-        return acp_view.preview(call, tmp_path) or []
+        return acp_view.preview(call, tmp_path, file_tool_specs()["write_file"]) or []
 
     diff = shown("app.py")[0].model_dump(by_alias=True, exclude_none=True)
     assert diff["oldText"] == "old = 1\n" and diff["newText"] == "new = 2\n"

@@ -483,12 +483,12 @@ async def test_misbehaving_model(llm: ScriptedLLM, home: Path, workspace: Path) 
             meta = response.field_meta or {}
             return str((meta.get("crow") or {}).get("error") or "")
 
-        def failed_with(*needles: str, attempts: int | None = None, within: float = 6.0) -> Any:
+        def failed_with(needle: str, attempts: int | None = None, within: float = 6.0) -> Any:
             def expect(response: Any, shown: str, elapsed: float, reqs: list[RecordedRequest]) -> None:
                 error = error_of(response)
                 assert response.stop_reason == "end_turn", response.stop_reason
                 assert error, "no error reported in _meta.crow.error"
-                assert any(x.lower() in error.lower() for x in needles), f"unclear error: {error!r}"
+                assert needle in error, f"unclear error: {error!r}"
                 assert "Model call failed" in shown, f"the user was not told: {shown[-200:]!r}"
                 if attempts is not None:
                     assert len(reqs) == attempts, f"{len(reqs)} model requests, expected {attempts}"
@@ -506,14 +506,13 @@ async def test_misbehaving_model(llm: ScriptedLLM, home: Path, workspace: Path) 
 
             return expect
 
-        def tool_error_reached_model(*needles: str) -> Any:
+        def tool_error_reached_model(expected: str) -> Any:
             def expect(response: Any, shown: str, elapsed: float, reqs: list[RecordedRequest]) -> None:
                 assert response.stop_reason == "end_turn", response.stop_reason
                 assert len(reqs) >= 2, "the model never saw the tool result"
                 tools = [m for m in reqs[1].messages if m["role"] == "tool"]
                 assert tools, "no tool result sent back"
-                text = " ".join(m["content"] for m in tools[-3:])
-                assert any(x in text for x in needles), f"tool result {text[:300]!r}"
+                assert tools[-1]["content"] == expected, f"tool result {tools[-1]['content'][:300]!r}"
                 check_history([*reqs[1].messages, {"role": "user", "content": ""}], "mid-turn")
 
             return expect
@@ -521,23 +520,23 @@ async def test_misbehaving_model(llm: ScriptedLLM, home: Path, workspace: Path) 
         await scenario(
             "429-storm",
             [Fault(429, retry_after=0.05, times=20)],
-            failed_with("429", "rate limit", attempts=2),
+            failed_with("HTTP 429", attempts=2),
         )
-        await scenario("429-no-retry-after", [Fault(429, times=20)], failed_with("429", "rate", attempts=2))
-        await scenario("529-overloaded", [Fault(529, times=20)], failed_with("529", "overloaded", attempts=2))
-        await scenario("500-storm", [Fault(500, times=20)], failed_with("500", attempts=2))
+        await scenario("429-no-retry-after", [Fault(429, times=20)], failed_with("HTTP 429", attempts=2))
+        await scenario("529-overloaded", [Fault(529, times=20)], failed_with("HTTP 529", attempts=2))
+        await scenario("500-storm", [Fault(500, times=20)], failed_with("HTTP 500", attempts=2))
         await scenario("503-then-ok", [Fault(503), Reply(text="recovered")], answered("recovered", 2))
-        await scenario("stall-headers", [Stall(5)] * 4, failed_with("timed out", "timeout", attempts=2))
+        await scenario("stall-headers", [Stall(5)] * 4, failed_with("read timed out", attempts=2))
         await scenario(
             "stall-no-headers",
             [Stall(5, send_headers=False)] * 4,
-            failed_with("timed out", "timeout", attempts=2),
+            failed_with("read timed out", attempts=2),
         )
         await scenario("stall-then-ok", [Stall(5), Reply(text="late but fine")], answered("late but fine", 2))
         await scenario(
             "stall-mid-stream",
             [Reply(text="one two three four", chunk_delay=3)],
-            failed_with("timed out", "timeout", "cut", "lost", attempts=1),
+            failed_with("read timed out", attempts=1),
         )
         await scenario(
             "cut-before-output",
@@ -547,12 +546,12 @@ async def test_misbehaving_model(llm: ScriptedLLM, home: Path, workspace: Path) 
         await scenario(
             "cut-before-output-storm",
             [Cut(after_chunks=0, text="x")] * 4,
-            failed_with("connection", "lost", "cut", attempts=2),
+            failed_with("connection lost mid-response", attempts=2),
         )
         await scenario(
             "cut-after-output",
             [Cut(after_chunks=3, text="one two three four five six")],
-            failed_with("connection", "lost", "cut", attempts=1),
+            failed_with("connection lost mid-response", attempts=1),
         )
 
         def empty_ok(response: Any, shown: str, elapsed: float, reqs: list[RecordedRequest]) -> None:
@@ -565,14 +564,29 @@ async def test_misbehaving_model(llm: ScriptedLLM, home: Path, workspace: Path) 
             assert response.stop_reason == "max_tokens", response.stop_reason
 
         await scenario("empty-answer-with-length", [Reply(empty=True, finish_reason="length")], length_cut)
-        for raw in ('{"a": 1, "b":', "[1, 2]", '"a string"', "null", "", "{}{}", '{"a": "x", "b": []}'):
+        again = "Send the arguments again as one valid JSON object."
+        wrong = "Error: drill_add was not run: its arguments are wrong.\n"
+        send = 'Send: {"a": integer, "b": integer}'
+        bad_json = {  # the arguments sent -> what the model reads about them
+            '{"a": 1, "b":': f"Error: arguments are not valid JSON (Expecting value at position 13): "
+            f"'{{\"a\": 1, \"b\":'. {again}",
+            "[1, 2]": f"Error: arguments must be a JSON object, got '[1, 2]'. {again}",
+            '"a string"': f"Error: arguments must be a JSON object, got '\"a string\"'. {again}",
+            "null": f"Error: arguments must be a JSON object, got 'null'. {again}",
+            "": f"{wrong}- `a`: missing; it is required\n- `b`: missing; it is required\n{send}",
+            "{}{}": f"Error: arguments are not valid JSON (Extra data at position 2): '{{}}{{}}'. {again}",
+            '{"a": "x", "b": []}': f"{wrong}- `a`: input should be a valid integer, unable to parse string as an "
+            f"integer (got 'x')\n- `b`: input should be a valid integer (got [])\n{send}",
+        }
+        for raw, told in bad_json.items():
             await scenario(f"tool-json {raw!r}", [
                 Reply(tool_calls=[ToolCallSpec("drill_add", raw_arguments=raw)]), Reply(text="sorry"),
-            ], tool_error_reached_model("JSON", "json", "object", "argument", "validation", "Error"))  # fmt: skip
+            ], tool_error_reached_model(told))  # fmt: skip
+        tool_names = "drill_add, edit_file, execute, exit_plan_mode, glob, grep, ls, read_file, read_skill, write_file, write_todos"
         for name in ("no_such_tool", "../../bin/sh", "drill_add; rm -rf /", "x" * 300):
             await scenario(f"unknown-tool {name[:20]!r}", [
                 Reply(tool_calls=[ToolCallSpec(name, add)]), Reply(text="sorry"),
-            ], tool_error_reached_model("unknown tool", "not", "Error"))  # fmt: skip
+            ], tool_error_reached_model(f"Error: unknown tool {name!r}; available tools: {tool_names}"))  # fmt: skip
         # An empty tool name: crow drops the call; the session must stay valid and usable.
         await scenario("empty-tool-name", [
             Reply(tool_calls=[ToolCallSpec("", add)]), Reply(text="sorry"),

@@ -49,8 +49,9 @@ async def start(conn, workspace: Path, caps=None, servers=None) -> str:  # type:
     return (await conn.new_session(cwd=str(workspace), mcp_servers=servers or [])).session_id
 
 
-def assert_clean(text: str) -> None:
-    assert "PATH=" in text or '"PATH"' in text, text[:500]
+def assert_clean(text: str, shows: str = "PATH=") -> None:
+    """`text` is an environment (`env` output, or JSON with `shows='"PATH"'`) without secrets."""
+    assert shows in text, text[:500]
     for name, value in SECRETS.items():
         assert value not in text, f"{name} leaked: {text[:2000]}"
 
@@ -80,7 +81,7 @@ async def test_no_secret_reaches_execute_a_command_hook_or_a_stdio_mcp_server(
     results = results_by_tool(llm)
     assert_clean(results["execute"])
     server_env = results["environ"]
-    assert_clean(server_env)
+    assert_clean(server_env, shows='"PATH"')
     assert json.loads(server_env)["FROM_THE_ENTRY"] == "entry-value"
     assert_clean((workspace / "hook-env.txt").read_text())
 

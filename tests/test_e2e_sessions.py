@@ -168,7 +168,7 @@ async def test_unknown_session_errors(llm: ScriptedLLM, home: Path, workspace: P
         ):
             with pytest.raises(acp.RequestError) as err:
                 await call
-            assert "unknown session" in str(err.value.data or err.value) or "nope" in str(err.value)
+            assert (err.value.code, str(err.value)) == (-32002, "unknown session 'nope'")
 
 
 async def test_model_config_option_switches_models(llm: ScriptedLLM, home: Path, workspace: Path) -> None:

@@ -151,6 +151,35 @@ async def test_client_stdio_mcp_server_tool_is_called(llm: ScriptedLLM, home: Pa
     assert "'broken' failed to start" in client.text()
 
 
+async def test_an_editor_server_named_like_crows_own_is_renamed_not_fatal(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """An editor MCP server named `filesystem` used to fail the session's preparation, and
+    with it every prompt."""
+    (workspace / "a.txt").write_text("hello\n")
+    calls = [
+        ToolCallSpec(name="shout", arguments={"text": "hey"}),
+        ToolCallSpec(name="read_file", arguments={"path": "a.txt"}),
+    ]
+    llm.push(Reply(tool_calls=calls), Reply(text="ok"))
+    server = McpServerStdio(
+        name="filesystem",
+        command=sys.executable,
+        args=[str(SUPPORT / "echo_mcp.py")],
+        env=[EnvVariable(name="PYTHONPATH", value=str(SUPPORT))],
+    )
+    async with spawn_crow(crow_env(llm, home, CROW_MODE="yolo")) as (conn, _proc, client):
+        sid = await start(conn, workspace, mcp_servers=[server])
+        response = await conn.prompt(session_id=sid, prompt=[acp.text_block("both")])
+    assert response.stop_reason == "end_turn"
+    results = [m["content"] for m in llm.requests[1].messages if m["role"] == "tool"]
+    assert results == ["HEY", "[a.txt: lines 1-1 of 1]\n     1\thello"]
+    assert (
+        "MCP server 'filesystem': another server already has that name; it is connected as 'filesystem_2'"
+        in client.text()
+    )
+
+
 async def test_escapes_are_refused(llm: ScriptedLLM, home: Path, workspace: Path, tmp_path: Path) -> None:
     (tmp_path / "secret.txt").write_text("secret")
     (workspace / "link").symlink_to(tmp_path / "secret.txt")
@@ -247,7 +276,7 @@ async def test_editor_fs_and_terminal_are_used_when_offered(
     read, wrote, missing = (results[c["id"]] for c in llm.requests[1].messages[-4]["tool_calls"])
     assert "unsaved buffer" in read, "read_file sees the editor's buffer"
     assert client.files[str(workspace / "new" / "made.txt")] == "fresh", wrote
-    assert "does not exist" in missing or "No such file" in missing, missing
+    assert missing == "Error: missing.txt does not exist"
     assert client.files[path] == "edited buffer\n"
     assert (workspace / "buf.py").read_text() == "on disk\n", "the edit went through the editor"
     ran = [m for m in llm.requests[3].messages if m["role"] == "tool"][-1]["content"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from crow.config import Config, EnvironmentPolicy, ProviderEntry
+from crow.config import Config, EnvironmentPolicy, ProviderSettings
 from crow.environment import (
     child_environment,
     compute_environment,
@@ -52,13 +52,13 @@ def test_default_drops_every_secret_looking_name_and_keeps_the_rest() -> None:
 
 
 def test_provider_key_variables_are_secrets_even_without_a_marker() -> None:
-    config = Config(providers={"mine": ProviderEntry(kind="openai", api_key_env="MYLLM")})
+    config = Config(providers={"mine": ProviderSettings(kind="openai", api_key_env="MYLLM")})
     names = provider_key_variables(config)
     assert {"MYLLM", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENROUTER_API_KEY"} <= names
     assert "MYLLM" not in compute_environment(config.environment, PARENT, names)
     assert "MYLLM" in compute_environment(config.environment, PARENT, provider_key_variables(None))
     # a configured provider without api_key_env: the NAME_API_KEY crow would read
-    assert "MY_CORP_API_KEY" in provider_key_variables(Config(providers={"my-corp": ProviderEntry()}))
+    assert "MY_CORP_API_KEY" in provider_key_variables(Config(providers={"my-corp": ProviderSettings()}))
 
 
 def test_inherit_core_keeps_the_documented_list_only() -> None:

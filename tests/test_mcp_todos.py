@@ -57,9 +57,9 @@ async def test_state_is_per_server_instance() -> None:
 @pytest.mark.parametrize(
     ("todos", "expected"),
     [
-        ([{"id": "1", "title": "x", "status": "finished"}], "'pending', 'in_progress' or 'done'"),
+        ([{"id": "1", "title": "x", "status": "someday"}], "'pending', 'in_progress' or 'done'"),
         ([{"id": "1", "title": "x"}], "status"),
-        ([{"id": "", "title": "x", "status": "done"}], "id"),
+        ([{"id": "1", "title": "", "status": "done"}], "title"),
         ([{"id": "1", "title": "x", "status": "done", "extra": 1}], "extra"),
         (
             [{"id": "1", "title": "x", "status": "done"}, {"id": "1", "title": "y", "status": "done"}],
@@ -84,3 +84,35 @@ async def test_tool_schema_lists_statuses() -> None:
     assert [t.name for t in tools] == ["write_todos"]
     todo_schema = tools[0].input_schema["$defs"]["Todo"]
     assert todo_schema["properties"]["status"]["enum"] == ["pending", "in_progress", "done"]
+
+
+async def test_claude_code_style_todos_are_accepted() -> None:
+    """`content`, `activeForm`, `completed` and no id: 10 validation errors before."""
+    server = build_server()
+    todos = [
+        {"content": "Read the code", "status": "completed", "activeForm": "Reading the code"},
+        {"content": "Fix the bug", "status": "in_progress", "activeForm": "Fixing the bug"},
+        {"content": "Run the tests", "status": "pending", "activeForm": "Running the tests"},
+    ]
+    async with Client(server) as c:
+        result = await c.call_tool("write_todos", {"todos": todos})
+    assert not result.is_error, result.content
+    assert result.structured_content == {
+        "todos": [
+            {"id": "1", "title": "Read the code", "status": "done"},
+            {"id": "2", "title": "Fix the bug", "status": "in_progress"},
+            {"id": "3", "title": "Run the tests", "status": "pending"},
+        ]
+    }
+
+
+async def test_codex_style_plan_steps_are_accepted() -> None:
+    server = build_server()
+    steps = [{"step": "Explore", "status": "completed"}, {"step": "Patch", "status": "in-progress"}]
+    async with Client(server) as c:
+        result = await c.call_tool("write_todos", {"todos": steps})
+    assert not result.is_error, result.content
+    assert [t.model_dump() for t in server.todos] == [
+        {"id": "1", "title": "Explore", "status": "done"},
+        {"id": "2", "title": "Patch", "status": "in_progress"},
+    ]

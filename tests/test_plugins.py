@@ -242,11 +242,6 @@ def _imports(path: Path) -> list[tuple[str, list[str]]]:
     return found
 
 
-# Until ToolHub applies the direct-call codec itself (issue 12's ToolHub change), the
-# builtins that build in-process servers pass it; nothing else is excused.
-PENDING = {("crow.tools", "direct_call_state")}
-
-
 def test_builtins_import_only_crows_public_names_and_never_each_other() -> None:
     wrong = []
     for path in sorted((ROOT / "builtin_hooks").glob("*.py")):
@@ -256,7 +251,7 @@ def test_builtins_import_only_crows_public_names_and_never_each_other() -> None:
                 wrong.append(where)  # a builtin never imports another
             elif module == "crow":
                 wrong += [f"{where} ({n} is not in crow.__all__)" for n in names if n not in crow.__all__]
-            elif module.startswith("crow.") and (not names or any((module, n) not in PENDING for n in names)):
+            elif module.startswith("crow."):
                 wrong.append(where)
     assert wrong == []
 

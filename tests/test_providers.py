@@ -125,6 +125,17 @@ async def test_openai_text_streaming(llm: ScriptedLLM) -> None:
     assert req.body["max_tokens"] == 50 and req.body["temperature"] == 0.2
 
 
+async def test_openai_tool_name_split_across_chunks_is_joined(llm: ScriptedLLM) -> None:
+    """Some servers stream a tool's name in pieces; only the first piece was kept."""
+    calls = [ToolCallSpec("read_file", {"path": "a.txt"}), ToolCallSpec("write_file", {"path": "b"})]
+    llm.push(Reply(tool_calls=calls, name_chunks=3))
+    events = await collect(openai_provider(llm), ask(tools=TOOLS))
+    deltas = [e for e in events if isinstance(e, ToolCallDelta)]
+    assert [(d.index, d.name) for d in deltas] == [(0, "read_file"), (1, "write_file")]
+    got = final(events).message.tool_calls
+    assert [(c.name, c.args) for c in got] == [("read_file", {"path": "a.txt"}), ("write_file", {"path": "b"})]
+
+
 async def test_openai_reasoning_becomes_thought(llm: ScriptedLLM) -> None:
     llm.push(Reply(text="42", reasoning="let me think about it"))
     events = await collect(openai_provider(llm), ask())

@@ -368,17 +368,29 @@ class Asker:
         self.answer = answer
         self.asked: list[tuple[str, list[str]]] = []
 
-    async def ask_permission(self, call, *, options, read_only=False, timeout=600.0):  # type: ignore[no-untyped-def]
+    async def ask_permission(self, call, *, options, spec=None, timeout=600.0):  # type: ignore[no-untyped-def]
         self.asked.append((call.name, [o.id for o in options]))
         return self.answer
 
 
-def _session(mode: str, **rules: list[str]):  # type: ignore[no-untyped-def]
+async def _session(mode: str, **rules: list[str]):  # type: ignore[no-untyped-def]
+    """A session with crow's own tools (file tools, todos, the plan), whose kinds the
+    permissions hook reads."""
+    from builtin_hooks.plan import PlanHook
     from crow.config import Config, PermissionRules
     from crow.session import Session
+    from crow.tools import ServerSpec, ToolHub
+    from mcp_servers.filesystem import build_server
+    from mcp_servers.todos import build_server as todo_server
 
     session = Session("s", Path(ROOT), mode=mode, config=Config(permissions=PermissionRules(**rules)))
     session.client = Asker()
+    session.tools = ToolHub()
+    own = [
+        ServerSpec("filesystem", "inprocess", server=build_server(ROOT)),
+        ServerSpec("todos", "inprocess", server=todo_server()),
+    ]
+    await session.tools.connect([*own, *PlanHook().tool_servers(session)])
     return session
 
 
@@ -393,34 +405,39 @@ async def _check(session, name: str, **args: object) -> str | None:  # type: ign
 
 @pytest.mark.anyio
 async def test_modes_and_rules_together() -> None:
-    s = _session("accept_edits", ask=["edit_file(/setup.py)"])
+    s = await _session("accept_edits", ask=["edit_file(/setup.py)"])
     assert await _check(s, "edit_file", path="src/a.py") is None and s.client.asked == []
     assert await _check(s, "edit_file", path="setup.py") is None
     assert s.client.asked == [("edit_file", ["allow_once", "reject_once", "reject_always"])]
 
-    s = _session("read_only", allow=["execute(git status *)", "write_file"])
+    await s.tools.aclose()
+    s = await _session("read_only", allow=["execute(git status *)", "write_file"])
     assert "read-only mode" in (await _check(s, "execute", command="git status") or ""), "never commands"
     assert "read-only mode" in (await _check(s, "execute", command="git push") or "")
     assert "read-only mode" in (await _check(s, "write_file", path="a", content="") or ""), "never edits"
     assert s.client.asked == []
 
-    s = _session("plan", allow=["write_file", "execute(git status *)"], deny=["write_todos"])
+    await s.tools.aclose()
+    s = await _session("plan", allow=["write_file", "execute(git status *)"], deny=["write_todos"])
     assert "exit_plan_mode(plan)" in (await _check(s, "write_file", path="a", content="") or "")
     assert "exit_plan_mode(plan)" in (await _check(s, "execute", command="git status") or ""), "no commands"
     assert await _check(s, "exit_plan_mode", plan="do it") is None
     assert "`write_todos`" in (await _check(s, "write_todos", todos=[]) or ""), "deny holds everywhere"
     assert s.client.asked == []
 
-    s = _session("yolo", ask=["execute(git push *)"])
+    await s.tools.aclose()
+    s = await _session("yolo", ask=["execute(git push *)"])
     s.client.answer = "reject_always"
     assert "declined" in (await _check(s, "execute", command="git push origin") or "")
     assert "rejected execute calls like this one" in (await _check(s, "execute", command="git push") or "")
     assert await _check(s, "execute", command="git pull") is None
     assert len(s.client.asked) == 1
 
-    s = _session("ask")
+    await s.tools.aclose()
+    s = await _session("ask")
     s.client.answer = "not-an-option"
     assert "did not answer" in (await _check(s, "execute", command="ls") or "")
+    await s.tools.aclose()
 
 
 @given(st.text(alphabet=st.sampled_from(list("ab $`'\"\\(){};&|<>#\n\t=*~@!-12")), max_size=60))

@@ -101,7 +101,9 @@ async def test_control_characters_in_a_command_or_diff_are_shown_not_obeyed(
     from crow.cli import TerminalClient
     from crow.messages import ToolCall
     from crow.rules import choices, subject
+    from tests.conftest import file_tool_specs
 
+    specs = file_tool_specs()
     hidden = "rm -rf ~ #\r\x1b[2K  $ echo hi"
     calls = [
         ToolCall("a", "execute", {"command": f"echo hi; {hidden}"}),
@@ -115,7 +117,8 @@ async def test_control_characters_in_a_command_or_diff_are_shown_not_obeyed(
         for call in calls:
             os.write(write, b"n\n")
             options = choices(subject(call.name, call.args, str(workspace)), False)
-            assert await client.ask_permission(call, options=options) == "reject_once"
+            answer = await client.ask_permission(call, options=options, spec=specs.get(call.name))
+            assert answer == "reject_once"
     finally:
         os.close(read)
         os.close(write)

@@ -1,10 +1,12 @@
 """ToolHub: in-process MCP servers reached directly and through an MCP session give the
-model the same tools and the same results; failures become results, never exceptions."""
+model the same tools and the same results; failures become results, never exceptions;
+name clashes are renamed and reported, never fatal."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +15,8 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 from crow.messages import ToolCall
-from crow.tools import ServerSpec, ToolHub
+from crow.tool_kinds import presented
+from crow.tools import DirectClient, ServerSpec, ToolHub
 
 pytestmark = pytest.mark.anyio
 
@@ -69,29 +72,52 @@ CALLS = [
 ]
 
 
-async def results(direct: bool) -> tuple[list[Any], list[Any]]:
+def with_middleware(server: MCPServer) -> MCPServer:
+    """A middleware of its own runs only inside an MCP session: the hub connects through one."""
+
+    async def through(ctx: Any, call_next: Any) -> Any:
+        return await call_next(ctx)
+
+    server.middleware.append(through)
+    return server
+
+
+async def results(server: MCPServer) -> tuple[list[Any], list[Any], bool]:
     hub = ToolHub()
-    await hub.connect([ServerSpec("sample", "inprocess", server=sample_server(), direct=direct)])
+    await hub.connect([ServerSpec("sample", "inprocess", server=server)])
     try:
-        return hub.specs(), [await hub.call(c) for c in CALLS]
+        direct = isinstance(hub._conns["sample"].client, DirectClient)
+        return hub.specs(), [await hub.call(c) for c in CALLS], direct
     finally:
         await hub.aclose()
 
 
 async def test_direct_calls_match_calls_through_an_mcp_session() -> None:
-    direct_specs, direct = await results(direct=True)
-    session_specs, through = await results(direct=False)
+    direct_specs, direct, called_directly = await results(sample_server())
+    session_specs, through, in_session = await results(with_middleware(sample_server()))
+    # The hub decides: any plain in-process server (a plugin's too) is called directly.
+    assert (called_directly, in_session) == (True, False)
     assert direct_specs == session_specs
     assert {s.name: s.read_only for s in direct_specs} == {
-        "add": True, "refuse": False, "crash": False, "annotated": False,
+        "add": True,
+        "refuse": False,
+        "crash": False,
+        "annotated": False,
     }
     assert [(r.output, r.error, r.meta) for r in direct] == [(r.output, r.error, r.meta) for r in through]
     ok, bad_args, refused, crashed, annotated, missing = direct
     assert ok.output == "5" and not ok.is_error
-    assert bad_args.is_error and "a" in bad_args.error
-    assert refused.error == "Error executing tool refuse: refused: no"
-    assert crashed.error == "Error executing tool crash"  # a bug's details stay in the log
-    assert annotated.output == "done" and annotated.meta == {"structured": {"n": 1}, "crow/diff": {"path": "a.txt"}}
+    assert bad_args.error == (
+        "add was not run: its arguments are wrong.\n"
+        "- `a`: input should be a valid integer, unable to parse string as an integer (got 'two')\n"
+        'Send: {"a": integer, "b": integer}'
+    )
+    assert refused.error == "refused: no"
+    assert crashed.error == "crash failed unexpectedly; the details are in the tool server's log"
+    assert annotated.output == "done" and annotated.meta == {
+        "structured": {"n": 1},
+        "crow/diff": {"path": "a.txt"},
+    }
     assert missing.error == "unknown tool 'missing'"
 
 
@@ -109,8 +135,8 @@ async def test_a_server_with_a_lifespan_goes_through_an_mcp_session() -> None:
 async def test_a_name_clash_is_qualified_and_a_broken_server_is_reported() -> None:
     hub = ToolHub()
     specs = [
-        ServerSpec("one", "inprocess", server=sample_server(), direct=True),
-        ServerSpec("two", "inprocess", server=sample_server(), direct=True),
+        ServerSpec("one", "inprocess", server=sample_server()),
+        ServerSpec("two", "inprocess", server=sample_server()),
         ServerSpec("broken", "stdio", command="/nonexistent/server"),
     ]
     await hub.connect(specs, connect_timeout=10)
@@ -119,7 +145,11 @@ async def test_a_name_clash_is_qualified_and_a_broken_server_is_reported() -> No
         assert names.count("add") == 1 and "two_add" in names
         assert hub.server_of("two_add") == "two"
         assert (await hub.call(ToolCall("x", "two_add", {"a": 1, "b": 1}))).output == "2"
-        assert len(hub.failures) == 1 and "'broken' failed to start" in hub.failures[0]
+        assert hub.failures == [
+            "MCP server 'broken' failed to start: [Errno 2] No such file or directory: '/nonexistent/server'",
+            "MCP server 'two': tool names already taken are offered to the model under other names: "
+            "add as two_add, refuse as two_refuse, crash as two_crash, annotated as two_annotated",
+        ]
     finally:
         await hub.aclose()
 
@@ -135,3 +165,82 @@ def test_servers_called_directly_refuse_request_state() -> None:
         codec.seal(b"{}")
     with pytest.raises(InvalidRequestState):
         codec.unseal("forged")
+
+
+async def test_a_taken_server_name_is_renamed_and_reported_not_fatal() -> None:
+    """An editor's server named like crow's own (`filesystem`) used to raise in session
+    preparation, failing every prompt."""
+    hub = ToolHub()
+    await hub.connect([ServerSpec("filesystem", "inprocess", server=sample_server())])
+    await hub.connect([ServerSpec("filesystem", "inprocess", server=sample_server())])
+    try:
+        assert hub.failures[0] == (
+            "MCP server 'filesystem': another server already has that name; it is connected as 'filesystem_2'"
+        )
+        assert hub.server_of("add") == "filesystem" and hub.server_of("filesystem_2_add") == "filesystem_2"
+        assert (await hub.call(ToolCall("x", "filesystem_2_add", {"a": 1, "b": 2}))).output == "3"
+    finally:
+        await hub.aclose()
+
+
+async def test_a_second_clash_after_renaming_never_replaces_a_route() -> None:
+    first = sample_server()
+
+    @first.tool()
+    async def two_add(a: int, b: int) -> str:
+        """Named like the qualified name of the next server's `add`."""
+        return "first server"
+
+    hub = ToolHub()
+    await hub.connect(
+        [ServerSpec("one", "inprocess", server=first), ServerSpec("two", "inprocess", server=sample_server())]
+    )
+    try:
+        names = [s.name for s in hub.specs()]
+        assert len(names) == len(set(names)), names
+        assert (await hub.call(ToolCall("x", "two_add", {"a": 1, "b": 2}))).output == "first server"
+        assert hub.server_of("two_add_2") == "two"
+        assert (await hub.call(ToolCall("y", "two_add_2", {"a": 1, "b": 2}))).output == "3"
+    finally:
+        await hub.aclose()
+
+
+async def test_kinds_and_titles_come_from_meta_and_annotations(tmp_path: Path) -> None:
+    from crow.acp import view
+    from mcp_servers.filesystem import build_server
+
+    claims = MCPServer("claims")
+
+    @claims.tool(meta={"crow": {"kind": "think", "title": "Plan {what}"}})
+    async def plan(what: str) -> str:
+        """Says it only updates a plan."""
+        return what
+
+    (tmp_path / "a.txt").write_text("a\n")
+    hub = ToolHub()
+    await hub.connect(
+        [
+            ServerSpec("filesystem", "inprocess", server=build_server(tmp_path)),
+            ServerSpec("sample", "inprocess", server=sample_server(), trusted=False),  # as an editor's
+            ServerSpec("claims", "inprocess", server=claims, trusted=False),
+        ]
+    )
+    try:
+        kinds = {s.name: s.kind for s in hub.specs()}
+        assert [kinds[n] for n in ("read_file", "edit_file", "grep", "execute", "add", "crash", "plan")] == [
+            "read", "edit", "search", "execute", "read", "other", "think",
+        ]  # fmt: skip
+        # Policy believes a kind only from a trusted server: a claim must not skip a question.
+        assert (hub.kind("read_file"), hub.kind("plan"), hub.kind("add")) == ("read", "other", "other")
+        glob = hub.spec("glob")
+        assert view.tool_title(ToolCall("g", "glob", {"pattern": "*.py"}), glob) == "Find *.py"
+        assert view.tool_title(ToolCall("g", "glob", {"pattern": "*.py", "path": "src"}), glob) == "Find *.py in src"
+        assert view.tool_title(ToolCall("l", "ls", {}), hub.spec("ls")) == "List ."
+        # A result remembers how its call was shown, for session/load's replay.
+        call = ToolCall("r", "read_file", {"path": "a.txt"})
+        result = presented(await hub.call(call), call, hub.spec("read_file"))
+        assert (result.meta or {})["crow/tool"] == {"kind": "read", "title": "Read a.txt"}
+        replayed = view.finished_update(call, result, tmp_path)
+        assert (replayed.title, replayed.kind) == ("Read a.txt", "read")
+    finally:
+        await hub.aclose()

@@ -17,6 +17,7 @@ from acp import RequestError, text_block, tool_content
 from acp.schema import ClientCapabilities, EnvVariable, PermissionOption, ToolCallUpdate
 
 from crow.acp import view as acp_view
+from crow.llm.base import ToolSpec
 from crow.messages import ToolCall
 from crow.rules import Choice
 
@@ -49,12 +50,12 @@ class AcpSessionClient:
         call: ToolCall,
         *,
         options: Sequence[Choice] = DEFAULT_CHOICES,
-        read_only: bool = False,
+        spec: ToolSpec | None = None,
         timeout: float = 600.0,
     ) -> str | None:
         """Ask the user, one request at a time; returns the chosen option id, or None
-        (cancelled or no answer)."""
-        start = acp_view.start_update(call, self.cwd, read_only)
+        (cancelled or no answer). `spec` (the tool's kind and title) shapes the request."""
+        start = acp_view.start_update(call, self.cwd, spec)
         update = ToolCallUpdate(
             tool_call_id=call.id,
             title=start.title,
@@ -62,7 +63,7 @@ class AcpSessionClient:
             status="pending",
             locations=start.locations,
             raw_input=start.raw_input,
-            content=acp_view.preview(call, self.cwd),
+            content=acp_view.preview(call, self.cwd, spec),
         )
         offered = [PermissionOption(option_id=o.id, name=o.label, kind=o.kind) for o in options]
         return await self._request(update, offered, f"permission request for {call.name}", timeout)

@@ -48,7 +48,7 @@ def event_update(event: Event, cwd: Path) -> Any:
     if isinstance(event, ThoughtDelta):
         return acp.update_agent_thought_text(event.text)
     if isinstance(event, ToolCallStart):
-        return acp_view.start_update(event.call, cwd, event.read_only)
+        return acp_view.start_update(event.call, cwd, event.spec)
     if isinstance(event, ToolCallRunning):
         return acp_view.running_update(event.call)
     if isinstance(event, ToolCallEnd):

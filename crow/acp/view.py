@@ -29,24 +29,17 @@ from acp import (
 )
 from acp.schema import ToolCallLocation
 
+from crow.llm.base import ToolSpec
 from crow.messages import Message, ToolCall, ToolResult
+from crow.tool_kinds import PRESENTATION, render_title
 
-_KINDS = {
-    "read_file": "read",
-    "ls": "read",
-    "glob": "search",
-    "grep": "search",
-    "write_file": "edit",
-    "edit_file": "edit",
-    "execute": "execute",
-    "write_todos": "think",
-    "exit_plan_mode": "switch_mode",
-}
 _MAX_SHOWN = 20_000  # characters of tool output shown in the editor
+_PLACE_KINDS = frozenset({"read", "edit", "delete", "move"})  # a call of these is at its path
 
 
-def tool_kind(name: str, read_only: bool = False) -> str:
-    return _KINDS.get(name, "read" if read_only else "other")
+def tool_kind(spec: ToolSpec | None) -> str:
+    """The ACP kind a tool's server declared (ToolHub reads `_meta.crow` and annotations)."""
+    return spec.kind if spec is not None else "other"
 
 
 def _path_arg(args: Mapping[str, Any]) -> str | None:
@@ -57,49 +50,34 @@ def _path_arg(args: Mapping[str, Any]) -> str | None:
     return None
 
 
-def tool_title(call: ToolCall) -> str:
-    a = call.args
-    path = _path_arg(a)
-    if call.name == "read_file" and path:
-        return f"Read {path}"
-    if call.name == "write_file" and path:
-        return f"Write {path}"
-    if call.name == "edit_file" and path:
-        return f"Edit {path}"
-    if call.name == "ls":
-        return f"List {path or '.'}"
-    if call.name == "glob":
-        return f"Find {a.get('pattern', '')}" + (f" in {path}" if path and path != "." else "")
-    if call.name == "grep":
-        return f"Search {a.get('pattern', '')!r}" + (f" in {path}" if path and path != "." else "")
-    if call.name == "execute":
-        command = str(a.get("command", ""))
-        return f"Run {command if len(command) <= 80 else command[:77] + '...'}"
-    if call.name == "write_todos":
-        return "Update plan"
-    if call.name == "exit_plan_mode":
-        return "Plan ready for review"
-    if path:
-        return f"{call.name} {path}"
-    return call.name
-
-
-def tool_locations(call: ToolCall, cwd: Path) -> list[ToolCallLocation] | None:
+def tool_title(call: ToolCall, spec: ToolSpec | None = None) -> str:
+    """The call's title from its tool's template (`Read {path}`, see `render_title`); without
+    one: the tool's name and its path, if any."""
+    title = render_title(spec.title, call.args, spec.parameters) if spec is not None else None
+    if title:
+        return title
     path = _path_arg(call.args)
-    if path is None or call.name in ("glob", "grep", "execute"):
+    return f"{call.name} {path}" if path else call.name
+
+
+def tool_locations(call: ToolCall, cwd: Path, spec: ToolSpec | None = None) -> list[ToolCallLocation] | None:
+    """Where the editor can follow a read or an edit: its path (a search or a command
+    names a starting point, not a place it works on)."""
+    path = _path_arg(call.args)
+    if path is None or (spec is not None and spec.kind not in _PLACE_KINDS and spec.kind != "other"):
         return None
     full = Path(path) if Path(path).is_absolute() else cwd / path
     line = call.args.get("offset")
     return [ToolCallLocation(path=str(full), line=int(line) + 1 if isinstance(line, int) else None)]
 
 
-def start_update(call: ToolCall, cwd: Path, read_only: bool = False) -> Any:
+def start_update(call: ToolCall, cwd: Path, spec: ToolSpec | None = None) -> Any:
     return start_tool_call(
         call.id,
-        tool_title(call),
-        kind=tool_kind(call.name, read_only),
+        tool_title(call, spec),
+        kind=tool_kind(spec),
         status="pending",
-        locations=tool_locations(call, cwd),
+        locations=tool_locations(call, cwd, spec),
         raw_input=dict(call.args) if call.parse_error is None else call.raw_args,
     )
 
@@ -117,11 +95,12 @@ def _diff(meta: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     return None
 
 
-def preview(call: ToolCall, cwd: Path | str = ".") -> list[Any] | None:
-    """What a permission prompt shows before the tool runs: the proposed change. A write
-    over an existing file shows what it replaces, never a "new file"."""
-    path, a = _path_arg(call.args), call.args
-    if call.name == "write_file" and path and isinstance(a.get("content"), str):
+def preview(call: ToolCall, cwd: Path | str = ".", spec: ToolSpec | None = None) -> list[Any] | None:
+    """What a permission prompt shows before the tool runs: the proposed change (an edit's
+    `content`, or its `old_text`/`new_text`), or the command. A write over an existing
+    file shows what it replaces, never a "new file"."""
+    path, a, kind = _path_arg(call.args), call.args, tool_kind(spec)
+    if kind == "edit" and path and isinstance(a.get("content"), str):
         full = os.path.join(cwd, path)
         old = current_text(full)
         shown = [tool_diff_content(path, a["content"], old)]
@@ -129,9 +108,9 @@ def preview(call: ToolCall, cwd: Path | str = ".") -> list[Any] | None:
             note = "This overwrites an existing file whose content cannot be shown (binary, or over 1 MB)."
             shown.append(tool_content(text_block(note)))
         return shown
-    if call.name == "edit_file" and path and isinstance(a.get("new_text"), str):
+    if kind == "edit" and path and isinstance(a.get("new_text"), str):
         return [tool_diff_content(path, a["new_text"], str(a.get("old_text") or ""))]
-    if call.name == "execute" and a.get("command"):
+    if kind == "execute" and a.get("command"):
         return [tool_content(text_block(f"$ {a['command']}"))]
     return None
 
@@ -193,12 +172,16 @@ def end_update(call: ToolCall, result: ToolResult) -> Any:
 
 
 def finished_update(call: ToolCall, result: ToolResult, cwd: Path) -> Any:
-    """A tool call shown whole in one notification (replay): start and end together."""
+    """A tool call shown whole in one notification (replay): start and end together, shown
+    as its tool declared when it ran (ToolHub keeps that in the result's meta)."""
+    shown = (result.meta or {}).get(PRESENTATION)
+    shown = shown if isinstance(shown, Mapping) else {}
+    kind = str(shown.get("kind") or "other")
     return start_tool_call(
         call.id,
-        tool_title(call),
-        kind=tool_kind(call.name),
-        locations=tool_locations(call, cwd),
+        str(shown.get("title") or tool_title(call)),
+        kind=kind,  # type: ignore[arg-type]
+        locations=tool_locations(call, cwd, ToolSpec(call.name, "", {}, kind=kind)),
         raw_input=dict(call.args) if call.parse_error is None else call.raw_args,
         **_outcome(result),
     )

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from crow.errors import StreamCutError
 from crow.llm.base import (
     ModelEvent,
     ModelRequest,
@@ -18,8 +17,7 @@ from crow.llm.base import (
     ToolSpec,
     Usage,
 )
-from crow.llm.http import HTTPProvider, error_from_status, map_http_errors, parse_event
-from crow.llm.sse import SSEDecoder
+from crow.llm.http import HTTPProvider, parse_event
 from crow.messages import Message, ToolCall
 
 __all__ = ["AnthropicProvider", "convert_messages", "convert_tools", "sanitize_tool_id"]
@@ -131,7 +129,11 @@ def add_cache_control(
 
 
 class _StreamState:
-    def __init__(self) -> None:
+    """Assembles one streamed message; `feed()` returns the deltas an event produced."""
+
+    def __init__(self, provider: str, stream_error: Callable[[str], Exception]) -> None:
+        self.provider = provider
+        self.stream_error = stream_error
         self.text: list[str] = []
         self.thinking: list[str] = []
         self.thinking_blocks: list[dict[str, Any]] = []  # in order: thinking, redacted_thinking
@@ -139,11 +141,19 @@ class _StreamState:
         self.calls: list[ToolCall] = []
         self.usage = Usage()
         self.stop: str | None = None
-        self.stopped = False
+        self.ended = False  # message_stop came
         self.model = ""
 
-    def feed(self, data: Mapping[str, Any]) -> list[ModelEvent]:
+    @property
+    def finished(self) -> bool:
+        return self.ended or self.stop is not None
+
+    def feed(self, raw: str) -> list[ModelEvent]:
+        data = parse_event(self.provider, raw)
         kind = data.get("type")
+        if kind == "error":
+            # overloaded_error maps to a retryable RateLimitError, api_error to retryable
+            raise self.stream_error(raw)
         if kind == "message_start":
             message = data.get("message") or {}
             self.model = message.get("model") or ""
@@ -175,7 +185,7 @@ class _StreamState:
             self.stop = (data.get("delta") or {}).get("stop_reason") or self.stop
             self._usage(data.get("usage") or {})
         elif kind == "message_stop":
-            self.stopped = True
+            self.ended = True
         return []
 
     def _delta(self, index: int, delta: Mapping[str, Any]) -> list[ModelEvent]:
@@ -282,27 +292,8 @@ class AnthropicProvider(HTTPProvider):
             headers["x-api-key"] = self._api_key
         return headers
 
-    async def _attempt(self, body: Mapping[str, Any]) -> AsyncIterator[ModelEvent]:
-        state = _StreamState()
-        produced = False
-        decoder = SSEDecoder()
-        with map_http_errors(self.name, base_url=self.base_url):
-            async with self._post_stream(f"{self.base_url}/v1/messages", body, self._headers()) as response:
-                # Read to the end of the body after message_stop so the connection is kept alive.
-                async for line in response.aiter_lines():
-                    for sse in decoder.decode(line):
-                        if state.stopped:
-                            continue
-                        for event in state.feed(self._parse(sse.data)):
-                            produced = True
-                            yield event
-        if not state.stopped and state.stop is None:
-            raise StreamCutError(f"{self.name}: stream ended before the model finished", partial=produced)
-        yield state.response()
+    def _url(self) -> str:
+        return f"{self.base_url}/v1/messages"
 
-    def _parse(self, data: str) -> Mapping[str, Any]:
-        event = parse_event(self.name, data)
-        if event.get("type") == "error":
-            # overloaded_error maps to a retryable RateLimitError, api_error to retryable
-            raise error_from_status(self.name, 0, data, api_key_env=self.api_key_env, api_key=self._api_key)
-        return event
+    def _new_stream(self) -> _StreamState:
+        return _StreamState(self.name, self._stream_error)

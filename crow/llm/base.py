@@ -20,10 +20,16 @@ ModelStopReason = Literal["end_turn", "tool_use", "max_tokens", "refusal", "erro
 
 @dataclass(frozen=True, slots=True)
 class ToolSpec:
+    """A tool as the model sees it (name, description, parameters), plus what crow knows of
+    it: `read_only` (believed only for trusted servers), and how an editor shows a call:
+    `kind` (an ACP tool kind) and a `title` template (see crow.acp.view.tool_title)."""
+
     name: str
     description: str
     parameters: Mapping[str, Any]  # JSON Schema object
     read_only: bool = False
+    kind: str = "other"
+    title: str = ""
 
 
 @dataclass(frozen=True, slots=True)

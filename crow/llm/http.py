@@ -19,7 +19,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import anyio
 import httpx
@@ -32,7 +32,8 @@ from crow.errors import (
     RateLimitError,
     StreamCutError,
 )
-from crow.llm.base import ModelEvent, ModelRequest
+from crow.llm.base import ModelEvent, ModelRequest, ModelResponse
+from crow.llm.sse import SSEDecoder
 from crow.messages import valid_value
 
 logger = logging.getLogger("crow.llm")
@@ -220,8 +221,20 @@ def tls_context(base_url: str) -> ssl.SSLContext | bool:
     return True
 
 
+class StreamAssembler(Protocol):
+    """Builds one streamed answer from SSE event data (a provider's wire format)."""
+
+    ended: bool  # the last event came: what follows is read, not fed
+    finished: bool  # the model finished its answer (else the stream was cut)
+
+    def feed(self, data: str) -> list[ModelEvent]: ...
+
+    def response(self) -> ModelResponse: ...
+
+
 class HTTPProvider:
-    """Plumbing both providers share: one keep-alive client, the key, the retry policy."""
+    """Plumbing both providers share: one keep-alive client, the key, the retry policy,
+    and the streaming attempt (`_attempt`) around a provider's `StreamAssembler`."""
 
     # What a subclass's wire defaults to; every one can be overridden per instance.
     default_base_url: str
@@ -277,8 +290,39 @@ class HTTPProvider:
     def build_body(self, request: ModelRequest) -> dict[str, Any]:
         raise NotImplementedError
 
-    def _attempt(self, body: Mapping[str, Any]) -> AsyncIterator[ModelEvent]:
+    # What a subclass's wire adds: the endpoint, its headers, and a fresh stream assembler.
+    def _url(self) -> str:
         raise NotImplementedError
+
+    def _headers(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def _new_stream(self) -> StreamAssembler:
+        raise NotImplementedError
+
+    async def _attempt(self, body: Mapping[str, Any]) -> AsyncIterator[ModelEvent]:
+        """One streaming request: SSE events in, model events out, the response last."""
+        stream = self._new_stream()
+        produced = False
+        decoder = SSEDecoder()
+        with map_http_errors(self.name, base_url=self.base_url):
+            async with self._post_stream(self._url(), body, self._headers()) as response:
+                # Read to the end of the body even after the last event: leaving early makes
+                # httpx drop the connection instead of keeping it alive for the next call.
+                async for line in response.aiter_lines():
+                    for sse in decoder.decode(line):
+                        if stream.ended:
+                            continue
+                        for event in stream.feed(sse.data):
+                            produced = True
+                            yield event
+        if not stream.finished:
+            raise StreamCutError(f"{self.name}: stream ended before the model finished", partial=produced)
+        yield stream.response()
+
+    def _stream_error(self, data: str) -> ProviderError:
+        """An error the server reported inside a 200 stream."""
+        return error_from_status(self.name, 0, data, api_key_env=self.api_key_env, api_key=self._api_key)
 
     def __repr__(self) -> str:  # never show the key
         return f"{type(self).__name__}(name={self.name!r}, model={self.model!r}, base_url={self.base_url!r})"

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from crow.errors import StreamCutError
 from crow.llm.base import (
     ModelEvent,
     ModelRequest,
@@ -20,8 +19,7 @@ from crow.llm.base import (
     ToolSpec,
     Usage,
 )
-from crow.llm.http import HTTPProvider, error_from_status, map_http_errors, parse_event
-from crow.llm.sse import SSEDecoder
+from crow.llm.http import HTTPProvider, parse_event
 from crow.messages import Message, ToolCall
 
 __all__ = ["OpenAIProvider", "convert_messages", "convert_tools"]
@@ -89,9 +87,12 @@ class _PendingCall:
 
 
 class _StreamState:
-    """Assembles one streamed completion; `feed()` returns the deltas a chunk produced."""
+    """Assembles one streamed completion; `feed()` returns the deltas an event produced."""
 
-    def __init__(self) -> None:
+    def __init__(self, provider: str, stream_error: Callable[[str], Exception]) -> None:
+        self.provider = provider
+        self.stream_error = stream_error
+        self.ended = False  # [DONE] came
         self.text: list[str] = []
         self.thinking: list[str] = []
         self.calls: dict[int, _PendingCall] = {}
@@ -99,7 +100,20 @@ class _StreamState:
         self.usage: Usage | None = None
         self.model = ""
 
-    def feed(self, chunk: Mapping[str, Any]) -> list[ModelEvent]:
+    @property
+    def finished(self) -> bool:
+        return self.finish is not None
+
+    def feed(self, data: str) -> list[ModelEvent]:
+        if data.strip() == "[DONE]":
+            self.ended = True
+            return []
+        chunk = parse_event(self.provider, data)
+        if "error" in chunk:  # some servers report failures inside a 200 stream
+            raise self.stream_error(data)
+        return self._feed_chunk(chunk)
+
+    def _feed_chunk(self, chunk: Mapping[str, Any]) -> list[ModelEvent]:
         events: list[ModelEvent] = []
         self.model = chunk.get("model") or self.model
         if usage := chunk.get("usage"):
@@ -121,28 +135,44 @@ class _StreamState:
                 events.extend(self._feed_call(frag))
             if reason := choice.get("finish_reason"):
                 self.finish = reason
+                if self.calls:  # calls whose arguments never started
+                    events.extend(self._announce(max(self.calls)))
         return events
 
     def _feed_call(self, frag: Mapping[str, Any]) -> list[ModelEvent]:
+        """A tool call's name may arrive in pieces: they are joined until its arguments
+        start (a name repeated whole in later deltas, as some servers send, is not added
+        again). The call is announced once its arguments start or the stream finishes."""
         index = frag.get("index")
         if not isinstance(index, int):
             index = len(self.calls)
         call = self.calls.setdefault(index, _PendingCall())
         fn = frag.get("function") or {}
-        if frag.get("id") and not call.announced:
+        if frag.get("id") and not call.id:
             call.id = frag["id"]
-        if fn.get("name") and not call.announced:
-            call.name += fn["name"]
+        name = fn.get("name")
+        if name and not call.args and name != call.name:
+            call.name += name
         if fn.get("arguments"):
             call.args.append(
                 fn["arguments"] if isinstance(fn["arguments"], str) else json.dumps(fn["arguments"])
             )
-        if call.name and not call.announced:
+            return [] if call.announced else self._announce(index)
+        return []
+
+    def _announce(self, upto: int) -> list[ModelEvent]:
+        """ToolCallDeltas for the named calls up to index `upto`, in index order."""
+        events: list[ModelEvent] = []
+        for position, index in enumerate(sorted(self.calls)):
+            call = self.calls[index]
+            if index > upto:
+                break
+            if call.announced or not call.name:
+                continue
             call.id = call.id or f"call_{uuid.uuid4().hex[:24]}"
             call.announced = True
-            position = sorted(self.calls).index(index)
-            return [ToolCallDelta(position, call.id, call.name)]
-        return []
+            events.append(ToolCallDelta(position, call.id, call.name))
+        return events
 
     def response(self) -> ModelResponse:
         calls = tuple(
@@ -192,31 +222,8 @@ class OpenAIProvider(HTTPProvider):
             headers["Authorization"] = f"Bearer {self._api_key}"
         return headers
 
-    async def _attempt(self, body: Mapping[str, Any]) -> AsyncIterator[ModelEvent]:
-        state = _StreamState()
-        produced = False
-        decoder = SSEDecoder()
-        with map_http_errors(self.name, base_url=self.base_url):
-            async with self._post_stream(
-                f"{self.base_url}/chat/completions", body, self._headers()
-            ) as response:
-                done = False
-                # Read to the end of the body even after [DONE]: leaving early makes httpx
-                # drop the connection instead of keeping it alive for the next call.
-                async for line in response.aiter_lines():
-                    for sse in decoder.decode(line):
-                        if done or sse.data.strip() == "[DONE]":
-                            done = True
-                            continue
-                        for event in state.feed(self._parse(sse.data)):
-                            produced = True
-                            yield event
-        if state.finish is None:
-            raise StreamCutError(f"{self.name}: stream ended before the model finished", partial=produced)
-        yield state.response()
+    def _url(self) -> str:
+        return f"{self.base_url}/chat/completions"
 
-    def _parse(self, data: str) -> Mapping[str, Any]:
-        chunk = parse_event(self.name, data)
-        if "error" in chunk:  # some servers report failures inside a 200 stream
-            raise error_from_status(self.name, 0, data, api_key_env=self.api_key_env, api_key=self._api_key)
-        return chunk
+    def _new_stream(self) -> _StreamState:
+        return _StreamState(self.name, self._stream_error)

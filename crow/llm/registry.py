@@ -1,18 +1,19 @@
 """Provider references (`provider:model`) to configured `Provider` objects.
 
 Import-cheap on purpose: the provider modules (and httpx) load only when a provider is
-created, so crow can answer ACP `initialize` without them.
+created, so crow can answer ACP `initialize` without them. Providers and models are
+described by the configuration's own models (`crow.config.ProviderSettings`,
+`ModelSettings`): the builtins below are entries like the ones a config file holds.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from crow.config import ModelSettings, ProviderSettings
 from crow.errors import ConfigError
 from crow.llm.base import Provider
 
@@ -25,55 +26,23 @@ __all__ = [
     "list_known_providers",
 ]
 
-ProviderKind = Literal["openai", "anthropic"]
 
-
-@dataclass(frozen=True, slots=True)
-class ProviderSettings:
-    """One provider endpoint. `None` fields fall back to the built-in entry of the same name."""
-
-    kind: ProviderKind | None = None
-    base_url: str | None = None
-    base_url_env: str | None = None  # an environment variable that overrides base_url
-    api_key_env: str | None = None
-    api_key: str | None = None
-    connect_timeout: float | None = None
-    read_timeout: float | None = None
-    max_retries: int | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
-
-    def merged(self, override: ProviderSettings) -> ProviderSettings:
-        changes = {
-            f.name: getattr(override, f.name)
-            for f in dataclasses.fields(override)
-            if getattr(override, f.name) not in (None, {})
-        }
-        return dataclasses.replace(self, **changes)
-
-
-@dataclass(frozen=True, slots=True)
-class ModelSettings:
-    context_window: int | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    reasoning_effort: str | None = None
-    thinking_budget: int | None = None
+def _builtin(
+    kind: Literal["openai", "anthropic"], base_url: str, base_url_env: str | None, api_key_env: str
+) -> ProviderSettings:
+    return ProviderSettings(kind=kind, base_url=base_url, base_url_env=base_url_env, api_key_env=api_key_env)
 
 
 BUILTIN_PROVIDERS: Mapping[str, ProviderSettings] = {
-    "openai": ProviderSettings("openai", "https://api.openai.com/v1", "OPENAI_BASE_URL", "OPENAI_API_KEY"),
-    "anthropic": ProviderSettings(
+    "openai": _builtin("openai", "https://api.openai.com/v1", "OPENAI_BASE_URL", "OPENAI_API_KEY"),
+    "anthropic": _builtin(
         "anthropic", "https://api.anthropic.com", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"
     ),
-    "openrouter": ProviderSettings("openai", "https://openrouter.ai/api/v1", None, "OPENROUTER_API_KEY"),
-    "ollama": ProviderSettings("openai", "http://localhost:11434/v1", "OLLAMA_BASE_URL", "OLLAMA_API_KEY"),
-    "llamacpp": ProviderSettings(
-        "openai", "http://localhost:8080/v1", "LLAMACPP_BASE_URL", "LLAMACPP_API_KEY"
-    ),
-    "vllm": ProviderSettings("openai", "http://localhost:8000/v1", "VLLM_BASE_URL", "VLLM_API_KEY"),
-    "lmstudio": ProviderSettings(
-        "openai", "http://localhost:1234/v1", "LMSTUDIO_BASE_URL", "LMSTUDIO_API_KEY"
-    ),
+    "openrouter": _builtin("openai", "https://openrouter.ai/api/v1", None, "OPENROUTER_API_KEY"),
+    "ollama": _builtin("openai", "http://localhost:11434/v1", "OLLAMA_BASE_URL", "OLLAMA_API_KEY"),
+    "llamacpp": _builtin("openai", "http://localhost:8080/v1", "LLAMACPP_BASE_URL", "LLAMACPP_API_KEY"),
+    "vllm": _builtin("openai", "http://localhost:8000/v1", "VLLM_BASE_URL", "VLLM_API_KEY"),
+    "lmstudio": _builtin("openai", "http://localhost:1234/v1", "LMSTUDIO_BASE_URL", "LMSTUDIO_API_KEY"),
 }
 
 # First match wins, so more specific prefixes come first. Names are matched after any

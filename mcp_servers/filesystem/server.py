@@ -1,8 +1,8 @@
 """The filesystem MCP server: seven tools over one workspace root.
 
-``build_server(root)`` returns an ``MCPServer``; crow connects to it in-process with
-``mcp.Client(server)``, and ``python -m mcp_servers.filesystem --root DIR`` serves it
-over stdio.
+``build_server(root)`` returns an ``MCPServer`` serving the methods of one ``FileTools``;
+crow calls it in-process, and ``python -m mcp_servers.filesystem --root DIR`` serves it
+over stdio. Each tool declares how an editor shows it in ``_meta["crow"]`` (see TOOLS).
 
 Results. Every tool's text content is what the model reads and stays short. Tools
 with data worth keeping also return ``structured_content``:
@@ -47,6 +47,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.request_state import RequestStateSecurity
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 
+from mcp_servers import crow_meta
 from mcp_servers.filesystem import localfs, search, textops
 from mcp_servers.filesystem.backend import Backend, BinaryFileError, LocalBackend
 from mcp_servers.filesystem.localfs import PathChangedError, WriteError
@@ -64,6 +65,18 @@ _EDIT = ToolAnnotations(
     read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=False
 )
 _EXEC = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False)
+
+# Each tool: its MCP annotations, and how an editor shows a call (`_meta.crow`: the ACP
+# tool kind, and a title whose `[...]` part shows only when its argument was given).
+TOOLS: tuple[tuple[str, ToolAnnotations, str, str], ...] = (
+    ("ls", _READ_ONLY, "read", "List {path}"),
+    ("read_file", _READ_ONLY, "read", "Read {path}"),
+    ("write_file", _WRITE, "edit", "Write {path}"),
+    ("edit_file", _EDIT, "edit", "Edit {path}"),
+    ("glob", _READ_ONLY, "search", "Find {pattern}[ in {path}]"),
+    ("grep", _READ_ONLY, "search", "Search {pattern!r}[ in {path}]"),
+    ("execute", _EXEC, "execute", "Run {command}"),
+)
 
 
 # One lock per resolved path for every server in this process (a session each); a lock
@@ -164,18 +177,30 @@ def build_server(
         instructions=f"File tools for the workspace {ws.root}. Paths are relative to it.",
         request_state_security=request_state_security,
     )
+    tools = FileTools(ws, io)
+    for name, hints, kind, title in TOOLS:
+        server.add_tool(getattr(tools, name), annotations=hints, meta=crow_meta(kind, title))
+    return server
 
-    @server.tool(annotations=_READ_ONLY)
-    async def ls(path: str = ".") -> CallToolResult:
+
+class FileTools:
+    """The seven tools over one workspace and backend; each public method is one tool (its
+    signature the schema, its docstring the description)."""
+
+    def __init__(self, ws: Workspace, io: Backend) -> None:
+        self.ws = ws
+        self.io = io
+
+    async def ls(self, path: str = ".") -> CallToolResult:
         """List a directory: one entry per line, folders end with "/", files show their size
         in bytes, symlinks are marked "@". Entries are sorted by name and include hidden
         files. Paths are relative to the workspace root."""
-        target = ws.resolve(path)
-        display = ws.relative(target)
+        target = self.ws.resolve(path)
+        display = self.ws.relative(target)
         if target.exists() and not target.is_dir():
             raise ToolError(f"{display} is a file, not a directory; use read_file to read it")
         with _os_errors(display):
-            entries = await anyio.to_thread.run_sync(_list_dir, ws.root, target, abandon_on_cancel=True)
+            entries = await anyio.to_thread.run_sync(_list_dir, self.ws.root, target, abandon_on_cancel=True)
         truncated = len(entries) > MAX_LS_ENTRIES
         entries = entries[:MAX_LS_ENTRIES]
         lines = [f"[{display}: {len(entries)} entries{' (truncated)' if truncated else ''}]"]
@@ -187,8 +212,7 @@ def build_server(
         structured = {"path": display, "entries": entries, "truncated": truncated}
         return _text("\n".join(lines), structured)
 
-    @server.tool(annotations=_READ_ONLY)
-    async def read_file(path: str, offset: int = 0, limit: int = 2000) -> CallToolResult:
+    async def read_file(self, path: str, offset: int = 0, limit: int = 2000) -> CallToolResult:
         """Read a text file. Lines come numbered like `cat -n` (1-based); a header says
         which lines of how many are shown. `offset` is the 0-based index of the first line
         to show and `limit` how many lines (at most 2000); when more remains, the header
@@ -198,24 +222,23 @@ def build_server(
             raise ToolError("offset must be 0 or more (it is a 0-based line index)")
         if not 1 <= limit <= 2000:
             raise ToolError("limit must be between 1 and 2000 lines")
-        target = ws.resolve(path)
-        display = ws.relative(target)
+        target = self.ws.resolve(path)
+        display = self.ws.relative(target)
         with _os_errors(display):
-            text = await io.read_text(target)
+            text = await self.io.read_text(target)
         return _text(textops.number_lines(text, display, offset, limit))
 
-    @server.tool(annotations=_WRITE)
-    async def write_file(path: str, content: str) -> CallToolResult:
+    async def write_file(self, path: str, content: str) -> CallToolResult:
         """Create or overwrite a file with `content` (UTF-8), creating missing parent
         folders. Prefer edit_file for changing part of an existing file."""
-        target = ws.resolve(path)
-        display = ws.relative(target)
+        target = self.ws.resolve(path)
+        display = self.ws.relative(target)
         if target.is_dir():
             raise ToolError(f"{display} is a directory; give a file path")
-        async with path_lock(ws.root, target):
+        async with path_lock(self.ws.root, target):
             old: str | None = None
             try:
-                old = await io.read_text(target)
+                old = await self.io.read_text(target)
                 what = "overwrote"
             except FileNotFoundError:
                 what = "created"
@@ -224,47 +247,47 @@ def build_server(
             except (OSError, ToolError):
                 what = "overwrote; the old content could not be read"
             with _os_errors(display):
-                await io.write_text(target, content)
+                await self.io.write_text(target, content)
         size = len(content.encode("utf-8"))
         meta = {DIFF_META_KEY: {"path": str(target), "old_text": old, "new_text": content}}
         return _text(f"Wrote {size} bytes to {display} ({what}).", meta=meta)
 
-    @server.tool(annotations=_EDIT)
-    async def edit_file(path: str, old_text: str, new_text: str, replace_all: bool = False) -> CallToolResult:
+    async def edit_file(
+        self, path: str, old_text: str, new_text: str, replace_all: bool = False
+    ) -> CallToolResult:
         """Replace `old_text` with `new_text` in a file. `old_text` must match the file
         exactly, whitespace and indentation included, and occur exactly once; include a
         few surrounding lines to make it unique, or set replace_all=true to replace every
         occurrence. Line endings (CRLF) and the final newline are kept. Read the file
         first. Returns a unified diff of the change."""
-        target = ws.resolve(path)
-        display = ws.relative(target)
-        async with path_lock(ws.root, target):  # the edit applies to the text as it is now
+        target = self.ws.resolve(path)
+        display = self.ws.relative(target)
+        async with path_lock(self.ws.root, target):  # the edit applies to the text as it is now
             with _os_errors(display):
-                old = await io.read_text(target)
+                old = await self.io.read_text(target)
             new, count = await anyio.to_thread.run_sync(
                 textops.apply_edit, old, old_text, new_text, replace_all, abandon_on_cancel=True
             )
             with _os_errors(display):
-                await io.write_text(target, new)
+                await self.io.write_text(target, new)
         diff = textops.unified_diff(old, new, display)
         plural = "s" if count != 1 else ""
         meta = {DIFF_META_KEY: {"path": str(target), "old_text": old, "new_text": new}}
         return _text(f"Edited {display}: {count} replacement{plural}.\n{diff}", meta=meta)
 
-    @server.tool(annotations=_READ_ONLY)
-    async def glob(pattern: str, path: str = ".", max_results: int = 1000) -> CallToolResult:
+    async def glob(self, pattern: str, path: str = ".", max_results: int = 1000) -> CallToolResult:
         """Find files by name pattern under `path`, sorted. `*` and `?` stay within one
         folder, `**` spans folders (`**/*.py` is every Python file at any depth, `*.py`
         only those directly in `path`), `{a,b}` gives alternatives, `[abc]` a class.
         Files ignored by .gitignore and the .git folder are skipped."""
         if max_results < 1:
             raise ToolError("max_results must be at least 1")
-        start = ws.resolve(path)
-        display = ws.relative(start)
+        start = self.ws.resolve(path)
+        display = self.ws.relative(start)
         if not start.is_dir():
             raise ToolError(f"{display} is not a directory")
         files, truncated = await anyio.to_thread.run_sync(
-            search.glob_files, ws.root, start, pattern, max_results, ws.hidden_relative(),
+            search.glob_files, self.ws.root, start, pattern, max_results, self.ws.hidden_relative(),
             abandon_on_cancel=True,
         )
         text = "\n".join(files) if files else f"No files match {pattern!r} under {display}."
@@ -272,8 +295,8 @@ def build_server(
             text += f"\n[truncated at {max_results} results; narrow the pattern or path]"
         return _text(text, {"files": files, "truncated": truncated})
 
-    @server.tool(annotations=_READ_ONLY)
     async def grep(
+        self,
         pattern: str,
         path: str = ".",
         glob: str | None = None,
@@ -291,13 +314,13 @@ def build_server(
             raise ToolError("max_results must be at least 1")
         if not pattern:
             raise ToolError("pattern is empty")
-        start = ws.resolve(path)
-        display = ws.relative(start)
+        start = self.ws.resolve(path)
+        display = self.ws.relative(start)
         if not start.exists():
             raise ToolError(f"{display} does not exist")
         result = await search.grep(
-            ws.root, start, pattern, glob=glob, ignore_case=ignore_case,
-            mode=output_mode, cap=max_results, hidden=ws.hidden_relative(),
+            self.ws.root, start, pattern, glob=glob, ignore_case=ignore_case,
+            mode=output_mode, cap=max_results, hidden=self.ws.hidden_relative(),
         )  # fmt: skip
         if output_mode == "content":
             lines = [f"{m['file']}:{m['line']}:{m['text']}" for m in result.matches]
@@ -313,8 +336,7 @@ def build_server(
             text += f"\n[truncated at {max_results} results; narrow the pattern, path or glob]"
         return _text(text, {"mode": output_mode, **structured, "truncated": result.truncated})
 
-    @server.tool(annotations=_EXEC)
-    async def execute(command: str, timeout: float = 120) -> CallToolResult:
+    async def execute(self, command: str, timeout: float = 120) -> CallToolResult:
         """Run a shell command (bash -c) in the workspace root and return its combined
         stdout and stderr plus the exit code. `timeout` is in seconds (max 600); on
         timeout the command and everything it started are killed. Background jobs do not
@@ -324,7 +346,7 @@ def build_server(
             raise ToolError(f"timeout must be more than 0 and at most {MAX_TIMEOUT:g} seconds")
         if not command.strip():
             raise ToolError("command is empty")
-        result = await io.run(command, ws.root, timeout)
+        result = await self.io.run(command, self.ws.root, timeout)
         output = result.output if result.output else "(no output)"
         if result.timed_out:
             status = f"[timed out after {timeout:g} s; the command and its children were killed]"
@@ -338,5 +360,3 @@ def build_server(
         if result.terminal_id:
             structured["terminal_id"] = result.terminal_id
         return _text(f"{output.rstrip()}\n{status}", structured)
-
-    return server

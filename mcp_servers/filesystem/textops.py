@@ -83,6 +83,11 @@ def apply_edit(content: str, old_text: str, new_text: str, replace_all: bool) ->
         result = result.removesuffix("\n")
     if crlf:
         result = result.replace("\n", "\r\n")
+    if result == content:  # e.g. only the final newline differed, and it is kept
+        raise ToolError(
+            "nothing changed: with this edit the file reads exactly as before (edit_file keeps "
+            "the file's final newline and line endings); the file was not written"
+        )
     return result, count if replace_all else 1
 
 
