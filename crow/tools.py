@@ -38,6 +38,9 @@ from crow.tool_kinds import declared_presentation
 log = logging.getLogger("crow.tools")
 
 _NAME_OK = re.compile(r"[^a-zA-Z0-9_-]")
+# What OpenAI and Anthropic accept as a tool name; MCP allows more (`.`, 128 characters),
+# and one name outside it fails every request of the session.
+_MODEL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
 def import_mcp() -> None:
@@ -145,9 +148,13 @@ class ToolHub:
             self.failures.append(f"MCP server {conn.spec.name!r} did not list its tools: {_describe(exc)}")
             return
         renamed: list[str] = []
+        refused: list[str] = []
         for tool in listed.tools:
             name = tool.name
-            if name in self._routes:  # keep names unique: qualify the newcomer, never replace
+            if not _MODEL_NAME.fullmatch(name):
+                name = _first_free(_NAME_OK.sub("_", name)[:64] or "tool", self._routes, limit=64)
+                refused.append(f"{tool.name} as {name}")
+            elif name in self._routes:  # keep names unique: qualify the newcomer, never replace
                 name = _first_free(_NAME_OK.sub("_", f"{conn.spec.name}_{tool.name}")[:60], self._routes)
                 renamed.append(f"{tool.name} as {name}")
             self._routes[name] = (conn, tool.name)
@@ -156,6 +163,11 @@ class ToolHub:
             kind, title = declared_presentation(tool)
             schema = tool.input_schema or {"type": "object", "properties": {}}
             self._specs.append(ToolSpec(name, tool.description or "", schema, read_only, kind, title))
+        if refused:
+            self.failures.append(
+                f"MCP server {conn.spec.name!r}: tool names model APIs refuse (they allow letters, "
+                "digits, _ and -, up to 64) are offered to the model under other names: " + ", ".join(refused)
+            )
         if renamed:
             self.failures.append(
                 f"MCP server {conn.spec.name!r}: tool names already taken are offered to the model "
@@ -352,13 +364,15 @@ async def _open_client(spec: ServerSpec, env: Mapping[str, str] | None = None): 
         yield client
 
 
-def _first_free(name: str, taken: Mapping[str, Any]) -> str:
-    """`name`, else `name_2`, `name_3`, ...: the first not in `taken`."""
+def _first_free(name: str, taken: Mapping[str, Any], limit: int | None = None) -> str:
+    """`name`, else `name_2`, `name_3`, ...: the first not in `taken` (each cut to end
+    within `limit` characters, when given)."""
     n = 1
     candidate = name
     while candidate in taken:
         n += 1
-        candidate = f"{name}_{n}"
+        suffix = f"_{n}"
+        candidate = (name[: limit - len(suffix)] if limit else name) + suffix
     return candidate
 
 

@@ -244,3 +244,34 @@ async def test_kinds_and_titles_come_from_meta_and_annotations(tmp_path: Path) -
         assert (replayed.title, replayed.kind) == ("Read a.txt", "read")
     finally:
         await hub.aclose()
+
+
+async def test_a_tool_name_no_model_api_accepts_is_offered_under_a_valid_one() -> None:
+    """MCP allows `.` and up to 128 characters in a tool name; OpenAI and Anthropic refuse a
+    request whose tool names are not `[a-zA-Z0-9_-]{1,64}`, so one such tool from an
+    editor's server used to fail every prompt of the session."""
+    server = MCPServer("editor")
+    long_name = "get_" + "x" * 80
+
+    async def dotted(a: int) -> str:
+        return f"dotted {a}"
+
+    async def long(a: int) -> str:
+        return f"long {a}"
+
+    server.add_tool(dotted, name="files.read")
+    server.add_tool(long, name=long_name)
+    hub = ToolHub()
+    await hub.connect([ServerSpec("editor", "inprocess", server=server)])
+    try:
+        names = [s.name for s in hub.specs()]
+        assert names == ["files_read", long_name[:64]]
+        assert (await hub.call(ToolCall("x", "files_read", {"a": 1}))).output == "dotted 1"
+        assert (await hub.call(ToolCall("y", long_name[:64], {"a": 2}))).output == "long 2"
+        assert hub.failures == [
+            "MCP server 'editor': tool names model APIs refuse (they allow letters, digits, _ and -, "
+            f"up to 64) are offered to the model under other names: files.read as files_read, "
+            f"{long_name} as {long_name[:64]}"
+        ]
+    finally:
+        await hub.aclose()
