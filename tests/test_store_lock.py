@@ -173,3 +173,25 @@ async def test_text_that_is_not_unicode_is_a_store_error(tmp_path: Path) -> None
         async with SQLiteStore(path) as store:
             with pytest.raises(StoreError, match="surrogates not allowed"):
                 await store.create_session(id="s", cwd="/w/\udcff")
+
+
+async def test_a_lock_cancelled_while_queued_is_not_left_held(tmp_path: Path) -> None:
+    """A prompt cancelled while its lock waits (here on another process's write) used to
+    leave the lock taken once the job ran: the caller never learnt it held it, so every
+    other crow process was told "busy" for that session until this one exited."""
+    import anyio
+
+    db = tmp_path / "crow.db"
+    async with SQLiteStore(db) as a, SQLiteStore(db) as b:
+        await a.create_session(id="s", cwd="/w")
+        with closing(sqlite3.connect(db, isolation_level=None)) as other:
+            other.execute("BEGIN IMMEDIATE")  # a's lock job waits on the worker (busy_timeout)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(a.lock_session, "s")
+                await anyio.sleep(0.2)
+                tg.cancel_scope.cancel()
+                other.execute("ROLLBACK")
+        await a.get_session("s")  # a's worker has run every job queued before
+        assert sql(db, "SELECT owner FROM session_locks WHERE session_id = 's'") == [(None,)]
+        await b.lock_session("s")  # another process may run a turn there: not SessionBusy
+        await b.unlock_session("s")

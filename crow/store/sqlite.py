@@ -150,7 +150,14 @@ class SQLiteStore:
         live crow process holds it; a lock left by a process that is gone is taken over.
         Returns True when the session may have changed since this store last read or wrote
         it (another process ran a turn): the caller reloads its context."""
-        generation, took_over = await self._run(q.lock, session_id, self._token, time.time())
+        try:
+            generation, took_over = await self._run(q.lock, session_id, self._token, time.time())
+        except asyncio.CancelledError:
+            # A queued job runs even when its caller is gone: a lock taken for nobody would
+            # tell every other process "busy" until this one exits. Release it after it.
+            if session_id not in self._held:
+                await self._release_for_cancelled(session_id)
+            raise
         # A holder that is gone may have written anything since this store read.
         stale = took_over or self._generations.get(session_id) != generation
         self._generations[session_id] = generation + 1
@@ -166,6 +173,13 @@ class SQLiteStore:
         generation = await self._run(q.unlock, session_id, self._token)
         if generation is not None:  # else it was taken over meanwhile: the next lock reloads
             self._generations[session_id] = generation
+
+    async def _release_for_cancelled(self, session_id: str) -> None:
+        import anyio  # only here: a cancel while a lock was being taken
+
+        with anyio.CancelScope(shield=True), suppress(StoreError):
+            await self._run(q.unlock, session_id, self._token)
+        self._generations[session_id] = None  # the lock moved: reload before the next turn
 
     async def _beat(self) -> None:
         """Refresh the heartbeat of held locks (what a process in another PID namespace,
