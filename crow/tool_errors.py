@@ -83,7 +83,12 @@ def _required(schema: Mapping[str, Any]) -> list[str]:
     return [r for r in required if isinstance(r, str)] if isinstance(required, list) else []
 
 
-def signature(schema: Mapping[str, Any], root: Mapping[str, Any] | None = None, depth: int = 0) -> str:
+def signature(
+    schema: Mapping[str, Any],
+    root: Mapping[str, Any] | None = None,
+    depth: int = 0,
+    refs: frozenset[str] = frozenset(),
+) -> str:
     """`{"path": string, "offset"?: integer}`: what a tool takes, in one line (objects
     nested two deep are spelled out, deeper ones say `object`)."""
     props = schema.get("properties")
@@ -92,29 +97,34 @@ def signature(schema: Mapping[str, Any], root: Mapping[str, Any] | None = None, 
     root = schema if root is None else root
     required = set(_required(schema))
     parts = [
-        f'"{arg}"{"" if arg in required else "?"}: {_type(spec, root, depth)}' for arg, spec in props.items()
+        f'"{arg}"{"" if arg in required else "?"}: {_type(spec, root, depth, refs)}'
+        for arg, spec in props.items()
     ]
     return "{" + ", ".join(parts) + "}"
 
 
-def _type(spec: Any, root: Mapping[str, Any], depth: int) -> str:
+def _type(spec: Any, root: Mapping[str, Any], depth: int, refs: frozenset[str]) -> str:
+    """`refs`: the definitions being spelled out; one met again (a recursive type such as a
+    JSON value) reads `any`, else spelling it out never ends."""
     if not isinstance(spec, Mapping):
         return "any"
     ref = spec.get("$ref")
     if isinstance(ref, str) and ref.startswith("#/"):  # a local definition, e.g. "#/$defs/Todo"
+        if ref in refs:
+            return "any"
         target: Any = root
         for key in ref[2:].split("/"):
             target = target.get(key) if isinstance(target, Mapping) else None
-        return _type(target, root, depth) if isinstance(target, Mapping) and target is not spec else "object"
+        return _type(target, root, depth, refs | {ref}) if isinstance(target, Mapping) else "object"
     if isinstance(spec.get("enum"), list):
         return " | ".join(repr(v) if isinstance(v, str) else str(v) for v in spec["enum"])
     options = spec.get("anyOf") or spec.get("oneOf")
     if isinstance(options, list):
-        return " | ".join(_type(o, root, depth) for o in options)
+        return " | ".join(_type(o, root, depth, refs) for o in options)
     kind = spec.get("type")
     if kind == "array":
         items = spec.get("items")
-        return f"{_type(items, root, depth)}[]" if isinstance(items, Mapping) and items else "array"
-    if kind == "object" and depth < 2 and (fields := signature(spec, root, depth + 1)):
+        return f"{_type(items, root, depth, refs)}[]" if isinstance(items, Mapping) and items else "array"
+    if kind == "object" and depth < 2 and (fields := signature(spec, root, depth + 1, refs)):
         return fields
     return kind if isinstance(kind, str) else "object"

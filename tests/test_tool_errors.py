@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from typing_extensions import TypeAliasType
 
 from crow.messages import ToolCall, ToolResult
 from crow.tools import ServerSpec, ToolHub
@@ -84,3 +85,30 @@ async def test_a_tool_refusal_reads_once_without_the_sdk_prefix(hub: ToolHub) ->
     assert result.error == "old_text was not found in the file (it must match exactly, whitespace included)"
     # The model reads it as one "Error: ..." line, not "Error: Error executing tool ...".
     assert result.text == f"Error: {result.error}"
+
+
+Json = TypeAliasType("Json", "list[Json] | str")
+
+
+async def _store(data: Json) -> str:  # type: ignore[valid-type]
+    return "stored"
+
+
+async def test_a_recursive_argument_type_still_gets_a_signature() -> None:
+    """A tool taking a recursive type (a JSON value as a type alias: `list[Json] | str`)
+    has a `$ref` cycle with no object in it; spelling out what to send recursed without
+    end, so the model got a RecursionError instead of its missing argument."""
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer("data")
+    server.add_tool(_store)
+    hub = ToolHub()
+    await hub.connect([ServerSpec("data", "inprocess", server=server)])
+    try:
+        result = await hub.call(ToolCall("x", "_store", {}))
+        assert result.error == (
+            "_store was not run: its arguments are wrong.\n- `data`: missing; it is required\n"
+            'Send: {"data": any[] | string}'
+        )
+    finally:
+        await hub.aclose()
