@@ -116,3 +116,22 @@ async def test_codex_style_plan_steps_are_accepted() -> None:
         {"id": "1", "title": "Explore", "status": "done"},
         {"id": "2", "title": "Patch", "status": "in_progress"},
     ]
+
+
+async def test_gemini_style_todos_with_cancelled_items_are_accepted() -> None:
+    """Gemini CLI's tool is also `write_todos`: `description`, and a fourth status,
+    `cancelled`, which crow has not (a task given up is not done): the item is left out.
+    Before, the whole call was refused."""
+    server = build_server()
+    todos = [
+        {"description": "Read the code", "status": "completed"},
+        {"description": "Try the old approach", "status": "cancelled"},
+        {"description": "Fix the bug", "status": "in_progress"},
+    ]
+    async with Client(server) as c:
+        result = await c.call_tool("write_todos", {"todos": todos})
+    assert not result.is_error, result.content
+    assert [t.model_dump() for t in server.todos] == [
+        {"id": "1", "title": "Read the code", "status": "done"},
+        {"id": "2", "title": "Fix the bug", "status": "in_progress"},
+    ]

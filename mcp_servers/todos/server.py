@@ -8,19 +8,20 @@ Each call's result carries the list as ``structured_content``::
 
 Models trained on other agents send other item shapes; they are accepted and mapped
 (the schema the model reads names only crow's fields): Claude Code's ``content`` and
-``activeForm`` (dropped), codex's ``step``, statuses ``completed``/``in-progress``/...,
-and no ``id`` (an item's position becomes its id).
+``activeForm`` (dropped), codex's ``step``, Gemini CLI's ``description``, statuses
+``completed``/``in-progress``/..., and no ``id`` (an item's position becomes its id). An
+item ``cancelled`` (Gemini CLI's fourth status) is left out: given up is not done.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.request_state import RequestStateSecurity
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from mcp_servers import crow_meta
 
@@ -71,6 +72,19 @@ class Todo(BaseModel):
         return item
 
 
+_GIVEN_UP = frozenset({"cancelled", "canceled"})
+
+
+def _without_given_up(items: Any) -> Any:
+    if not isinstance(items, list):
+        return items
+    return [
+        item
+        for item in items
+        if not (isinstance(item, dict) and str(item.get("status", "")).strip().lower() in _GIVEN_UP)
+    ]
+
+
 class TodoServer(MCPServer):
     """An MCPServer that remembers the last todo list written to it."""
 
@@ -101,7 +115,7 @@ def build_server(*, request_state_security: RequestStateSecurity | None = None) 
         annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=True),
         meta=crow_meta("think", "Update plan"),
     )
-    async def write_todos(todos: list[Todo]) -> CallToolResult:
+    async def write_todos(todos: Annotated[list[Todo], BeforeValidator(_without_given_up)]) -> CallToolResult:
         """Replace the whole todo list with `todos`. Use it to plan multi-step work and to
         report progress: send every item each time (items left out are dropped), each
         with an `id`, a short `title` and a `status` of "pending", "in_progress" or
