@@ -152,8 +152,19 @@ class Session:
         messages = tuple(m.valid() for m in messages)
         if in_context:
             self.messages.extend(messages)
-        if self.store is not None:
+        if self.store is None:
+            return
+        try:
             await self.store.append(self.id, list(messages), in_context=in_context)
+        except StoreError:
+            # Not stored (the append is one transaction): memory must not hold it either,
+            # or a failed turn's clean-up stores answers to calls the store never had.
+            # A cancel keeps them: a queued append still runs. (By identity: another
+            # call's add may have appended since.)
+            if in_context:
+                failed = {id(m) for m in messages}
+                self.messages[:] = [m for m in self.messages if id(m) not in failed]
+            raise
 
     async def set_messages(self, messages: Sequence[Message]) -> None:
         """Rewrite the model context (compaction, replace); the transcript is untouched."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from crow.errors import SessionBusy
+from crow.errors import SessionBusy, StoreError
 from crow.messages import Message
 from crow.session import Session
 from crow.store import SQLiteStore
@@ -195,3 +195,29 @@ async def test_a_lock_cancelled_while_queued_is_not_left_held(tmp_path: Path) ->
         assert sql(db, "SELECT owner FROM session_locks WHERE session_id = 's'") == [(None,)]
         await b.lock_session("s")  # another process may run a turn there: not SessionBusy
         await b.unlock_session("s")
+
+
+async def test_a_message_the_store_refused_is_not_kept_in_memory(tmp_path: Path) -> None:
+    """Another process holding the database past busy_timeout (a big delete, a backup), or
+    a full disk, fails one append. The message used to stay in memory anyway, so the
+    failed turn's clean-up answered its tool calls durably: results stored with no call
+    before them, which every provider refuses in that session forever after a reload."""
+    from crow.messages import ToolCall, close_dangling_tool_calls, validate
+
+    db = tmp_path / "crow.db"
+    async with SQLiteStore(db) as store:
+        await store.create_session(id="s", cwd="/w")
+        await store._run(lambda c: c.execute("PRAGMA busy_timeout = 50"))  # fail fast, not in 5 s
+        session = Session(id="s", cwd=Path("/w"), store=store)
+        await session.add(Message("user", "list the files"))
+        asked = Message("assistant", "", tool_calls=(ToolCall("c1", "ls", {}),))
+        with closing(sqlite3.connect(db, isolation_level=None)) as other:
+            other.execute("BEGIN IMMEDIATE")
+            with pytest.raises(StoreError):
+                await session.add(asked)
+            other.execute("ROLLBACK")
+        assert list(session.messages) == await store.load_context("s")
+        # What a failed turn's clean-up does (Loop._close_dangling): answer open calls.
+        n = len(session.messages)
+        await session.add(*close_dangling_tool_calls(list(session.messages), "not run")[n:])
+        validate(await store.load_context("s"))
