@@ -167,11 +167,18 @@ class Session:
             raise
 
     async def set_messages(self, messages: Sequence[Message]) -> None:
-        """Rewrite the model context (compaction, replace); the transcript is untouched."""
+        """Rewrite the model context (compaction, replace); the transcript is untouched.
+        A rewrite the store refuses (StoreError) leaves memory as it was too."""
+        before = (self.messages, self.last_usage, self.usage_covers)
         self.messages = Messages(m.valid() for m in messages)
         self.last_usage, self.usage_covers = None, 0
-        if self.store is not None:
+        if self.store is None:
+            return
+        try:
             await self.store.set_context(self.id, list(self.messages))
+        except StoreError:
+            self.messages, self.last_usage, self.usage_covers = before
+            raise
 
     async def save(self, **fields: Any) -> None:
         """Persist metadata fields (todos, files, title, mode, model) that changed."""

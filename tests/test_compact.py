@@ -394,6 +394,38 @@ async def test_store_gets_the_context_and_keeps_the_transcript(tmp_path: Path) -
         assert await store.load_transcript("s1") == msgs
 
 
+async def test_a_store_that_refuses_the_new_context_leaves_the_session_as_it_was(tmp_path: Path) -> None:
+    """Another process holding the database past busy_timeout (or a full disk) when the
+    summary is written: compaction used to raise StoreError into the turn ("never raises"),
+    with memory compacted and the store not."""
+    import sqlite3
+    from contextlib import closing
+
+    from crow.store import SQLiteStore
+
+    db = tmp_path / "crow.db"
+    async with SQLiteStore(db) as store:
+        await store.create_session(id="s1", cwd=str(tmp_path))
+        await store._run(lambda c: c.execute("PRAGMA busy_timeout = 50"))  # fail fast, not in 5 s
+        session = Session(id="s1", cwd=tmp_path, store=store)
+        msgs = history(10)
+        await session.add(*msgs)
+        with closing(sqlite3.connect(db, isolation_level=None)) as other:
+
+            def summarize(request: ModelRequest) -> ModelResponse:
+                other.execute("BEGIN IMMEDIATE")  # taken while the summary is written
+                return reply("a summary the store will refuse")
+
+            result = await CompactService().compact(
+                session, ScriptedProvider(summarize, context_window=10_000)
+            )
+            other.execute("ROLLBACK")
+        assert not result.compacted
+        assert result.error is not None and result.error.startswith("the compacted context was not stored: ")
+        assert list(session.messages) == msgs == await store.load_context("s1")
+        assert session.compaction.failed_at == len(msgs)  # automatic triggers back off
+
+
 # ---------------------------------------------------------------- a realistic long history
 def realistic_history(n: int = 200, seed: int = 7) -> list[Message]:
     rng = random.Random(seed)

@@ -38,7 +38,7 @@ from crow.compact.request import (
     summary_text,
 )
 from crow.config import CompactionConfig
-from crow.errors import ContextLengthError, ProviderError
+from crow.errors import ContextLengthError, ProviderError, StoreError
 from crow.events import Emit, UsageUpdated
 from crow.llm.base import ModelRequest, Provider, complete
 from crow.messages import InvalidMessages, Message, close_dangling_tool_calls, validate
@@ -148,7 +148,14 @@ class CompactService:
         except InvalidMessages as exc:
             log.error("compaction of session %s built an invalid context: %s; unchanged", session.id, exc)
             return dataclasses.replace(before, prefix_share=share, error=f"invalid compacted context: {exc}")
-        await session.set_messages(new)
+        try:
+            await session.set_messages(new)
+        except StoreError as exc:  # the session is left as it was (`set_messages`)
+            log.warning("compaction of session %s not stored: %s; context unchanged", session.id, exc)
+            session.compaction.failed_at = len(messages)  # the summary call is not repeated at once
+            return dataclasses.replace(
+                before, prefix_share=share, error=f"the compacted context was not stored: {exc}"
+            )
         tokens_after = session.context_tokens()
         log.info(
             "compacted session %s: %d -> %d messages, ~%d -> ~%d tokens (prefix share %s)",
