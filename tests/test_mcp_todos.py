@@ -106,32 +106,32 @@ async def test_claude_code_style_todos_are_accepted() -> None:
     }
 
 
-async def test_codex_style_plan_steps_are_accepted() -> None:
+@pytest.mark.parametrize(
+    ("items", "expected"),
+    [
+        (  # codex's plan steps
+            [{"step": "Explore", "status": "completed"}, {"step": "Patch", "status": "in-progress"}],
+            [("Explore", "done"), ("Patch", "in_progress")],
+        ),
+        (  # Gemini CLI's tool is also write_todos: `description`, and a fourth status,
+            # `cancelled`, which crow has not (given up is not done): the item is left out.
+            # Before, the whole call was refused.
+            [
+                {"description": "Read the code", "status": "completed"},
+                {"description": "Try the old approach", "status": "cancelled"},
+                {"description": "Fix the bug", "status": "in_progress"},
+            ],
+            [("Read the code", "done"), ("Fix the bug", "in_progress")],
+        ),
+    ],
+)
+async def test_other_agents_items_are_accepted(
+    items: list[dict[str, str]], expected: list[tuple[str, str]]
+) -> None:
     server = build_server()
-    steps = [{"step": "Explore", "status": "completed"}, {"step": "Patch", "status": "in-progress"}]
     async with Client(server) as c:
-        result = await c.call_tool("write_todos", {"todos": steps})
+        result = await c.call_tool("write_todos", {"todos": items})
     assert not result.is_error, result.content
     assert [t.model_dump() for t in server.todos] == [
-        {"id": "1", "title": "Explore", "status": "done"},
-        {"id": "2", "title": "Patch", "status": "in_progress"},
-    ]
-
-
-async def test_gemini_style_todos_with_cancelled_items_are_accepted() -> None:
-    """Gemini CLI's tool is also `write_todos`: `description`, and a fourth status,
-    `cancelled`, which crow has not (a task given up is not done): the item is left out.
-    Before, the whole call was refused."""
-    server = build_server()
-    todos = [
-        {"description": "Read the code", "status": "completed"},
-        {"description": "Try the old approach", "status": "cancelled"},
-        {"description": "Fix the bug", "status": "in_progress"},
-    ]
-    async with Client(server) as c:
-        result = await c.call_tool("write_todos", {"todos": todos})
-    assert not result.is_error, result.content
-    assert [t.model_dump() for t in server.todos] == [
-        {"id": "1", "title": "Read the code", "status": "done"},
-        {"id": "2", "title": "Fix the bug", "status": "in_progress"},
+        {"id": str(i), "title": title, "status": status} for i, (title, status) in enumerate(expected, 1)
     ]
