@@ -94,9 +94,13 @@ class ToolHub:
         reported (`failures`), never fatal."""
         conns = [self._start(self._unique_server(spec)) for spec in specs]
         await asyncio.gather(*(self._await_ready(c, connect_timeout) for c in conns))
-        for conn in conns:
-            if conn.error is None:
-                await self._index(conn)
+        # Listed side by side, each within the timeout too (a server that starts and never
+        # lists would hold the session's preparation forever); indexed in order, so crow's
+        # own servers keep their names.
+        listed = await asyncio.gather(*(self._list(c, connect_timeout) for c in conns))
+        for conn, tools in zip(conns, listed, strict=True):
+            if tools is not None:
+                self._index(conn, tools)
 
     def _unique_server(self, spec: ServerSpec) -> ServerSpec:
         if spec.name not in self._conns:
@@ -141,15 +145,25 @@ class ToolHub:
             log.warning(msg)
             self.failures.append(msg)
 
-    async def _index(self, conn: _Connection) -> None:
+    async def _list(self, conn: _Connection, timeout: float) -> list[Any] | None:
+        """The server's tools, or None (reported) when it failed to start or to list them."""
+        if conn.error is not None:
+            return None
         try:
-            listed = await conn.client.list_tools()
+            return list((await asyncio.wait_for(conn.client.list_tools(), timeout)).tools)
+        except TimeoutError:
+            self.failures.append(
+                f"MCP server {conn.spec.name!r} did not list its tools within {timeout:.0f} s"
+            )
+            conn.closing.set()  # it offers nothing: stop it
         except Exception as exc:
             self.failures.append(f"MCP server {conn.spec.name!r} did not list its tools: {_describe(exc)}")
-            return
+        return None
+
+    def _index(self, conn: _Connection, tools: list[Any]) -> None:
         renamed: list[str] = []
         refused: list[str] = []
-        for tool in listed.tools:
+        for tool in tools:
             name = tool.name
             if not _MODEL_NAME.fullmatch(name):
                 name = _first_free(_NAME_OK.sub("_", name)[:64] or "tool", self._routes, limit=64)

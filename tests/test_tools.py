@@ -275,3 +275,40 @@ async def test_a_tool_name_no_model_api_accepts_is_offered_under_a_valid_one() -
         ]
     finally:
         await hub.aclose()
+
+
+# A stdio MCP server that starts (answers initialize) but never answers tools/list.
+_MUTE_SERVER = """
+import json, sys
+for line in sys.stdin:
+    msg = json.loads(line)
+    if msg.get("method") == "initialize":
+        result = {"protocolVersion": msg["params"]["protocolVersion"], "capabilities": {"tools": {}},
+                  "serverInfo": {"name": "mute", "version": "1"}}
+        print(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}), flush=True)
+"""
+
+
+async def test_a_server_that_never_lists_its_tools_is_reported_not_waited_for(tmp_path: Path) -> None:
+    """The connect timeout covered starting only: a server that never answered tools/list
+    held the session's preparation, and so every prompt of the session, forever."""
+    import sys
+
+    import anyio
+
+    script = tmp_path / "mute.py"
+    script.write_text(_MUTE_SERVER)
+    hub = ToolHub()
+    try:
+        with anyio.fail_after(15):
+            await hub.connect(
+                [
+                    ServerSpec("one", "inprocess", server=sample_server()),
+                    ServerSpec("mute", "stdio", command=sys.executable, args=[str(script)]),
+                ],
+                connect_timeout=2,
+            )
+        assert hub.failures == ["MCP server 'mute' did not list its tools within 2 s"]
+        assert hub.has("add") and (await hub.call(ToolCall("x", "add", {"a": 1, "b": 2}))).output == "3"
+    finally:
+        await hub.aclose()
