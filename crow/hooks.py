@@ -336,13 +336,13 @@ class HookRegistry:
         self._commit(hook_name, [impl], order or 0, band)
         return fn
 
-    def _commit(
-        self, name: str, impls: list[tuple[str, Callable[..., Any]]], order: int, band: int
-    ) -> None:
+    def _commit(self, name: str, impls: list[tuple[str, Callable[..., Any]]], order: int, band: int) -> None:
         if self._frozen:
             raise HookError(f"cannot register hook {name!r}: hooks are frozen once a turn ran")
         if name in self._names:
             raise HookError(f"a hook named {name!r} is already registered")
+        if type(order) is not int:  # it is sorted on: a str or None would fail half-way in
+            raise HookError(f"hook {name!r}: order must be an int, got {order!r}")
         checked = [(phase, fn, _check(name, phase, fn)) for phase, fn in impls]  # validate all first
         for phase, fn, call in checked:
             self._impls[phase].append(_Impl(name, phase, fn, order, band, call))
@@ -370,6 +370,7 @@ class HookRegistry:
 
 
 _R = TypeVar("_R")
+_RETURNS: dict[str, type] = {"wrap_model_call": ModelResponse, "wrap_tool_call": ToolResult}
 
 
 def build_chain(
@@ -396,10 +397,14 @@ def _layer(
     passes: tuple[type[Exception], ...],
 ) -> Callable[[Any], Awaitable[_R]]:
     key = PHASE_ARGS[impl.phase][1]  # "request" or "call"
+    returns = _RETURNS[impl.phase]
 
     async def layer(arg: Any) -> _R:
         try:
-            return await impl(ctx=ctx, call_next=call_next, **{key: arg})
+            out = await impl(ctx=ctx, call_next=call_next, **{key: arg})
+            if not isinstance(out, returns):  # caught here, not as an AttributeError far away
+                raise TypeError(f"returned {out!r:.200}, not a {returns.__name__}")
+            return out  # type: ignore[no-any-return]
         except passes:
             raise
         except Exception as exc:

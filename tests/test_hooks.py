@@ -243,7 +243,9 @@ async def test_stop_after_tool_calls_answers_them(tmp_path: Path) -> None:
 
 
 async def test_before_tool_exec_can_block_and_after_can_rewrite(tmp_path: Path) -> None:
-    agent = echo_agent(tmp_path, ToolCall("c1", "echo", {"text": "rm -rf"}), ToolCall("c2", "echo", {"text": "fine"}))
+    agent = echo_agent(
+        tmp_path, ToolCall("c1", "echo", {"text": "rm -rf"}), ToolCall("c2", "echo", {"text": "fine"})
+    )
 
     async def guard(ctx: Any, call: ToolCall) -> ToolResult | None:
         if "rm" in call.args.get("text", ""):
@@ -364,7 +366,10 @@ async def test_a_failing_modify_request_is_skipped(tmp_path: Path) -> None:
 async def test_before_tool_exec_that_raises_fails_that_call_only(tmp_path: Path) -> None:
     seen: list[str] = []
     agent = echo_agent(
-        tmp_path, ToolCall("c1", "echo", {"text": "rm -rf"}), ToolCall("c2", "echo", {"text": "fine"}), seen=seen
+        tmp_path,
+        ToolCall("c1", "echo", {"text": "rm -rf"}),
+        ToolCall("c2", "echo", {"text": "fine"}),
+        seen=seen,
     )
 
     async def guard(call: ToolCall) -> None:
@@ -383,3 +388,72 @@ async def test_before_tool_exec_that_raises_fails_that_call_only(tmp_path: Path)
     assert not results["c2"].is_error and results["c2"].content == "fine"
     assert seen == ["tool"], "the blocked call never ran"
     assert result.stop_reason == "end_turn" and session.messages[-1].content == "done"
+
+
+async def test_a_wrap_model_call_returning_no_response_fails_that_call_by_name(tmp_path: Path) -> None:
+    agent, _ = make_agent(tmp_path, lambda req: ModelResponse(ai("answer")))
+
+    async def forgetful(request: ModelRequest, call_next: Any) -> None:
+        await call_next(request)  # ... and forgets to return the response
+
+    agent.hooks.register("wrap_model_call", forgetful, name="forgetful")
+    result, _, events = await run(agent, tmp_path)
+    why = "hook forgetful failed at wrap_model_call: TypeError('returned None, not a ModelResponse')"
+    assert result.stop_reason == "end_turn" and result.error == why
+    assert [e.text for e in events if isinstance(e, Notice)] == [f"Model call failed: {why}"]
+
+
+async def test_a_wrap_tool_call_returning_no_result_is_named(tmp_path: Path) -> None:
+    agent = echo_agent(tmp_path, ToolCall("c1", "echo", {"text": "x"}))
+
+    async def forgetful(call: ToolCall, call_next: Any) -> str:
+        return "x"
+
+    agent.hooks.register("wrap_tool_call", forgetful, name="forgetful")
+    _, session, _ = await run(agent, tmp_path)
+    [result] = [m for m in session.messages if m.role == "tool"]
+    assert result.is_error
+    assert (
+        result.content
+        == "Error: hook forgetful failed at wrap_tool_call: TypeError(\"returned 'x', not a ToolResult\")"
+    )
+
+
+@pytest.mark.parametrize(
+    ("action", "why"),
+    [
+        (Continue("again"), "Continue takes a list of messages, not one string"),
+        (Continue([123]), "Continue's messages must be Message objects or strings; got 123"),
+        (Continue([]), "Continue without messages: nothing new for the model to answer"),
+        (Replace("hello"), "Replace takes a list of messages, not one string"),  # type: ignore[arg-type]
+        (Replace(["hello"]), "Replace's messages must be Message objects; got 'hello'"),  # type: ignore[list-item]
+    ],
+)
+async def test_a_malformed_action_is_refused_not_crashed_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, action: Any, why: str
+) -> None:
+    agent, _ = make_agent(tmp_path, lambda req: ModelResponse(ai("answer")))
+
+    async def buggy(ctx: Any) -> Any:
+        return action
+
+    agent.hooks.register("agent_stop", buggy, name="buggy")
+    result, session, _ = await run(agent, tmp_path)
+    assert result.stop_reason == "end_turn" and result.error is None
+    assert [(m.role, m.content) for m in session.messages] == [("user", "hi"), ("assistant", "answer")]
+    assert f"hook buggy: {type(action).__name__} refused: {why}" in caplog.text
+
+
+def test_an_order_that_is_not_an_int_fails_registration_and_registers_nothing() -> None:
+    class Odd(Hook):
+        order = "5"  # type: ignore[assignment]
+
+        async def before_agent(self, ctx: Any) -> None: ...
+
+    async def first(ctx: Any) -> None: ...
+
+    registry = HookRegistry()
+    registry.register("before_agent", first, name="first")
+    with pytest.raises(HookError, match=r"hook 'Odd': order must be an int, got '5'"):
+        registry.register(Odd())
+    assert registry.names("before_agent") == ["first"], "nothing half-registered"
