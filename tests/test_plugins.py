@@ -30,7 +30,7 @@ from tests.support.site import on_sys_path
 pytestmark = pytest.mark.anyio
 
 ROOT = Path(__file__).resolve().parents[1]
-PLUGIN = '''
+PLUGIN = """
 import os
 from crow import Hook
 
@@ -45,7 +45,7 @@ class Plugged(Hook):
 
 async def at_stop(ctx):
     _record("plugin-function")
-'''
+"""
 
 
 def install_dist(site: Path, name: str, module: str, source: str, entry_points: str) -> None:
@@ -70,9 +70,7 @@ def site(tmp_path: Path) -> Iterator[Path]:
 def plugin(site: Path) -> str:
     """An installed distribution `crow-test-plugin` with a Hook class (`plugged`) and a
     function at agent_stop (`stopper`)."""
-    entry_points = (
-        f"[{GROUP}]\nplugged = crow_test_plugin:Plugged\n\n[{GROUP}.agent_stop]\nstopper = crow_test_plugin:at_stop\n"
-    )
+    entry_points = f"[{GROUP}]\nplugged = crow_test_plugin:Plugged\n\n[{GROUP}.agent_stop]\nstopper = crow_test_plugin:at_stop\n"
     install_dist(site, "crow-test-plugin", "crow_test_plugin", PLUGIN, entry_points)
     return "crow-test-plugin"
 
@@ -179,9 +177,7 @@ async def test_without_builtins_the_users_hooks_all_still_run(
     ]
 
 
-async def test_disable_names_builtins_and_plugins_and_nothing_else(
-    tmp_path: Path, plugin: str
-) -> None:
+async def test_disable_names_builtins_and_plugins_and_nothing_else(tmp_path: Path, plugin: str) -> None:
     agent = Agent(Config(home=tmp_path / "a", hooks=HooksConfig(disable=["memory", "plugged"])))
     try:
         await agent.ready()
@@ -202,7 +198,9 @@ async def test_a_broken_plugin_fails_the_warm_up_by_name_and_distribution(
     tmp_path: Path, site: Path, plugin: str
 ) -> None:
     source = "def make(agent):\n    return 42\n"
-    install_dist(site, "crow-test-broken", "crow_test_broken", source, f"[{GROUP}]\nbroken = crow_test_broken:make\n")
+    install_dist(
+        site, "crow-test-broken", "crow_test_broken", source, f"[{GROUP}]\nbroken = crow_test_broken:make\n"
+    )
     agent = Agent(Config(home=tmp_path / "home"), builtin_hooks=False)
     try:
         with pytest.raises(HookError) as err:
@@ -265,7 +263,9 @@ def test_the_acp_client_offers_the_editor_client_protocol() -> None:
     from crow.acp.client import AcpSessionClient
 
     members = [n for n in vars(EditorClient) if not n.startswith("_")]
-    assert {"ask_permission", "ask", "ask_choice", "read_text", "write_text", "run_in_terminal"} <= set(members)
+    assert {"ask_permission", "ask", "ask_choice", "read_text", "write_text", "run_in_terminal"} <= set(
+        members
+    )
     for name in members:
         ours, theirs = getattr(EditorClient, name), getattr(AcpSessionClient, name)
         assert list(inspect.signature(ours).parameters) == list(inspect.signature(theirs).parameters), name
@@ -306,3 +306,35 @@ async def test_turn_state_lives_for_one_prompt(tmp_path: Path, workspace: Path, 
     finally:
         await agent.aclose()
     assert seen == [1, 2, 1]
+
+
+async def test_a_plugin_taking_a_builtins_name_is_named_with_its_distribution(
+    tmp_path: Path, site: Path
+) -> None:
+    """A clash used to fail as "a hook named 'permissions' is already registered", whose only
+    remedy, hooks.disable, switches off crow's permissions along with the plugin."""
+    source = (
+        "from crow import Hook\nclass P(Hook):\n    async def agent_stop(self, ctx):\n        return None\n"
+    )
+    install_dist(
+        site, "crow-test-plugin", "crow_test_plugin", source, f"[{GROUP}]\npermissions = crow_test_plugin:P\n"
+    )
+    agent = Agent(Config(home=tmp_path / "home"))
+    try:
+        with pytest.raises(HookError) as err:
+            await agent.ready()
+        assert str(err.value) == (
+            f"entry point {GROUP}:permissions = crow_test_plugin:P from crow-test-plugin 0.1: "
+            f"the name 'permissions' is taken by entry point {GROUP}:permissions = "
+            f"builtin_hooks.permissions:factory from {CROW_DISTRIBUTION} 0.1.0; "
+            "hook names are unique: uninstall crow-test-plugin (hooks.disable would switch off both)"
+        )
+        assert agent.hooks.names() == [], "nothing half-registered"
+    finally:
+        await agent.aclose()
+    agent = Agent(Config(home=tmp_path / "home2"), builtin_hooks=False)  # no clash without builtins
+    try:
+        await agent.ready()
+        assert agent.hooks.names("agent_stop") == ["permissions", "project_commands"]
+    finally:
+        await agent.aclose()
