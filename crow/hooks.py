@@ -318,6 +318,12 @@ class HookRegistry:
             if fn is not None:
                 raise HookError(f"register({target!r}, ...): a Hook is registered alone, without a function")
             hook_name = name or target.hook_name
+            for alias in (*ALIASES, *SEED_PHASES):  # names for functions; a class's would never run
+                if callable(getattr(type(target), alias, None)):
+                    raise HookError(
+                        f"hook {hook_name!r} defines {alias}, which a Hook class never runs: "
+                        f"name the method {canonical_phase(alias)}"
+                    )
             phases = target.phases()
             if not phases:
                 raise HookError(f"hook {hook_name!r} ({type(target).__qualname__}) overrides no phase")

@@ -45,6 +45,31 @@ def test_only_overridden_phases_are_wired() -> None:
     assert all(registry.names(p) == [] for p in PHASES if p != "agent_stop")
 
 
+def test_a_hook_class_with_a_method_named_by_an_alias_fails_registration() -> None:
+    """Aliases name phases for functions and entry points; on a class such a method was
+    never called, silently (seed 001's classes spell phases `WrapToolCall`)."""
+
+    class Seedish(Hook):
+        async def before_agent(self, ctx: Any) -> None: ...
+
+        async def mid_react(self, ctx: Any, response: Any) -> None: ...
+
+    registry = HookRegistry()
+    with pytest.raises(
+        HookError,
+        match=r"hook 'Seedish' defines mid_react, which a Hook class never runs: "
+        r"name the method after_model_call",
+    ):
+        registry.register(Seedish())
+
+    class BeforeTool(Hook):
+        async def BeforeToolExec(self, ctx: Any, call: Any) -> None: ...
+
+    with pytest.raises(HookError, match=r"defines BeforeToolExec, .*: name the method wrap_tool_call"):
+        registry.register(BeforeTool())
+    assert registry.names() == []
+
+
 def test_registration_is_validated_and_atomic() -> None:
     registry = HookRegistry()
 
