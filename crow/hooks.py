@@ -198,10 +198,17 @@ def _where(fn: Callable[..., Any]) -> str:
         return repr(fn)
 
 
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """An async function, or an object whose `__call__` is one (seed 004's hook shape)."""
+    if inspect.iscoroutinefunction(fn):
+        return True
+    return not inspect.isclass(fn) and inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004
+
+
 def _plan(name: str, phase: str, fn: Callable[..., Any], offers: tuple[str, ...]) -> _Call:
     """How to call `fn` at `phase`, which offers `offers` by name; a HookError naming the
     hook when it cannot be called so."""
-    if not inspect.iscoroutinefunction(fn):
+    if not _is_async(fn):
         raise HookError(f"hook {name!r} at {phase}: {fn!r} must be an async function ({_where(fn)})")
     sig = inspect.signature(fn)
     shown = f"{getattr(fn, '__qualname__', fn)!s}{sig.replace(return_annotation=sig.empty)}"

@@ -482,3 +482,22 @@ def test_an_order_that_is_not_an_int_fails_registration_and_registers_nothing() 
     with pytest.raises(HookError, match=r"hook 'Odd': order must be an int, got '5'"):
         registry.register(Odd())
     assert registry.names("before_agent") == ["first"], "nothing half-registered"
+
+
+async def test_an_object_with_an_async_call_is_a_hook_function(tmp_path: Path) -> None:
+    """Seed 004's hook is `class Hook(Protocol): async def __call__(self, ctx)`."""
+    agent, _ = make_agent(tmp_path, lambda req: ModelResponse(ai("answer")))
+
+    class SkillHook:
+        def __init__(self) -> None:
+            self.prompts: list[str] = []
+
+        async def __call__(self, ctx: HookContext) -> None:
+            self.prompts.append(ctx.prompt)
+
+    skill = SkillHook()
+    agent.hooks.register("pre_request", skill, name="skill")
+    with pytest.raises(HookError, match="must be an async function"):
+        agent.hooks.register("pre_request", SkillHook, name="the-class")  # the class is not one
+    await run(agent, tmp_path, "weather?")
+    assert skill.prompts == ["weather?"]
