@@ -395,12 +395,22 @@ def build_chain(
     """Fold wrap hooks around `inner`: impls[0] ends up outermost.
 
     An exception a hook raises itself becomes `HookFailed` naming it (logged with its
-    traceback); what `inner` raises on purpose (`passes`) and a `HookError` from an inner
-    layer pass through unchanged, so every failure keeps its first owner's name."""
-    handler = inner
+    traceback). What `inner` raised (the provider, the front end's sink), a `passes` type
+    and a `HookError` from an inner layer pass through unchanged, so every failure keeps
+    its first owner's name."""
+    raised: list[Exception] = []  # by identity: exceptions take no weak references
+
+    async def innermost(arg: Any) -> _R:
+        try:
+            return await inner(arg)
+        except Exception as exc:
+            raised.append(exc)
+            raise
+
+    handler: Callable[[Any], Awaitable[_R]] = innermost
     for impl in reversed(impls):
-        handler = _layer(impl, ctx, handler, (HookError, *passes))
-    return handler
+        handler = _layer(impl, ctx, handler, (HookError, *passes), raised)
+    return handler if impls else inner
 
 
 def _layer(
@@ -408,6 +418,7 @@ def _layer(
     ctx: HookContext,
     call_next: Callable[[Any], Awaitable[_R]],
     passes: tuple[type[Exception], ...],
+    inner_raised: list[Exception],
 ) -> Callable[[Any], Awaitable[_R]]:
     key = PHASE_ARGS[impl.phase][1]  # "request" or "call"
     returns = _RETURNS[impl.phase]
@@ -421,6 +432,8 @@ def _layer(
         except passes:
             raise
         except Exception as exc:
+            if any(exc is e for e in inner_raised):
+                raise
             log.exception("hook %s failed at %s", impl.name, impl.phase)
             raise HookFailed(impl.name, impl.phase, exc) from exc
 

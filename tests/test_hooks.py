@@ -13,7 +13,7 @@ from crow.agent import Agent
 from crow.config import Config
 from crow.context import HookContext
 from crow.errors import HookError
-from crow.events import Notice
+from crow.events import Notice, TextDelta
 from crow.hooks import ALIASES, PHASE_ARGS, PHASES, Continue, Hook, HookRegistry, Replace, Stop
 from crow.llm.base import ModelRequest, ModelResponse, ScriptedProvider
 from crow.messages import Message, ToolCall, ToolResult, ai, human
@@ -501,3 +501,25 @@ async def test_an_object_with_an_async_call_is_a_hook_function(tmp_path: Path) -
         agent.hooks.register("pre_request", SkillHook, name="the-class")  # the class is not one
     await run(agent, tmp_path, "weather?")
     assert skill.prompts == ["weather?"]
+
+
+async def test_a_failing_sink_is_not_blamed_on_the_wrap_hook_around_it(tmp_path: Path) -> None:
+    """What the innermost step raises (here the front end's sink, while the answer streams)
+    passes every layer unchanged, as it would with no hook at all."""
+    agent, _ = make_agent(tmp_path, lambda req: ModelResponse(ai("answer")))
+
+    async def passthrough(request: ModelRequest, call_next: Any) -> ModelResponse:
+        return await call_next(request)
+
+    agent.hooks.register("wrap_model_call", passthrough, name="passthrough")
+
+    async def broken_sink(event: Any) -> None:
+        if isinstance(event, TextDelta):
+            raise BrokenPipeError("the terminal went away")
+
+    session = agent.create_session(tmp_path)
+    try:
+        with pytest.raises(BrokenPipeError, match="the terminal went away"):
+            await agent.run_turn(session, human("hi"), broken_sink)
+    finally:
+        await agent.aclose()
