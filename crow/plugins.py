@@ -111,6 +111,8 @@ def discover(agent: Agent, builtins: bool = True) -> list[Found]:
             hook = obj if phase else _made(obj, agent)
         except Exception as exc:
             raise HookError(f"{_provenance(ep)}: failed to load: {exc}") from exc
+        except SystemExit as exc:  # would end the warm-up's task group, and a server with it
+            raise HookError(f"{_provenance(ep)}: failed to load: it called sys.exit({exc.code!r})") from exc
         if hook is not None:
             found.append(Found(ep.name, hook, phase, builtin))
     found += extra_hooks(config.extra, agent)
@@ -152,6 +154,10 @@ def load_object(spec: str) -> Any:
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as exc:
         raise HookError(f"hook {spec!r}: {exc}") from exc
+    except Exception as exc:  # the module's own failure at import
+        raise HookError(f"hook {spec!r}: {exc!r}") from exc
+    except SystemExit as exc:
+        raise HookError(f"hook {spec!r}: it called sys.exit({exc.code!r})") from exc
     return obj
 
 

@@ -338,3 +338,33 @@ async def test_a_plugin_taking_a_builtins_name_is_named_with_its_distribution(
         assert agent.hooks.names("agent_stop") == ["permissions", "project_commands"]
     finally:
         await agent.aclose()
+
+
+async def test_a_plugin_that_exits_when_imported_fails_the_warm_up_by_name(
+    tmp_path: Path, site: Path
+) -> None:
+    """SystemExit at import used to escape the warm-up into the agent's task group: every
+    waiter got CancelledError and a server would exit, the plugin unnamed."""
+    source = "raise SystemExit('crow_test_broken needs numpy')\n"
+    install_dist(
+        site, "crow-test-broken", "crow_test_broken", source, f"[{GROUP}]\nbroken = crow_test_broken:P\n"
+    )
+    agent = Agent(Config(home=tmp_path / "home"), builtin_hooks=False)
+    try:
+        with pytest.raises(HookError) as err:
+            await agent.ready()
+        assert str(err.value) == (
+            f"entry point {GROUP}:broken = crow_test_broken:P from crow-test-broken 0.1: "
+            "failed to load: it called sys.exit('crow_test_broken needs numpy')"
+        )
+    finally:
+        await agent.aclose()
+    (site / "crow_test_broken.py").write_text("raise RuntimeError('no config file')\n")
+    agent = Agent(
+        Config(home=tmp_path / "home", hooks=HooksConfig(extra=["crow_test_broken:P"], entry_points=False))
+    )
+    try:
+        with pytest.raises(HookError, match=r"^hook 'crow_test_broken:P': RuntimeError\('no config file'\)$"):
+            await agent.ready()
+    finally:
+        await agent.aclose()
