@@ -368,3 +368,47 @@ async def test_a_plugin_that_exits_when_imported_fails_the_warm_up_by_name(
             await agent.ready()
     finally:
         await agent.aclose()
+
+
+async def test_a_plugin_with_the_lowest_order_still_runs_inside_permissions(
+    tmp_path: Path, workspace: Path, site: Path, llm: ScriptedLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/hooks.md: permissions wraps every hook that runs tools, whatever `order` says.
+    In ask mode with no editor to ask, the call is refused before the plugin sees it."""
+    seen = tmp_path / "seen.txt"
+    source = (
+        "import os\nfrom crow import Hook\n"
+        "class First(Hook):\n    order = -1000\n"
+        "    async def wrap_tool_call(self, ctx, call, call_next):\n"
+        "        open(os.environ['CROW_TEST_ORDER_FILE'], 'a').write(call.name + '\\n')\n"
+        "        return await call_next(call)\n"
+    )
+    install_dist(
+        site, "crow-test-plugin", "crow_test_plugin", source, f"[{GROUP}]\nfirst = crow_test_plugin:First\n"
+    )
+    monkeypatch.setenv("CROW_TEST_ORDER_FILE", str(seen))
+    monkeypatch.setenv("OPENAI_BASE_URL", llm.base_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "k")
+    agent = Agent(Config(model="openai:scripted", home=tmp_path / "home", mode="ask"))
+
+    @agent.tool
+    async def add(a: int, b: int) -> int:
+        """Add."""
+        return a + b
+
+    llm.push(Reply(tool_calls=[ToolCallSpec("add", {"a": 1, "b": 2})]), Reply(text="refused"))
+    try:
+        session = agent.create_session(str(workspace))
+
+        async def ignore(event: Any) -> None:
+            return None
+
+        await agent.run_turn(session, human("add"), ignore)
+        assert agent.hooks.names("wrap_tool_call").index("permissions") < agent.hooks.names(
+            "wrap_tool_call"
+        ).index("first")
+    finally:
+        await agent.aclose()
+    [result] = [m for m in session.messages if m.role == "tool"]
+    assert result.is_error and result.content.startswith("Error: add needs the user's permission")
+    assert not seen.exists(), "the plugin saw a call permissions refused"
