@@ -349,7 +349,9 @@ class HookRegistry:
         self._commit(hook_name, [impl], order or 0, band)
         return fn
 
-    def _commit(self, name: str, impls: list[tuple[str, Callable[..., Any]]], order: int, band: int) -> None:
+    def _commit(
+        self, name: str, impls: list[tuple[str, Callable[..., Any]]], order: int, band: int
+    ) -> None:
         if self._frozen:
             raise HookError(f"cannot register hook {name!r}: hooks are frozen once a turn ran")
         if name in self._names:

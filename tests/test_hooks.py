@@ -268,9 +268,7 @@ async def test_stop_after_tool_calls_answers_them(tmp_path: Path) -> None:
 
 
 async def test_before_tool_exec_can_block_and_after_can_rewrite(tmp_path: Path) -> None:
-    agent = echo_agent(
-        tmp_path, ToolCall("c1", "echo", {"text": "rm -rf"}), ToolCall("c2", "echo", {"text": "fine"})
-    )
+    agent = echo_agent(tmp_path, ToolCall("c1", "echo", {"text": "rm -rf"}), ToolCall("c2", "echo", {"text": "fine"}))
 
     async def guard(ctx: Any, call: ToolCall) -> ToolResult | None:
         if "rm" in call.args.get("text", ""):
@@ -391,10 +389,7 @@ async def test_a_failing_modify_request_is_skipped(tmp_path: Path) -> None:
 async def test_before_tool_exec_that_raises_fails_that_call_only(tmp_path: Path) -> None:
     seen: list[str] = []
     agent = echo_agent(
-        tmp_path,
-        ToolCall("c1", "echo", {"text": "rm -rf"}),
-        ToolCall("c2", "echo", {"text": "fine"}),
-        seen=seen,
+        tmp_path, ToolCall("c1", "echo", {"text": "rm -rf"}), ToolCall("c2", "echo", {"text": "fine"}), seen=seen
     )
 
     async def guard(call: ToolCall) -> None:

@@ -30,7 +30,7 @@ from tests.support.site import on_sys_path
 pytestmark = pytest.mark.anyio
 
 ROOT = Path(__file__).resolve().parents[1]
-PLUGIN = """
+PLUGIN = '''
 import os
 from crow import Hook
 
@@ -45,7 +45,7 @@ class Plugged(Hook):
 
 async def at_stop(ctx):
     _record("plugin-function")
-"""
+'''
 
 
 def install_dist(site: Path, name: str, module: str, source: str, entry_points: str) -> None:
@@ -70,7 +70,9 @@ def site(tmp_path: Path) -> Iterator[Path]:
 def plugin(site: Path) -> str:
     """An installed distribution `crow-test-plugin` with a Hook class (`plugged`) and a
     function at agent_stop (`stopper`)."""
-    entry_points = f"[{GROUP}]\nplugged = crow_test_plugin:Plugged\n\n[{GROUP}.agent_stop]\nstopper = crow_test_plugin:at_stop\n"
+    entry_points = (
+        f"[{GROUP}]\nplugged = crow_test_plugin:Plugged\n\n[{GROUP}.agent_stop]\nstopper = crow_test_plugin:at_stop\n"
+    )
     install_dist(site, "crow-test-plugin", "crow_test_plugin", PLUGIN, entry_points)
     return "crow-test-plugin"
 
@@ -177,7 +179,9 @@ async def test_without_builtins_the_users_hooks_all_still_run(
     ]
 
 
-async def test_disable_names_builtins_and_plugins_and_nothing_else(tmp_path: Path, plugin: str) -> None:
+async def test_disable_names_builtins_and_plugins_and_nothing_else(
+    tmp_path: Path, plugin: str
+) -> None:
     agent = Agent(Config(home=tmp_path / "a", hooks=HooksConfig(disable=["memory", "plugged"])))
     try:
         await agent.ready()
@@ -198,9 +202,7 @@ async def test_a_broken_plugin_fails_the_warm_up_by_name_and_distribution(
     tmp_path: Path, site: Path, plugin: str
 ) -> None:
     source = "def make(agent):\n    return 42\n"
-    install_dist(
-        site, "crow-test-broken", "crow_test_broken", source, f"[{GROUP}]\nbroken = crow_test_broken:make\n"
-    )
+    install_dist(site, "crow-test-broken", "crow_test_broken", source, f"[{GROUP}]\nbroken = crow_test_broken:make\n")
     agent = Agent(Config(home=tmp_path / "home"), builtin_hooks=False)
     try:
         with pytest.raises(HookError) as err:
@@ -263,9 +265,7 @@ def test_the_acp_client_offers_the_editor_client_protocol() -> None:
     from crow.acp.client import AcpSessionClient
 
     members = [n for n in vars(EditorClient) if not n.startswith("_")]
-    assert {"ask_permission", "ask", "ask_choice", "read_text", "write_text", "run_in_terminal"} <= set(
-        members
-    )
+    assert {"ask_permission", "ask", "ask_choice", "read_text", "write_text", "run_in_terminal"} <= set(members)
     for name in members:
         ours, theirs = getattr(EditorClient, name), getattr(AcpSessionClient, name)
         assert list(inspect.signature(ours).parameters) == list(inspect.signature(theirs).parameters), name
