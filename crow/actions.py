@@ -79,12 +79,16 @@ def refusal(action: Action, state: LoopState) -> str | None:
     shrink the history mid-turn.
     """
     if isinstance(action, Continue):
+        if (why := _malformed(action, (Message, str), "Message objects or strings")) is not None:
+            return why
         if state.phase != "agent_stop":
             return "Continue is honoured at agent_stop only"
         if state.continues_left <= 0:
             return "the limit of continues for this prompt is reached"
         return None
     if isinstance(action, Replace):
+        if (why := _malformed(action, (Message,), "Message objects")) is not None:
+            return why
         if state.pending:
             ids = ", ".join(c.id for c in state.pending)
             return (
@@ -99,6 +103,22 @@ def refusal(action: Action, state: LoopState) -> str | None:
     if isinstance(action, Compact):
         return None if state.can_compact else "this agent has no compaction service"
     return None  # Stop: always; the loop answers the calls that will not run
+
+
+def _malformed(action: Continue | Replace, kinds: tuple[type, ...], named: str) -> str | None:
+    """Why the messages a hook put in `action` are not a list of `kinds` (a bare string is
+    a Sequence too: taken as one, it would become a message per character)."""
+    what, messages = type(action).__name__, action.messages
+    if isinstance(messages, str):
+        return f"{what} takes a list of messages, not one string"
+    if not isinstance(messages, Sequence):
+        return f"{what} takes a list of messages, not {messages!r:.200}"
+    if not messages and isinstance(action, Continue):
+        return "Continue without messages: nothing new for the model to answer"
+    for m in messages:
+        if not isinstance(m, kinds):
+            return f"{what}'s messages must be {named}; got {m!r:.200}"
+    return None
 
 
 def stop_reason(action: Stop, by: str) -> TurnStopReason:

@@ -198,10 +198,17 @@ def _where(fn: Callable[..., Any]) -> str:
         return repr(fn)
 
 
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """An async function, or an object whose `__call__` is one (seed 004's hook shape)."""
+    if inspect.iscoroutinefunction(fn):
+        return True
+    return not inspect.isclass(fn) and inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004
+
+
 def _plan(name: str, phase: str, fn: Callable[..., Any], offers: tuple[str, ...]) -> _Call:
     """How to call `fn` at `phase`, which offers `offers` by name; a HookError naming the
     hook when it cannot be called so."""
-    if not inspect.iscoroutinefunction(fn):
+    if not _is_async(fn):
         raise HookError(f"hook {name!r} at {phase}: {fn!r} must be an async function ({_where(fn)})")
     sig = inspect.signature(fn)
     shown = f"{getattr(fn, '__qualname__', fn)!s}{sig.replace(return_annotation=sig.empty)}"
@@ -318,6 +325,12 @@ class HookRegistry:
             if fn is not None:
                 raise HookError(f"register({target!r}, ...): a Hook is registered alone, without a function")
             hook_name = name or target.hook_name
+            for alias in (*ALIASES, *SEED_PHASES):  # names for functions; a class's would never run
+                if callable(getattr(type(target), alias, None)):
+                    raise HookError(
+                        f"hook {hook_name!r} defines {alias}, which a Hook class never runs: "
+                        f"name the method {canonical_phase(alias)}"
+                    )
             phases = target.phases()
             if not phases:
                 raise HookError(f"hook {hook_name!r} ({type(target).__qualname__}) overrides no phase")
@@ -343,6 +356,8 @@ class HookRegistry:
             raise HookError(f"cannot register hook {name!r}: hooks are frozen once a turn ran")
         if name in self._names:
             raise HookError(f"a hook named {name!r} is already registered")
+        if type(order) is not int:  # it is sorted on: a str or None would fail half-way in
+            raise HookError(f"hook {name!r}: order must be an int, got {order!r}")
         checked = [(phase, fn, _check(name, phase, fn)) for phase, fn in impls]  # validate all first
         for phase, fn, call in checked:
             self._impls[phase].append(_Impl(name, phase, fn, order, band, call))
@@ -370,6 +385,7 @@ class HookRegistry:
 
 
 _R = TypeVar("_R")
+_RETURNS: dict[str, type] = {"wrap_model_call": ModelResponse, "wrap_tool_call": ToolResult}
 
 
 def build_chain(
@@ -381,12 +397,22 @@ def build_chain(
     """Fold wrap hooks around `inner`: impls[0] ends up outermost.
 
     An exception a hook raises itself becomes `HookFailed` naming it (logged with its
-    traceback); what `inner` raises on purpose (`passes`) and a `HookError` from an inner
-    layer pass through unchanged, so every failure keeps its first owner's name."""
-    handler = inner
+    traceback). What `inner` raised (the provider, the front end's sink), a `passes` type
+    and a `HookError` from an inner layer pass through unchanged, so every failure keeps
+    its first owner's name."""
+    raised: list[Exception] = []  # by identity: exceptions take no weak references
+
+    async def innermost(arg: Any) -> _R:
+        try:
+            return await inner(arg)
+        except Exception as exc:
+            raised.append(exc)
+            raise
+
+    handler: Callable[[Any], Awaitable[_R]] = innermost
     for impl in reversed(impls):
-        handler = _layer(impl, ctx, handler, (HookError, *passes))
-    return handler
+        handler = _layer(impl, ctx, handler, (HookError, *passes), raised)
+    return handler if impls else inner
 
 
 def _layer(
@@ -394,15 +420,22 @@ def _layer(
     ctx: HookContext,
     call_next: Callable[[Any], Awaitable[_R]],
     passes: tuple[type[Exception], ...],
+    inner_raised: list[Exception],
 ) -> Callable[[Any], Awaitable[_R]]:
     key = PHASE_ARGS[impl.phase][1]  # "request" or "call"
+    returns = _RETURNS[impl.phase]
 
     async def layer(arg: Any) -> _R:
         try:
-            return await impl(ctx=ctx, call_next=call_next, **{key: arg})
+            out = await impl(ctx=ctx, call_next=call_next, **{key: arg})
+            if not isinstance(out, returns):  # caught here, not as an AttributeError far away
+                raise TypeError(f"returned {out!r:.200}, not a {returns.__name__}")
+            return out  # type: ignore[no-any-return]
         except passes:
             raise
         except Exception as exc:
+            if any(exc is e for e in inner_raised):
+                raise
             log.exception("hook %s failed at %s", impl.name, impl.phase)
             raise HookFailed(impl.name, impl.phase, exc) from exc
 

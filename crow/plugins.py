@@ -86,7 +86,7 @@ def discover(agent: Agent, builtins: bool = True) -> list[Found]:
     points = [(ep, None) for ep in installed.select(group=GROUP)]
     for phase in _PHASE_GROUPS:
         points += [(ep, phase) for ep in installed.select(group=f"{GROUP}.{phase}")]
-    points.sort(key=lambda p: (p[0].name, p[1] or ""))
+    points.sort(key=lambda p: (p[0].name, not _is_crow(p[0]), p[1] or ""))  # a builtin first
     if builtins and not any(_is_crow(ep) for ep, _ in points):
         raise HookError(
             f"crow's builtin hooks are not installed: no {GROUP!r} entry points of "
@@ -95,15 +95,24 @@ def discover(agent: Agent, builtins: bool = True) -> list[Found]:
     _check_disabled(config.disable, [ep.name for ep, _ in points], agent)
     blocked = set(config.disable)
     found: list[Found] = []
+    taken: dict[str, EntryPoint] = {}
     for ep, phase in points:
         builtin = _is_crow(ep)
         if ep.name in blocked or not (builtins if builtin else config.entry_points):
             continue
+        if (first := taken.setdefault(ep.name, ep)) is not ep:  # named here, with both sources
+            dist = _dist_name(ep.dist) if getattr(ep, "dist", None) else "it"
+            raise HookError(
+                f"{_provenance(ep)}: the name {ep.name!r} is taken by {_provenance(first)}; "
+                f"hook names are unique: uninstall {dist} (hooks.disable would switch off both)"
+            )
         try:
             obj = ep.load()
             hook = obj if phase else _made(obj, agent)
         except Exception as exc:
             raise HookError(f"{_provenance(ep)}: failed to load: {exc}") from exc
+        except SystemExit as exc:  # would end the warm-up's task group, and a server with it
+            raise HookError(f"{_provenance(ep)}: failed to load: it called sys.exit({exc.code!r})") from exc
         if hook is not None:
             found.append(Found(ep.name, hook, phase, builtin))
     found += extra_hooks(config.extra, agent)
@@ -145,6 +154,10 @@ def load_object(spec: str) -> Any:
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as exc:
         raise HookError(f"hook {spec!r}: {exc}") from exc
+    except Exception as exc:  # the module's own failure at import
+        raise HookError(f"hook {spec!r}: {exc!r}") from exc
+    except SystemExit as exc:
+        raise HookError(f"hook {spec!r}: it called sys.exit({exc.code!r})") from exc
     return obj
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from crow.command_hooks import command_hook
 from crow.config import CommandHookEntry
 from crow.context import HookContext
-from crow.hooks import USER_BAND, Action, ActionPicker, CallTool, Hook, _Impl, build_chain
+from crow.hooks import Action, ActionPicker, CallTool, Hook, HookRegistry, build_chain
 from crow.llm.base import ModelResponse
 from crow.messages import ToolCall, ToolResult
 
@@ -31,40 +31,38 @@ class ProjectCommandsHook(Hook):
     def __init__(self, user_commands: list[CommandHookEntry]) -> None:
         self.user_commands = list(user_commands)
 
-    def hooks(self, ctx: HookContext) -> list[Hook]:
-        """The session's project command hooks, built once per list of entries."""
+    def stack(self, ctx: HookContext) -> HookRegistry:
+        """The session's project command hooks, in a registry of their own (in the order
+        listed), built once per list of entries."""
         config = ctx.session.config
         entries = tuple(e for e in (config.hooks.commands if config else ()) if e not in self.user_commands)
         cached = ctx.session.state.get(PROJECT_COMMANDS)
         if cached is None or cached[0] != entries:
-            cached = ctx.session.state[PROJECT_COMMANDS] = (entries, [command_hook(e) for e in entries])
-        hooks: list[Hook] = cached[1]
-        return hooks
+            registry = HookRegistry()
+            for i, entry in enumerate(entries):
+                registry.register(command_hook(entry), name=f"{PROJECT_COMMANDS}[{i}]", order=i)
+            cached = ctx.session.state[PROJECT_COMMANDS] = (entries, registry)
+        stack: HookRegistry = cached[1]
+        return stack
 
-    def _at(self, ctx: HookContext, phase: str) -> list[Any]:
-        return [getattr(h, phase) for h in self.hooks(ctx) if phase in h.phases()]
-
-    async def _first_action(self, ctx: HookContext, phase: str, *args: Any) -> Action | None:
+    async def _first_action(self, ctx: HookContext, phase: str, **offered: Any) -> Action | None:
         picker = ActionPicker()
-        for fn in self._at(ctx, phase):
-            picker.offer(f"{PROJECT_COMMANDS} at {phase}", await fn(ctx, *args))
+        for impl in self.stack(ctx).at(phase):
+            picker.offer(f"{impl.name} at {phase}", await impl(ctx=ctx, **offered))
         return picker.chosen
 
-    async def _observe(self, ctx: HookContext, phase: str, *args: Any) -> None:
-        for fn in self._at(ctx, phase):
-            await fn(ctx, *args)
+    async def _observe(self, ctx: HookContext, phase: str, **offered: Any) -> None:
+        for impl in self.stack(ctx).at(phase):
+            await impl(ctx=ctx, **offered)
 
     async def before_agent(self, ctx: HookContext) -> None:
         await self._observe(ctx, "before_agent")
 
     async def after_model_call(self, ctx: HookContext, response: ModelResponse) -> Action | None:
-        return await self._first_action(ctx, "after_model_call", response)
+        return await self._first_action(ctx, "after_model_call", response=response)
 
     async def wrap_tool_call(self, ctx: HookContext, call: ToolCall, call_next: CallTool) -> ToolResult:
-        layers = [
-            _Impl(f"{PROJECT_COMMANDS}[{i}]", "wrap_tool_call", fn, 0, USER_BAND, 2)
-            for i, fn in enumerate(self._at(ctx, "wrap_tool_call"))
-        ]
+        layers = self.stack(ctx).at("wrap_tool_call")
         result: ToolResult = await build_chain(layers, ctx, call_next)(call)  # the first listed: outermost
         return result
 
@@ -75,4 +73,4 @@ class ProjectCommandsHook(Hook):
         await self._observe(ctx, "after_agent")
 
     async def on_error(self, ctx: HookContext, error: Exception) -> None:
-        await self._observe(ctx, "on_error", error)
+        await self._observe(ctx, "on_error", error=error)

@@ -364,6 +364,48 @@ async def test_project_commands_run_once_and_the_users_are_not_repeated(
     assert log.read_text().split() == ["user", "project", "user"]
 
 
+@pytest.mark.anyio
+async def test_project_commands_run_around_tool_calls(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trusted project's BeforeToolExec/AfterToolExec commands run, and the tool with them:
+    the project's layers were built unable to call (every tool call failed with
+    "hook project_commands[0] failed at wrap_tool_call: TypeError(...)")."""
+    from crow.agent import Agent
+    from crow.messages import human
+    from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
+
+    log = tmp_path / "log"
+    before = {"command": f"echo before >> {log}", "phases": ["BeforeToolExec"]}
+    after = {"command": f"echo after >> {log}", "phases": ["AfterToolExec"]}
+    path = project(tmp_path / "p", {"hooks": {"commands": [before, after]}})
+    TrustStore(home).trust(read_project(path))
+    config = user(home, {"model": "openai:scripted", "mode": "yolo"})
+    with ScriptedLLM() as llm:
+        llm.push(Reply(tool_calls=[ToolCallSpec("add", {"a": 1, "b": 2})]), Reply(text="3"))
+        monkeypatch.setenv("OPENAI_BASE_URL", llm.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "k")
+        agent = Agent(config, builtin_hooks=False)
+
+        @agent.tool
+        async def add(a: int, b: int) -> int:
+            """Add."""
+            return a + b
+
+        try:
+            session = agent.create_session(tmp_path / "p")
+
+            async def ignore(_: object) -> None:
+                return None
+
+            await agent.run_turn(session, human("add"), ignore)
+        finally:
+            await agent.aclose()
+    [result] = [m for m in session.messages if m.role == "tool"]
+    assert (result.is_error, result.content) == (False, "3")
+    assert log.read_text().split() == ["before", "after"]
+
+
 def test_a_symlinked_crow_yaml_does_not_borrow_another_folders_trust(home: Path, tmp_path: Path) -> None:
     """A cloned repository whose crow.yaml links to a project the user trusts (git keeps
     symlinks) gets that folder's trust only by being trusted itself."""

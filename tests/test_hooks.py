@@ -13,7 +13,7 @@ from crow.agent import Agent
 from crow.config import Config
 from crow.context import HookContext
 from crow.errors import HookError
-from crow.events import Notice
+from crow.events import Notice, TextDelta
 from crow.hooks import ALIASES, PHASE_ARGS, PHASES, Continue, Hook, HookRegistry, Replace, Stop
 from crow.llm.base import ModelRequest, ModelResponse, ScriptedProvider
 from crow.messages import Message, ToolCall, ToolResult, ai, human
@@ -43,6 +43,31 @@ def test_only_overridden_phases_are_wired() -> None:
     registry.register(OnlyStop())
     assert registry.names("agent_stop") == ["OnlyStop"]
     assert all(registry.names(p) == [] for p in PHASES if p != "agent_stop")
+
+
+def test_a_hook_class_with_a_method_named_by_an_alias_fails_registration() -> None:
+    """Aliases name phases for functions and entry points; on a class such a method was
+    never called, silently (seed 001's classes spell phases `WrapToolCall`)."""
+
+    class Seedish(Hook):
+        async def before_agent(self, ctx: Any) -> None: ...
+
+        async def mid_react(self, ctx: Any, response: Any) -> None: ...
+
+    registry = HookRegistry()
+    with pytest.raises(
+        HookError,
+        match=r"hook 'Seedish' defines mid_react, which a Hook class never runs: "
+        r"name the method after_model_call",
+    ):
+        registry.register(Seedish())
+
+    class BeforeTool(Hook):
+        async def BeforeToolExec(self, ctx: Any, call: Any) -> None: ...
+
+    with pytest.raises(HookError, match=r"defines BeforeToolExec, .*: name the method wrap_tool_call"):
+        registry.register(BeforeTool())
+    assert registry.names() == []
 
 
 def test_registration_is_validated_and_atomic() -> None:
@@ -383,3 +408,113 @@ async def test_before_tool_exec_that_raises_fails_that_call_only(tmp_path: Path)
     assert not results["c2"].is_error and results["c2"].content == "fine"
     assert seen == ["tool"], "the blocked call never ran"
     assert result.stop_reason == "end_turn" and session.messages[-1].content == "done"
+
+
+async def test_a_wrap_model_call_returning_no_response_fails_that_call_by_name(tmp_path: Path) -> None:
+    agent, _ = make_agent(tmp_path, lambda req: ModelResponse(ai("answer")))
+
+    async def forgetful(request: ModelRequest, call_next: Any) -> None:
+        await call_next(request)  # ... and forgets to return the response
+
+    agent.hooks.register("wrap_model_call", forgetful, name="forgetful")
+    result, _, events = await run(agent, tmp_path)
+    why = "hook forgetful failed at wrap_model_call: TypeError('returned None, not a ModelResponse')"
+    assert result.stop_reason == "end_turn" and result.error == why
+    assert [e.text for e in events if isinstance(e, Notice)] == [f"Model call failed: {why}"]
+
+
+async def test_a_wrap_tool_call_returning_no_result_is_named(tmp_path: Path) -> None:
+    agent = echo_agent(tmp_path, ToolCall("c1", "echo", {"text": "x"}))
+
+    async def forgetful(call: ToolCall, call_next: Any) -> str:
+        return "x"
+
+    agent.hooks.register("wrap_tool_call", forgetful, name="forgetful")
+    _, session, _ = await run(agent, tmp_path)
+    [result] = [m for m in session.messages if m.role == "tool"]
+    assert result.is_error
+    assert (
+        result.content
+        == "Error: hook forgetful failed at wrap_tool_call: TypeError(\"returned 'x', not a ToolResult\")"
+    )
+
+
+@pytest.mark.parametrize(
+    ("action", "why"),
+    [
+        (Continue("again"), "Continue takes a list of messages, not one string"),
+        (Continue([123]), "Continue's messages must be Message objects or strings; got 123"),
+        (Continue([]), "Continue without messages: nothing new for the model to answer"),
+        (Replace("hello"), "Replace takes a list of messages, not one string"),  # type: ignore[arg-type]
+        (Replace(["hello"]), "Replace's messages must be Message objects; got 'hello'"),  # type: ignore[list-item]
+    ],
+)
+async def test_a_malformed_action_is_refused_not_crashed_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, action: Any, why: str
+) -> None:
+    agent, _ = make_agent(tmp_path, lambda req: ModelResponse(ai("answer")))
+
+    async def buggy(ctx: Any) -> Any:
+        return action
+
+    agent.hooks.register("agent_stop", buggy, name="buggy")
+    result, session, _ = await run(agent, tmp_path)
+    assert result.stop_reason == "end_turn" and result.error is None
+    assert [(m.role, m.content) for m in session.messages] == [("user", "hi"), ("assistant", "answer")]
+    assert f"hook buggy: {type(action).__name__} refused: {why}" in caplog.text
+
+
+def test_an_order_that_is_not_an_int_fails_registration_and_registers_nothing() -> None:
+    class Odd(Hook):
+        order = "5"  # type: ignore[assignment]
+
+        async def before_agent(self, ctx: Any) -> None: ...
+
+    async def first(ctx: Any) -> None: ...
+
+    registry = HookRegistry()
+    registry.register("before_agent", first, name="first")
+    with pytest.raises(HookError, match=r"hook 'Odd': order must be an int, got '5'"):
+        registry.register(Odd())
+    assert registry.names("before_agent") == ["first"], "nothing half-registered"
+
+
+async def test_an_object_with_an_async_call_is_a_hook_function(tmp_path: Path) -> None:
+    """Seed 004's hook is `class Hook(Protocol): async def __call__(self, ctx)`."""
+    agent, _ = make_agent(tmp_path, lambda req: ModelResponse(ai("answer")))
+
+    class SkillHook:
+        def __init__(self) -> None:
+            self.prompts: list[str] = []
+
+        async def __call__(self, ctx: HookContext) -> None:
+            self.prompts.append(ctx.prompt)
+
+    skill = SkillHook()
+    agent.hooks.register("pre_request", skill, name="skill")
+    with pytest.raises(HookError, match="must be an async function"):
+        agent.hooks.register("pre_request", SkillHook, name="the-class")  # the class is not one
+    await run(agent, tmp_path, "weather?")
+    assert skill.prompts == ["weather?"]
+
+
+async def test_a_failing_sink_is_not_blamed_on_the_wrap_hook_around_it(tmp_path: Path) -> None:
+    """What the innermost step raises (here the front end's sink, while the answer streams)
+    passes every layer unchanged, as it would with no hook at all."""
+    agent, _ = make_agent(tmp_path, lambda req: ModelResponse(ai("answer")))
+
+    async def passthrough(request: ModelRequest, call_next: Any) -> ModelResponse:
+        return await call_next(request)
+
+    agent.hooks.register("wrap_model_call", passthrough, name="passthrough")
+
+    async def broken_sink(event: Any) -> None:
+        if isinstance(event, TextDelta):
+            raise BrokenPipeError("the terminal went away")
+
+    session = agent.create_session(tmp_path)
+    try:
+        with pytest.raises(BrokenPipeError, match="the terminal went away"):
+            await agent.run_turn(session, human("hi"), broken_sink)
+    finally:
+        await agent.aclose()

@@ -306,3 +306,109 @@ async def test_turn_state_lives_for_one_prompt(tmp_path: Path, workspace: Path, 
     finally:
         await agent.aclose()
     assert seen == [1, 2, 1]
+
+
+async def test_a_plugin_taking_a_builtins_name_is_named_with_its_distribution(
+    tmp_path: Path, site: Path
+) -> None:
+    """A clash used to fail as "a hook named 'permissions' is already registered", whose only
+    remedy, hooks.disable, switches off crow's permissions along with the plugin."""
+    source = (
+        "from crow import Hook\nclass P(Hook):\n    async def agent_stop(self, ctx):\n        return None\n"
+    )
+    install_dist(
+        site, "crow-test-plugin", "crow_test_plugin", source, f"[{GROUP}]\npermissions = crow_test_plugin:P\n"
+    )
+    agent = Agent(Config(home=tmp_path / "home"))
+    try:
+        with pytest.raises(HookError) as err:
+            await agent.ready()
+        assert str(err.value) == (
+            f"entry point {GROUP}:permissions = crow_test_plugin:P from crow-test-plugin 0.1: "
+            f"the name 'permissions' is taken by entry point {GROUP}:permissions = "
+            f"builtin_hooks.permissions:factory from {CROW_DISTRIBUTION} 0.1.0; "
+            "hook names are unique: uninstall crow-test-plugin (hooks.disable would switch off both)"
+        )
+        assert agent.hooks.names() == [], "nothing half-registered"
+    finally:
+        await agent.aclose()
+    agent = Agent(Config(home=tmp_path / "home2"), builtin_hooks=False)  # no clash without builtins
+    try:
+        await agent.ready()
+        assert agent.hooks.names("agent_stop") == ["permissions", "project_commands"]
+    finally:
+        await agent.aclose()
+
+
+async def test_a_plugin_that_exits_when_imported_fails_the_warm_up_by_name(
+    tmp_path: Path, site: Path
+) -> None:
+    """SystemExit at import used to escape the warm-up into the agent's task group: every
+    waiter got CancelledError and a server would exit, the plugin unnamed."""
+    source = "raise SystemExit('crow_test_broken needs numpy')\n"
+    install_dist(
+        site, "crow-test-broken", "crow_test_broken", source, f"[{GROUP}]\nbroken = crow_test_broken:P\n"
+    )
+    agent = Agent(Config(home=tmp_path / "home"), builtin_hooks=False)
+    try:
+        with pytest.raises(HookError) as err:
+            await agent.ready()
+        assert str(err.value) == (
+            f"entry point {GROUP}:broken = crow_test_broken:P from crow-test-broken 0.1: "
+            "failed to load: it called sys.exit('crow_test_broken needs numpy')"
+        )
+    finally:
+        await agent.aclose()
+    (site / "crow_test_broken.py").write_text("raise RuntimeError('no config file')\n")
+    agent = Agent(
+        Config(home=tmp_path / "home", hooks=HooksConfig(extra=["crow_test_broken:P"], entry_points=False))
+    )
+    try:
+        with pytest.raises(HookError, match=r"^hook 'crow_test_broken:P': RuntimeError\('no config file'\)$"):
+            await agent.ready()
+    finally:
+        await agent.aclose()
+
+
+async def test_a_plugin_with_the_lowest_order_still_runs_inside_permissions(
+    tmp_path: Path, workspace: Path, site: Path, llm: ScriptedLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/hooks.md: permissions wraps every hook that runs tools, whatever `order` says.
+    In ask mode with no editor to ask, the call is refused before the plugin sees it."""
+    seen = tmp_path / "seen.txt"
+    source = (
+        "import os\nfrom crow import Hook\n"
+        "class First(Hook):\n    order = -1000\n"
+        "    async def wrap_tool_call(self, ctx, call, call_next):\n"
+        "        open(os.environ['CROW_TEST_ORDER_FILE'], 'a').write(call.name + '\\n')\n"
+        "        return await call_next(call)\n"
+    )
+    install_dist(
+        site, "crow-test-plugin", "crow_test_plugin", source, f"[{GROUP}]\nfirst = crow_test_plugin:First\n"
+    )
+    monkeypatch.setenv("CROW_TEST_ORDER_FILE", str(seen))
+    monkeypatch.setenv("OPENAI_BASE_URL", llm.base_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "k")
+    agent = Agent(Config(model="openai:scripted", home=tmp_path / "home", mode="ask"))
+
+    @agent.tool
+    async def add(a: int, b: int) -> int:
+        """Add."""
+        return a + b
+
+    llm.push(Reply(tool_calls=[ToolCallSpec("add", {"a": 1, "b": 2})]), Reply(text="refused"))
+    try:
+        session = agent.create_session(str(workspace))
+
+        async def ignore(event: Any) -> None:
+            return None
+
+        await agent.run_turn(session, human("add"), ignore)
+        assert agent.hooks.names("wrap_tool_call").index("permissions") < agent.hooks.names(
+            "wrap_tool_call"
+        ).index("first")
+    finally:
+        await agent.aclose()
+    [result] = [m for m in session.messages if m.role == "tool"]
+    assert result.is_error and result.content.startswith("Error: add needs the user's permission")
+    assert not seen.exists(), "the plugin saw a call permissions refused"
