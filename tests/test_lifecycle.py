@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import sys
+import time
 import uuid
+from asyncio.subprocess import PIPE
 from pathlib import Path
 
 import acp
@@ -16,10 +19,12 @@ import pytest
 from crow.agent import Agent
 from crow.config import Config
 from crow.errors import SessionError
+from crow.loop import CANCEL_GRACE
 from crow.messages import human
 from crow.tools import ServerSpec, ToolHub
-from tests.conftest import crow_env, spawn_crow
-from tests.llm_server import Reply, ScriptedLLM
+from tests.conftest import CROW, crow_env, spawn_crow
+from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
+from tests.test_acp_wire import read_frames, request
 from tests.test_drills import wait_until
 from tests.test_e2e_sessions import running
 from tests.test_startup import run_python
@@ -145,3 +150,48 @@ def test_a_new_session_creates_no_anyio_object(tmp_path: Path) -> None:
         asyncio.run(main())
         """
     )
+
+
+async def test_a_client_gone_mid_turn_lets_crow_exit_at_once(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """stdin closes while a tool call waits for the user's permission: the cancelled turn
+    settles its history without waiting on a wire nobody writes any more (it waited out
+    CANCEL_GRACE, 5 s), crow exits 0, stdout holds only JSON-RPC, and the editor's MCP
+    server is stopped."""
+    marker = f"crow-gone-{uuid.uuid4().hex}"
+    llm.push(Reply(tool_calls=[ToolCallSpec("write_file", {"path": "a.txt", "content": "x"})]))
+    server = {
+        "name": "marked",
+        "command": sys.executable,
+        "args": ["-m", "mcp_servers.todos", marker],
+        "env": [],
+    }
+    with open(home / "stderr.log", "wb") as err:
+        proc = await asyncio.create_subprocess_exec(
+            *CROW, stdin=PIPE, stdout=PIPE, stderr=err, env=crow_env(llm, home)
+        )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(request(1, "initialize", {"protocolVersion": 1}))
+        proc.stdin.write(request(2, "session/new", {"cwd": str(workspace), "mcpServers": [server]}))
+        frames = await read_frames(proc.stdout, 2)
+        sid = frames[1]["result"]["sessionId"]
+        proc.stdin.write(
+            request(3, "session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "go"}]})
+        )
+        while not any(f.get("method") == "session/request_permission" for f in frames):
+            frames += await read_frames(proc.stdout, 1, timeout=30)
+        assert running(marker)
+        proc.stdin.close()
+        started = time.monotonic()
+        rest = await asyncio.wait_for(proc.stdout.read(), 30)
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+        took = time.monotonic() - started
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert took < CANCEL_GRACE / 2, f"crow took {took:.1f} s to exit after its client hung up"
+    assert all(json.loads(line) for line in rest.splitlines() if line.strip())
+    assert await wait_until(lambda: not running(marker), timeout=2)
