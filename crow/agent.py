@@ -105,21 +105,25 @@ class Agent:
         self._warm.add_done_callback(callback)
 
     async def _set_up(self) -> None:
-        await anyio.to_thread.run_sync(_import_runtime)
-        from crow.plugins import install
+        try:
+            await anyio.to_thread.run_sync(_import_runtime)
+            from crow.plugins import install
 
-        await install(self, builtins=self._builtin_hooks)
-        if self.config.tools:
-            from crow.plugins import load_object
+            await install(self, builtins=self._builtin_hooks)
+            if self.config.tools:
+                from crow.plugins import load_object
 
-            self._functions.extend((load_object(spec), False) for spec in self.config.tools)
-        if self._functions:
-            self._function_server = function_server(self._functions)
-        if self._store is None:
-            from crow.store import SQLiteStore
+                self._functions.extend((load_object(spec), False) for spec in self.config.tools)
+            if self._functions:
+                self._function_server = function_server(self._functions)
+            if self._store is None:
+                from crow.store import SQLiteStore
 
-            self._store = SQLiteStore(self.config.db_path, home=self.config.home)
-            await self._store.open()
+                self._store = SQLiteStore(self.config.db_path, home=self.config.home)
+                await self._store.open()
+        except Exception:  # every waiter gets the error; its traceback is logged once, here
+            log.exception("the warm-up failed")
+            raise
         with suppress(ConfigError):  # reported by the first prompt
             self.provider_for(self.model_ref())  # now, not at that prompt: httpx, a client
 

@@ -16,6 +16,7 @@ import acp
 import anyio.lowlevel
 import pytest
 
+from crow.acp.server import FAILED
 from crow.agent import Agent
 from crow.config import Config
 from crow.errors import SessionError
@@ -195,3 +196,33 @@ async def test_a_client_gone_mid_turn_lets_crow_exit_at_once(
     assert took < CANCEL_GRACE / 2, f"crow took {took:.1f} s to exit after its client hung up"
     assert all(json.loads(line) for line in rest.splitlines() if line.strip())
     assert await wait_until(lambda: not running(marker), timeout=2)
+
+
+BROKEN = "hook 'crow_exploding:Hook': importing crow_exploding raised RuntimeError: exploded at import"
+
+
+def exploding_plugin(home: Path) -> dict[str, str]:
+    """A user config naming a hook whose module raises at import; the env to find it."""
+    folder = home / "plugins"
+    folder.mkdir()
+    (folder / "crow_exploding.py").write_text("raise RuntimeError('exploded at import')\n")
+    (home / "config.yaml").write_text("hooks:\n  extra: ['crow_exploding:Hook']\n")
+    return {"PYTHONPATH": str(folder)}
+
+
+async def test_a_broken_plugin_fails_each_prompt_with_its_name(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """Not "Internal error": every prompt, in every session, is told which hook broke the
+    warm-up and how; the traceback is logged once."""
+    env = crow_env(llm, home, **exploding_plugin(home))
+    async with spawn_crow(env) as (conn, _proc, _client):
+        await conn.initialize(protocol_version=1)
+        for _ in range(2):
+            sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+            with pytest.raises(acp.RequestError) as refused:
+                await asyncio.wait_for(conn.prompt(session_id=sid, prompt=[acp.text_block("hi")]), 30)
+            assert (refused.value.code, str(refused.value)) == (FAILED, BROKEN)
+    assert not llm.requests
+    log = (home / "stderr.log").read_text()
+    assert log.count("the warm-up failed") == 1 and "Unhandled error" not in log

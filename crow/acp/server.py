@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("crow.acp")
 
+FAILED = -32000  # crow could not do what was asked; the message says why (not "Internal error")
 BUSY = -32001  # a prompt is already running in this session (here or in another crow process)
 UNKNOWN_SESSION = -32002
 
@@ -267,6 +268,8 @@ class AcpServer:
                 result = await self.agent.prompt(session, message, lambda e: self._emit(session, e))
             except SessionBusy as exc:
                 raise RequestError(BUSY, str(exc)) from exc
+            except CrowError as exc:  # e.g. a broken plugin failed the warm-up: say which
+                raise RequestError(FAILED, str(exc)) from exc
         if scope.cancelled_caught:
             return PromptResponse(stop_reason="cancelled")
         meta = {"crow": {"error": result.error}} if result.error else None
@@ -348,7 +351,7 @@ class AcpServer:
             except SessionBusy as exc:
                 raise RequestError(BUSY, str(exc)) from exc
             except CrowError as exc:
-                raise RequestError(-32000, f"compaction failed: {exc}") from exc
+                raise RequestError(FAILED, f"compaction failed: {exc}") from exc
         return result.to_dict()
 
     async def ext_notification(self, method: str, params: dict[str, Any]) -> None:
