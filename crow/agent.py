@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("crow.agent")
 
 EDITOR_SERVERS = "crow.editor_servers"  # session.state: the MCP servers the editor passed
+STALE_TOOLS = "crow.stale_tools"  # session.state: its tools were built for a config it left
 # What a session's tool servers are built from: a change means building them again.
 TOOL_KEYS = {"sandbox", "network", "environment", "providers"}
 
@@ -197,18 +198,24 @@ class Agent:
                 id=session.id, cwd=str(session.cwd), mode=session.mode, model=session.model
             )
         session.state[EDITOR_SERVERS] = servers
-        await self._connect_tools(session, servers)
+        session.tools = await self._connect_tools(session, servers)
 
-    async def _connect_tools(self, session: Session, servers: list[ServerSpec]) -> None:
-        """The session's tool servers, built for its config (environment, sandbox)."""
+    async def _connect_tools(self, session: Session, servers: list[ServerSpec]) -> ToolHub:
+        """The session's tool servers, built for its config (environment, sandbox) and
+        connected; closed again if connecting them is interrupted."""
         hub = ToolHub(child_environment(session.config))
-        session.tools = hub
         specs: list[ServerSpec] = []
         for hook in self.hooks.hooks:
             specs.extend(hook.tool_servers(session))
         if self._function_server is not None:
             specs.append(ServerSpec("crow-tools", "inprocess", server=self._function_server))
-        await hub.connect([*specs, *servers])
+        try:
+            await hub.connect([*specs, *servers])
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await hub.aclose()
+            raise
+        return hub
 
     async def session_ready(self, session: Session) -> None:
         """Wait for the session's tools; a failure is raised to each caller, and a caller
@@ -333,9 +340,12 @@ class Agent:
         if changed and after.model_dump(include=TOOL_KEYS) != before.model_dump(include=TOOL_KEYS):
             # The tools were built for the user's config while the question was open: the
             # project's environment, sandbox and network must govern this session's commands.
+            session.state[STALE_TOOLS] = True  # until rebuilt: a cancel leaves it for the next prompt
+        if session.state.get(STALE_TOOLS):
             await self.session_ready(session)
-            old = session.tools
-            await self._connect_tools(session, session.state.get(EDITOR_SERVERS, []))
+            hub = await self._connect_tools(session, session.state.get(EDITOR_SERVERS, []))
+            old, session.tools = session.tools, hub
+            del session.state[STALE_TOOLS]
             if old is not None:
                 await old.aclose()
         return changed

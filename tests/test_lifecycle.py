@@ -226,3 +226,43 @@ async def test_a_broken_plugin_fails_each_prompt_with_its_name(
     assert not llm.requests
     log = (home / "stderr.log").read_text()
     assert log.count("the warm-up failed") == 1 and "Unhandled error" not in log
+
+
+class Trusting:
+    """A front end that trusts the project at the question (`ask_choice`), asks nothing else."""
+
+    can_read = can_write = can_terminal = False
+
+    async def ask_choice(self, title: str, text: str, options: object, **kwargs: object) -> str:
+        return "allow_once"
+
+
+async def test_a_cancel_while_a_trusted_project_reconnects_the_tools_loses_nothing(
+    llm: ScriptedLLM, home: Path, tmp_path: Path
+) -> None:
+    """The project trusted at the first prompt sets an environment, so the session's tool
+    servers are built again for it; a cancel while they start must neither leave the old
+    ones running nor the session with no tools at its next prompt."""
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    (repo / "crow.yaml").write_text("environment: {set: {FROM_PROJECT: 'yes'}}\n")
+    marker = f"crow-retrust-{uuid.uuid4().hex}"
+    config = Config(model="openai:scripted", home=home, providers={"openai": {"base_url": llm.base_url}})
+    llm.default = lambda req: Reply(text="ok")
+    async with Agent(config, builtin_hooks=False) as agent:
+        session = agent.create_session(repo, [marked_server(marker)])
+        session.client = Trusting()
+        await agent.session_ready(session)
+        first = asyncio.create_task(agent.prompt(session, human("one"), _ignore))
+        assert await wait_until(lambda: len(running(marker)) == 2), "the tools were not built again"
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        await agent.prompt(session, human("two"), _ignore)
+        assert [t["function"]["name"] for t in llm.requests[-1].body["tools"]] == ["write_todos"]
+        assert len(running(marker)) == 1, "the tool servers built for the user's config still run"
+    assert not running(marker)
+
+
+async def _ignore(event: object) -> None:
+    pass
