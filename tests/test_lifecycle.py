@@ -16,7 +16,7 @@ import acp
 import anyio.lowlevel
 import pytest
 
-from crow.acp.server import FAILED
+from crow.acp.server import CANCELLED, FAILED
 from crow.agent import Agent
 from crow.config import Config
 from crow.errors import SessionError
@@ -24,10 +24,10 @@ from crow.loop import CANCEL_GRACE
 from crow.messages import human
 from crow.tools import ServerSpec, ToolHub
 from tests.conftest import CROW, crow_env, spawn_crow
-from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
+from tests.llm_server import Reply, ScriptedLLM, Stall, ToolCallSpec
 from tests.test_acp_wire import read_frames, request
 from tests.test_drills import wait_until
-from tests.test_e2e_sessions import running
+from tests.test_e2e_sessions import long_history, open_session, running
 from tests.test_startup import run_python
 
 pytestmark = pytest.mark.anyio
@@ -266,3 +266,25 @@ async def test_a_cancel_while_a_trusted_project_reconnects_the_tools_loses_nothi
 
 async def _ignore(event: object) -> None:
     pass
+
+
+async def test_session_cancel_stops_crow_compact_with_a_cancelled_error(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """session/cancel during `crow.compact`'s summary request: the answer is ACP's "request
+    cancelled" (it was an UnboundLocalError, "Internal error"), and the session goes on."""
+    long_history(llm, 4)
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
+        sid = await open_session(conn, workspace)
+        for i in range(4):
+            await conn.prompt(session_id=sid, prompt=[acp.text_block(f"q{i}")])
+        llm.push(Stall(seconds=20))
+        compacting = asyncio.create_task(conn.ext_method("crow.compact", {"sessionId": sid}))
+        assert await wait_until(lambda: len(llm.requests) == 5)  # the summary request is out
+        await conn.cancel(session_id=sid)
+        with pytest.raises(acp.RequestError) as refused:
+            await asyncio.wait_for(compacting, 20)
+        assert (refused.value.code, str(refused.value)) == (CANCELLED, "compaction cancelled")
+        llm.push(Reply(text="still here"))
+        done = await asyncio.wait_for(conn.prompt(session_id=sid, prompt=[acp.text_block("next")]), 20)
+    assert done.stop_reason == "end_turn" and client.text(sid).endswith("still here")

@@ -61,6 +61,7 @@ log = logging.getLogger("crow.acp")
 
 FAILED = -32000  # crow could not do what was asked; the message says why (not "Internal error")
 BUSY = -32001  # a prompt is already running in this session (here or in another crow process)
+CANCELLED = -32800  # ACP's "request cancelled": session/cancel stopped a crow.compact
 UNKNOWN_SESSION = -32002
 
 COMMANDS = acp_convert.available_commands()
@@ -343,7 +344,7 @@ class AcpServer:
         if session_id not in self.agent.sessions:
             await self._resume(session_id, None, None)
         session = self._session(session_id)
-        with self._cancellable(session_id, "a prompt; cancel it or wait before compacting"):
+        with self._cancellable(session_id, "a prompt; cancel it or wait before compacting") as scope:
             try:
                 result = await self.agent.compact(
                     session, instructions, emit=lambda e: self._emit(session, e)
@@ -352,6 +353,8 @@ class AcpServer:
                 raise RequestError(BUSY, str(exc)) from exc
             except CrowError as exc:
                 raise RequestError(FAILED, f"compaction failed: {exc}") from exc
+        if scope.cancelled_caught:
+            raise RequestError(CANCELLED, "compaction cancelled")
         return result.to_dict()
 
     async def ext_notification(self, method: str, params: dict[str, Any]) -> None:
