@@ -258,13 +258,14 @@ class Agent:
         with_transcript: bool = False,
     ) -> tuple[Session, list[Message] | None]:
         """The session in memory, read from the store if it is not: one `Session` per id (a
-        second restore of an id waits for the first and gets its session, no transcript)."""
+        second restore of an id waits for the first and gets its session, no transcript; a
+        close of the id waits for it too)."""
         if session_id in self.sessions:
             return self.sessions[session_id], None
-        await self.ready()
         async with self._restoring.hold(session_id):
             if session_id in self.sessions:
                 return self.sessions[session_id], None
+            await self.ready()
             session, transcript = await read_session(
                 self._store, session_id, cwd, self.session_config, with_transcript
             )
@@ -314,9 +315,11 @@ class Agent:
         return session
 
     async def close_session(self, session_id: str) -> None:
-        """Forget a session: its tool setup is cancelled and waited for, its tools closed."""
-        session = self.sessions.pop(session_id, None)
-        preparing = self._preparing.pop(session_id, None)
+        """Forget a session: its tool setup is cancelled and waited for, its tools closed. A
+        restore of the id under way ends first (else it would bring the session back)."""
+        async with self._restoring.hold(session_id):
+            session = self.sessions.pop(session_id, None)
+            preparing = self._preparing.pop(session_id, None)
         if preparing is not None:
             await self._tasks.cancel(preparing)
         if session is not None and session.tools is not None:

@@ -288,3 +288,17 @@ async def test_session_cancel_stops_crow_compact_with_a_cancelled_error(
         llm.push(Reply(text="still here"))
         done = await asyncio.wait_for(conn.prompt(session_id=sid, prompt=[acp.text_block("next")]), 20)
     assert done.stop_reason == "end_turn" and client.text(sid).endswith("still here")
+
+
+async def test_a_session_closed_while_it_loads_stays_closed(home: Path, workspace: Path) -> None:
+    """session/close sent while a session/load of the id is under way: the load ends first,
+    then the close; the session does not come back afterwards with its MCP servers running."""
+    sid = await stored_session(home, workspace)
+    marker = f"crow-close-load-{uuid.uuid4().hex}"
+    async with agent_in(home) as agent:
+        loading = asyncio.create_task(agent.load_session(sid, [marked_server(marker)]))
+        await anyio.lowlevel.checkpoint()  # the load is under way: waiting for the warm-up
+        await agent.close_session(sid)
+        loaded, _transcript = await loading
+        assert sid not in agent.sessions and loaded.tools is None
+        assert await wait_until(lambda: not running(marker), timeout=5)
