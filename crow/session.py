@@ -79,7 +79,13 @@ class Session:
             finally:
                 self.holds -= 1
             return
-        stale = await lock(self.id)
+        try:
+            stale = await lock(self.id)
+        except anyio.get_cancelled_exc_class():
+            # The store runs a queued job even so: release the lock it may take, or other
+            # crow processes find the session busy for as long as this one lives.
+            await self._unlock()
+            raise
         self.holds = 1
         try:
             if stale:
@@ -87,8 +93,11 @@ class Session:
             yield
         finally:
             self.holds = 0
-            with anyio.CancelScope(shield=True), suppress(StoreError):
-                await self.store.unlock_session(self.id)  # type: ignore[union-attr]
+            await self._unlock()
+
+    async def _unlock(self) -> None:
+        with anyio.CancelScope(shield=True), suppress(StoreError):
+            await self.store.unlock_session(self.id)  # type: ignore[union-attr]
 
     async def _reload(self) -> None:
         assert self.store is not None
