@@ -213,8 +213,8 @@ def exploding_plugin(home: Path) -> dict[str, str]:
 async def test_a_broken_plugin_fails_each_prompt_with_its_name(
     llm: ScriptedLLM, home: Path, workspace: Path
 ) -> None:
-    """Not "Internal error": every prompt, in every session, is told which hook broke the
-    warm-up and how; the traceback is logged once."""
+    """Not "Internal error": every prompt, in every session, and every request that needs
+    the warm-up, is told which hook broke it and how; the traceback is logged once."""
     env = crow_env(llm, home, **exploding_plugin(home))
     async with spawn_crow(env) as (conn, _proc, _client):
         await conn.initialize(protocol_version=1)
@@ -222,6 +222,14 @@ async def test_a_broken_plugin_fails_each_prompt_with_its_name(
             sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
             with pytest.raises(acp.RequestError) as refused:
                 await asyncio.wait_for(conn.prompt(session_id=sid, prompt=[acp.text_block("hi")]), 30)
+            assert (refused.value.code, str(refused.value)) == (FAILED, BROKEN)
+        for request in (
+            conn.set_session_mode(session_id=sid, mode_id="yolo"),
+            conn.set_config_option(config_id="mode", session_id=sid, value="yolo"),
+            conn.list_sessions(),
+        ):
+            with pytest.raises(acp.RequestError) as refused:
+                await asyncio.wait_for(request, 30)
             assert (refused.value.code, str(refused.value)) == (FAILED, BROKEN)
     assert not llm.requests
     log = (home / "stderr.log").read_text()

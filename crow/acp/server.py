@@ -195,7 +195,7 @@ class AcpServer:
     async def fork_session(
         self, session_id: str, cwd: str, mcp_servers: list[Any] | None = None, **kwargs: Any
     ) -> ForkSessionResponse:
-        await self.agent.ready()
+        await self._ready()
         try:
             new_id = await self.agent.fork_session(session_id)
         except CrowError as exc:
@@ -214,7 +214,7 @@ class AcpServer:
     async def list_sessions(
         self, cwd: str | None = None, cursor: str | None = None, **kwargs: Any
     ) -> ListSessionsResponse:
-        await self.agent.ready()
+        await self._ready()
         try:
             records, next_cursor = await self.agent.store.list_sessions(cwd=cwd, cursor=cursor)
         except CrowError as exc:
@@ -233,7 +233,7 @@ class AcpServer:
             raise RequestError.invalid_params(
                 {"modeId": f"unknown mode {mode_id!r}; one of {acp_sessions.MODE_IDS}"}
             )
-        await self.agent.session_ready(session)
+        await self._ready(session)
         await session.save(mode=mode_id)
         await self._emit(session, ModeChanged(mode_id))
 
@@ -248,11 +248,19 @@ class AcpServer:
             choices = acp_sessions.model_choices(config.model_choices(), session)
             if value not in choices:
                 raise RequestError.invalid_params({"value": f"unknown model {value!r}; one of {choices}"})
-            await self.agent.session_ready(session)
+            await self._ready(session)
             await session.save(model=str(value))
         else:
             raise RequestError.invalid_params({"configId": f"unknown config option {config_id!r}"})
         return SetSessionConfigOptionResponse(config_options=self._options(session))
+
+    async def _ready(self, session: Session | None = None) -> None:
+        """The warm-up (and the session's setup) done; its failure (a broken plugin, say)
+        answered with its own words, not as "Internal error"."""
+        try:
+            await (self.agent.ready() if session is None else self.agent.session_ready(session))
+        except CrowError as exc:
+            raise RequestError(FAILED, str(exc)) from exc
 
     def _session(self, session_id: str) -> Session:
         try:
