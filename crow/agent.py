@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("crow.agent")
 
 EDITOR_SERVERS = "crow.editor_servers"  # session.state: the MCP servers the editor passed
+STALE_TOOLS = "crow.stale_tools"  # session.state: its tools were built for a config it left
 # What a session's tool servers are built from: a change means building them again.
 TOOL_KEYS = {"sandbox", "network", "environment", "providers"}
 
@@ -105,21 +106,25 @@ class Agent:
         self._warm.add_done_callback(callback)
 
     async def _set_up(self) -> None:
-        await anyio.to_thread.run_sync(_import_runtime)
-        from crow.plugins import install
+        try:
+            await anyio.to_thread.run_sync(_import_runtime)
+            from crow.plugins import install
 
-        await install(self, builtins=self._builtin_hooks)
-        if self.config.tools:
-            from crow.plugins import load_object
+            await install(self, builtins=self._builtin_hooks)
+            if self.config.tools:
+                from crow.plugins import load_object
 
-            self._functions.extend((load_object(spec), False) for spec in self.config.tools)
-        if self._functions:
-            self._function_server = function_server(self._functions)
-        if self._store is None:
-            from crow.store import SQLiteStore
+                self._functions.extend((load_object(spec), False) for spec in self.config.tools)
+            if self._functions:
+                self._function_server = function_server(self._functions)
+            if self._store is None:
+                from crow.store import SQLiteStore
 
-            self._store = SQLiteStore(self.config.db_path, home=self.config.home)
-            await self._store.open()
+                self._store = SQLiteStore(self.config.db_path, home=self.config.home)
+                await self._store.open()
+        except Exception:  # every waiter gets the error; its traceback is logged once, here
+            log.exception("the warm-up failed")
+            raise
         with suppress(ConfigError):  # reported by the first prompt
             self.provider_for(self.model_ref())  # now, not at that prompt: httpx, a client
 
@@ -193,18 +198,24 @@ class Agent:
                 id=session.id, cwd=str(session.cwd), mode=session.mode, model=session.model
             )
         session.state[EDITOR_SERVERS] = servers
-        await self._connect_tools(session, servers)
+        session.tools = await self._connect_tools(session, servers)
 
-    async def _connect_tools(self, session: Session, servers: list[ServerSpec]) -> None:
-        """The session's tool servers, built for its config (environment, sandbox)."""
+    async def _connect_tools(self, session: Session, servers: list[ServerSpec]) -> ToolHub:
+        """The session's tool servers, built for its config (environment, sandbox) and
+        connected; closed again if connecting them is interrupted."""
         hub = ToolHub(child_environment(session.config))
-        session.tools = hub
         specs: list[ServerSpec] = []
         for hook in self.hooks.hooks:
             specs.extend(hook.tool_servers(session))
         if self._function_server is not None:
             specs.append(ServerSpec("crow-tools", "inprocess", server=self._function_server))
-        await hub.connect([*specs, *servers])
+        try:
+            await hub.connect([*specs, *servers])
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await hub.aclose()
+            raise
+        return hub
 
     async def session_ready(self, session: Session) -> None:
         """Wait for the session's tools; a failure is raised to each caller, and a caller
@@ -247,13 +258,14 @@ class Agent:
         with_transcript: bool = False,
     ) -> tuple[Session, list[Message] | None]:
         """The session in memory, read from the store if it is not: one `Session` per id (a
-        second restore of an id waits for the first and gets its session, no transcript)."""
+        second restore of an id waits for the first and gets its session, no transcript; a
+        close of the id waits for it too)."""
         if session_id in self.sessions:
             return self.sessions[session_id], None
-        await self.ready()
         async with self._restoring.hold(session_id):
             if session_id in self.sessions:
                 return self.sessions[session_id], None
+            await self.ready()
             session, transcript = await read_session(
                 self._store, session_id, cwd, self.session_config, with_transcript
             )
@@ -303,9 +315,11 @@ class Agent:
         return session
 
     async def close_session(self, session_id: str) -> None:
-        """Forget a session: its tool setup is cancelled and waited for, its tools closed."""
-        session = self.sessions.pop(session_id, None)
-        preparing = self._preparing.pop(session_id, None)
+        """Forget a session: its tool setup is cancelled and waited for, its tools closed. A
+        restore of the id under way ends first (else it would bring the session back)."""
+        async with self._restoring.hold(session_id):
+            session = self.sessions.pop(session_id, None)
+            preparing = self._preparing.pop(session_id, None)
         if preparing is not None:
             await self._tasks.cancel(preparing)
         if session is not None and session.tools is not None:
@@ -329,9 +343,12 @@ class Agent:
         if changed and after.model_dump(include=TOOL_KEYS) != before.model_dump(include=TOOL_KEYS):
             # The tools were built for the user's config while the question was open: the
             # project's environment, sandbox and network must govern this session's commands.
+            session.state[STALE_TOOLS] = True  # until rebuilt: a cancel leaves it for the next prompt
+        if session.state.get(STALE_TOOLS):
             await self.session_ready(session)
-            old = session.tools
-            await self._connect_tools(session, session.state.get(EDITOR_SERVERS, []))
+            hub = await self._connect_tools(session, session.state.get(EDITOR_SERVERS, []))
+            old, session.tools = session.tools, hub
+            del session.state[STALE_TOOLS]
             if old is not None:
                 await old.aclose()
         return changed

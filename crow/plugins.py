@@ -154,8 +154,8 @@ def load_object(spec: str) -> Any:
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as exc:
         raise HookError(f"hook {spec!r}: {exc}") from exc
-    except Exception as exc:  # the module's own failure at import
-        raise HookError(f"hook {spec!r}: {exc!r}") from exc
+    except Exception as exc:  # the module itself failed: the user must learn which one
+        raise HookError(f"hook {spec!r}: importing {module} raised {type(exc).__name__}: {exc}") from exc
     except SystemExit as exc:
         raise HookError(f"hook {spec!r}: it called sys.exit({exc.code!r})") from exc
     return obj

@@ -85,8 +85,8 @@ def request(rid: int, method: str, params: dict[str, Any]) -> bytes:
     return json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}).encode() + b"\n"
 
 
-async def read_frames(frames: asyncio.StreamReader, n: int) -> list[dict[str, Any]]:
-    return [json.loads(await asyncio.wait_for(frames.readline(), 5)) for _ in range(n)]
+async def read_frames(frames: asyncio.StreamReader, n: int, timeout: float = 5) -> list[dict[str, Any]]:
+    return [json.loads(await asyncio.wait_for(frames.readline(), timeout)) for _ in range(n)]
 
 
 def shape(frame: dict[str, Any]) -> str:

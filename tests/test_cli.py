@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tests.conftest import crow_env
 from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
+from tests.test_lifecycle import BROKEN, exploding_plugin
 
 
 def crow(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -107,3 +108,10 @@ def test_run_slash_compact_is_a_command_and_its_notice_is_replayed(
     assert text == f"{notice}\nhi there"
     sent = [m["content"] for m in llm.requests[-1].messages if m["role"] != "system"]
     assert sent == ["hello"], "neither the command nor the notice reaches the model"
+
+
+def test_run_with_a_broken_plugin_names_it(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
+    env = crow_env(llm, home, **exploding_plugin(home))
+    done = crow("run", "hi", "--cwd", str(workspace), env=env, cwd=workspace)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines()[-1] == f"crow: {BROKEN}"

@@ -5,23 +5,29 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import sys
+import time
 import uuid
+from asyncio.subprocess import PIPE
 from pathlib import Path
 
 import acp
 import anyio.lowlevel
 import pytest
 
+from crow.acp.server import CANCELLED, FAILED
 from crow.agent import Agent
 from crow.config import Config
 from crow.errors import SessionError
+from crow.loop import CANCEL_GRACE
 from crow.messages import human
 from crow.tools import ServerSpec, ToolHub
-from tests.conftest import crow_env, spawn_crow
-from tests.llm_server import Reply, ScriptedLLM
+from tests.conftest import CROW, crow_env, spawn_crow
+from tests.llm_server import Reply, ScriptedLLM, Stall, ToolCallSpec
+from tests.test_acp_wire import read_frames, request
 from tests.test_drills import wait_until
-from tests.test_e2e_sessions import running
+from tests.test_e2e_sessions import long_history, open_session, running
 from tests.test_startup import run_python
 
 pytestmark = pytest.mark.anyio
@@ -145,3 +151,162 @@ def test_a_new_session_creates_no_anyio_object(tmp_path: Path) -> None:
         asyncio.run(main())
         """
     )
+
+
+async def test_a_client_gone_mid_turn_lets_crow_exit_at_once(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """stdin closes while a tool call waits for the user's permission: the cancelled turn
+    settles its history without waiting on a wire nobody writes any more (it waited out
+    CANCEL_GRACE, 5 s), crow exits 0, stdout holds only JSON-RPC, and the editor's MCP
+    server is stopped."""
+    marker = f"crow-gone-{uuid.uuid4().hex}"
+    llm.push(Reply(tool_calls=[ToolCallSpec("write_file", {"path": "a.txt", "content": "x"})]))
+    server = {
+        "name": "marked",
+        "command": sys.executable,
+        "args": ["-m", "mcp_servers.todos", marker],
+        "env": [],
+    }
+    with open(home / "stderr.log", "wb") as err:
+        proc = await asyncio.create_subprocess_exec(
+            *CROW, stdin=PIPE, stdout=PIPE, stderr=err, env=crow_env(llm, home)
+        )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(request(1, "initialize", {"protocolVersion": 1}))
+        proc.stdin.write(request(2, "session/new", {"cwd": str(workspace), "mcpServers": [server]}))
+        frames = await read_frames(proc.stdout, 2)
+        sid = frames[1]["result"]["sessionId"]
+        proc.stdin.write(
+            request(3, "session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "go"}]})
+        )
+        while not any(f.get("method") == "session/request_permission" for f in frames):
+            frames += await read_frames(proc.stdout, 1, timeout=30)
+        assert running(marker)
+        proc.stdin.close()
+        started = time.monotonic()
+        rest = await asyncio.wait_for(proc.stdout.read(), 30)
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+        took = time.monotonic() - started
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert took < CANCEL_GRACE / 2, f"crow took {took:.1f} s to exit after its client hung up"
+    assert all(json.loads(line) for line in rest.splitlines() if line.strip())
+    assert await wait_until(lambda: not running(marker), timeout=2)
+
+
+BROKEN = "hook 'crow_exploding:Hook': importing crow_exploding raised RuntimeError: exploded at import"
+
+
+def exploding_plugin(home: Path) -> dict[str, str]:
+    """A user config naming a hook whose module raises at import; the env to find it."""
+    folder = home / "plugins"
+    folder.mkdir()
+    (folder / "crow_exploding.py").write_text("raise RuntimeError('exploded at import')\n")
+    (home / "config.yaml").write_text("hooks:\n  extra: ['crow_exploding:Hook']\n")
+    return {"PYTHONPATH": str(folder)}
+
+
+async def test_a_broken_plugin_fails_each_prompt_with_its_name(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """Not "Internal error": every prompt, in every session, and every request that needs
+    the warm-up, is told which hook broke it and how; the traceback is logged once."""
+    env = crow_env(llm, home, **exploding_plugin(home))
+    async with spawn_crow(env) as (conn, _proc, _client):
+        await conn.initialize(protocol_version=1)
+        for _ in range(2):
+            sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+            with pytest.raises(acp.RequestError) as refused:
+                await asyncio.wait_for(conn.prompt(session_id=sid, prompt=[acp.text_block("hi")]), 30)
+            assert (refused.value.code, str(refused.value)) == (FAILED, BROKEN)
+        for request in (
+            conn.set_session_mode(session_id=sid, mode_id="yolo"),
+            conn.set_config_option(config_id="mode", session_id=sid, value="yolo"),
+            conn.list_sessions(),
+        ):
+            with pytest.raises(acp.RequestError) as refused:
+                await asyncio.wait_for(request, 30)
+            assert (refused.value.code, str(refused.value)) == (FAILED, BROKEN)
+    assert not llm.requests
+    log = (home / "stderr.log").read_text()
+    assert log.count("the warm-up failed") == 1 and "Unhandled error" not in log
+
+
+class Trusting:
+    """A front end that trusts the project at the question (`ask_choice`), asks nothing else."""
+
+    can_read = can_write = can_terminal = False
+
+    async def ask_choice(self, title: str, text: str, options: object, **kwargs: object) -> str:
+        return "allow_once"
+
+
+async def test_a_cancel_while_a_trusted_project_reconnects_the_tools_loses_nothing(
+    llm: ScriptedLLM, home: Path, tmp_path: Path
+) -> None:
+    """The project trusted at the first prompt sets an environment, so the session's tool
+    servers are built again for it; a cancel while they start must neither leave the old
+    ones running nor the session with no tools at its next prompt."""
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    (repo / "crow.yaml").write_text("environment: {set: {FROM_PROJECT: 'yes'}}\n")
+    marker = f"crow-retrust-{uuid.uuid4().hex}"
+    config = Config(model="openai:scripted", home=home, providers={"openai": {"base_url": llm.base_url}})
+    llm.default = lambda req: Reply(text="ok")
+    async with Agent(config, builtin_hooks=False) as agent:
+        session = agent.create_session(repo, [marked_server(marker)])
+        session.client = Trusting()
+        await agent.session_ready(session)
+        first = asyncio.create_task(agent.prompt(session, human("one"), _ignore))
+        assert await wait_until(lambda: len(running(marker)) == 2), "the tools were not built again"
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        await agent.prompt(session, human("two"), _ignore)
+        assert [t["function"]["name"] for t in llm.requests[-1].body["tools"]] == ["write_todos"]
+        assert len(running(marker)) == 1, "the tool servers built for the user's config still run"
+    assert not running(marker)
+
+
+async def _ignore(event: object) -> None:
+    pass
+
+
+async def test_session_cancel_stops_crow_compact_with_a_cancelled_error(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """session/cancel during `crow.compact`'s summary request: the answer is ACP's "request
+    cancelled" (it was an UnboundLocalError, "Internal error"), and the session goes on."""
+    long_history(llm, 4)
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
+        sid = await open_session(conn, workspace)
+        for i in range(4):
+            await conn.prompt(session_id=sid, prompt=[acp.text_block(f"q{i}")])
+        llm.push(Stall(seconds=20))
+        compacting = asyncio.create_task(conn.ext_method("crow.compact", {"sessionId": sid}))
+        assert await wait_until(lambda: len(llm.requests) == 5)  # the summary request is out
+        await conn.cancel(session_id=sid)
+        with pytest.raises(acp.RequestError) as refused:
+            await asyncio.wait_for(compacting, 20)
+        assert (refused.value.code, str(refused.value)) == (CANCELLED, "compaction cancelled")
+        llm.push(Reply(text="still here"))
+        done = await asyncio.wait_for(conn.prompt(session_id=sid, prompt=[acp.text_block("next")]), 20)
+    assert done.stop_reason == "end_turn" and client.text(sid).endswith("still here")
+
+
+async def test_a_session_closed_while_it_loads_stays_closed(home: Path, workspace: Path) -> None:
+    """session/close sent while a session/load of the id is under way: the load ends first,
+    then the close; the session does not come back afterwards with its MCP servers running."""
+    sid = await stored_session(home, workspace)
+    marker = f"crow-close-load-{uuid.uuid4().hex}"
+    async with agent_in(home) as agent:
+        loading = asyncio.create_task(agent.load_session(sid, [marked_server(marker)]))
+        await anyio.lowlevel.checkpoint()  # the load is under way: waiting for the warm-up
+        await agent.close_session(sid)
+        loaded, _transcript = await loading
+        assert sid not in agent.sessions and loaded.tools is None
+        assert await wait_until(lambda: not running(marker), timeout=5)

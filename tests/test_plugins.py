@@ -364,7 +364,7 @@ async def test_a_plugin_that_exits_when_imported_fails_the_warm_up_by_name(
         Config(home=tmp_path / "home", hooks=HooksConfig(extra=["crow_test_broken:P"], entry_points=False))
     )
     try:
-        with pytest.raises(HookError, match=r"^hook 'crow_test_broken:P': RuntimeError\('no config file'\)$"):
+        with pytest.raises(HookError, match=r"^hook 'crow_test_broken:P': importing crow_test_broken raised RuntimeError: no config file$"):
             await agent.ready()
     finally:
         await agent.aclose()

@@ -7,6 +7,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from contextlib import closing
 from pathlib import Path
@@ -221,3 +222,24 @@ async def test_a_message_the_store_refused_is_not_kept_in_memory(tmp_path: Path)
         n = len(session.messages)
         await session.add(*close_dangling_tool_calls(list(session.messages), "not run")[n:])
         validate(await store.load_context("s"))
+
+
+async def test_a_turn_cancelled_while_taking_the_lock_leaves_the_session_free(tmp_path: Path) -> None:
+    """A prompt cancelled while its lock write waits for another process's write: the store
+    still runs that write, so the session must be released again, not stay taken by a
+    process that is alive and holds nothing."""
+    import anyio
+
+    db = tmp_path / "crow.db"
+    async with SQLiteStore(db) as a, SQLiteStore(db) as b:
+        await a.create_session(id="s", cwd="/w")
+        session = Session(id="s", cwd=Path("/w"), store=a)
+        with closing(sqlite3.connect(db, isolation_level=None, check_same_thread=False)) as other:
+            other.execute("BEGIN IMMEDIATE")  # another process writing: a's lock job waits
+            threading.Timer(0.5, other.execute, ("COMMIT",)).start()  # ... then takes the lock
+            with anyio.move_on_after(0.2):
+                async with session.exclusive():
+                    pytest.fail("the lock was taken during another process's write")
+            await a.load_context("s")  # a's queued jobs have run by now
+        await b.lock_session("s")  # not SessionBusy
+        await b.unlock_session("s")

@@ -59,7 +59,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("crow.acp")
 
+FAILED = -32000  # crow could not do what was asked; the message says why (not "Internal error")
 BUSY = -32001  # a prompt is already running in this session (here or in another crow process)
+CANCELLED = -32800  # ACP's "request cancelled": session/cancel stopped a crow.compact
 UNKNOWN_SESSION = -32002
 
 COMMANDS = acp_convert.available_commands()
@@ -193,7 +195,7 @@ class AcpServer:
     async def fork_session(
         self, session_id: str, cwd: str, mcp_servers: list[Any] | None = None, **kwargs: Any
     ) -> ForkSessionResponse:
-        await self.agent.ready()
+        await self._ready()
         try:
             new_id = await self.agent.fork_session(session_id)
         except CrowError as exc:
@@ -212,7 +214,7 @@ class AcpServer:
     async def list_sessions(
         self, cwd: str | None = None, cursor: str | None = None, **kwargs: Any
     ) -> ListSessionsResponse:
-        await self.agent.ready()
+        await self._ready()
         try:
             records, next_cursor = await self.agent.store.list_sessions(cwd=cwd, cursor=cursor)
         except CrowError as exc:
@@ -231,7 +233,7 @@ class AcpServer:
             raise RequestError.invalid_params(
                 {"modeId": f"unknown mode {mode_id!r}; one of {acp_sessions.MODE_IDS}"}
             )
-        await self.agent.session_ready(session)
+        await self._ready(session)
         await session.save(mode=mode_id)
         await self._emit(session, ModeChanged(mode_id))
 
@@ -246,11 +248,19 @@ class AcpServer:
             choices = acp_sessions.model_choices(config.model_choices(), session)
             if value not in choices:
                 raise RequestError.invalid_params({"value": f"unknown model {value!r}; one of {choices}"})
-            await self.agent.session_ready(session)
+            await self._ready(session)
             await session.save(model=str(value))
         else:
             raise RequestError.invalid_params({"configId": f"unknown config option {config_id!r}"})
         return SetSessionConfigOptionResponse(config_options=self._options(session))
+
+    async def _ready(self, session: Session | None = None) -> None:
+        """The warm-up (and the session's setup) done; its failure (a broken plugin, say)
+        answered with its own words, not as "Internal error"."""
+        try:
+            await (self.agent.ready() if session is None else self.agent.session_ready(session))
+        except CrowError as exc:
+            raise RequestError(FAILED, str(exc)) from exc
 
     def _session(self, session_id: str) -> Session:
         try:
@@ -267,6 +277,8 @@ class AcpServer:
                 result = await self.agent.prompt(session, message, lambda e: self._emit(session, e))
             except SessionBusy as exc:
                 raise RequestError(BUSY, str(exc)) from exc
+            except CrowError as exc:  # e.g. a broken plugin failed the warm-up: say which
+                raise RequestError(FAILED, str(exc)) from exc
         if scope.cancelled_caught:
             return PromptResponse(stop_reason="cancelled")
         meta = {"crow": {"error": result.error}} if result.error else None
@@ -340,7 +352,7 @@ class AcpServer:
         if session_id not in self.agent.sessions:
             await self._resume(session_id, None, None)
         session = self._session(session_id)
-        with self._cancellable(session_id, "a prompt; cancel it or wait before compacting"):
+        with self._cancellable(session_id, "a prompt; cancel it or wait before compacting") as scope:
             try:
                 result = await self.agent.compact(
                     session, instructions, emit=lambda e: self._emit(session, e)
@@ -348,7 +360,9 @@ class AcpServer:
             except SessionBusy as exc:
                 raise RequestError(BUSY, str(exc)) from exc
             except CrowError as exc:
-                raise RequestError(-32000, f"compaction failed: {exc}") from exc
+                raise RequestError(FAILED, f"compaction failed: {exc}") from exc
+        if scope.cancelled_caught:
+            raise RequestError(CANCELLED, "compaction cancelled")
         return result.to_dict()
 
     async def ext_notification(self, method: str, params: dict[str, Any]) -> None:

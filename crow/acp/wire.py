@@ -8,13 +8,16 @@ What it adds to the SDK's newline-delimited JSON transport:
 - `notify(method, params)`: many notifications, already serialized, as one write;
 - `after_response(callback)`: run once the answer to the request being handled is written.
   Clients drop `session/update`s for a session they have not been told about yet, so what
-  follows `session/new` must follow its response on the wire, not merely be sent later.
+  follows `session/new` must follow its response on the wire, not merely be sent later;
+- once the wire is closed (the client hung up), `notify` raises `ConnectionError` at once:
+  the SDK's sender never settles a write queued after its close, and a cancelled turn
+  settling its history (shielded, for up to `crow.loop.CANCEL_GRACE`) would wait on it.
 
 SDK internals used (checked against `CHECKED_SDK_VERSION` by tests/test_acp_sdk.py, which
 fails on any other version: re-check each of these, then update the constant):
 
 1. `acp._transport.NdjsonTransport`: subclassed; its `__init__(reader, sender)`,
-   `_read_line()` and `_sender`.
+   `_read_line()`, `_sender` and `close()` (which `Connection.close` calls).
 2. `acp.task.sender._PendingSend(payload, future)` put on `MessageSender._queue`: the
    sender's writer loop takes items in order and resolves the future once written.
 3. `acp.connection.Connection`: its receive loop creates each request's task right after
@@ -64,6 +67,7 @@ class StdioWire(NdjsonTransport):
     def __init__(self, reader: asyncio.StreamReader, sender: MessageSender) -> None:
         super().__init__(reader, sender)
         self._after: dict[str | int, list[AfterResponse]] = {}
+        self._closed = False
 
     def after_response(self, callback: AfterResponse) -> None:
         """Run `callback` once the (successful) answer to the request being handled has been
@@ -88,11 +92,17 @@ class StdioWire(NdjsonTransport):
         """Queue many notifications (params already serialized) as one write, in order with
         everything else the sender sends: a 5,000-message replay then costs one round trip
         to the writer, not 5,000."""
+        if self._closed:
+            raise ConnectionError("the client has hung up")
         head = b'{"jsonrpc":"2.0","method":' + json.dumps(method).encode() + b',"params":'
         data = b"".join(head + params + b"}\n" for params in params_json)
         future = asyncio.get_running_loop().create_future()
         await self._sender._queue.put(_PendingSend(data, future))
         await future
+
+    async def close(self) -> None:
+        self._closed = True  # what was queued before is still written; nothing after
+        await super().close()
 
     async def receive(self) -> dict[str, Any] | None:
         while True:
