@@ -112,7 +112,8 @@ async def _serve(config_path: str | None) -> None:
 def _trust(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from crow.config import compose, find_project_file, load_config
+    from crow.config import load_config
+    from crow.project_config import compose, find_project_file
     from crow.trust import TrustStore, describe, read_project
 
     user = load_config(args.config)

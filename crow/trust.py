@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from crow.config import Config, compose, find_project_file, read_yaml
+from crow.config import Config, read_yaml
 from crow.errors import ConfigError
 from crow.events import Emit, Notice
 from crow.private import locked, write_private
+from crow.project_config import compose, find_project_file
 
 if TYPE_CHECKING:
     from crow.session import Session
