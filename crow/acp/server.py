@@ -50,7 +50,7 @@ from crow.acp import sessions as acp_sessions
 from crow.acp import view as acp_view
 from crow.acp.client import AcpSessionClient
 from crow.agent import Agent
-from crow.errors import CrowError, SessionBusy, SessionError
+from crow.errors import ConfigError, CrowError, HookError, SessionBusy, SessionError
 from crow.events import Event, ModeChanged, TitleChanged, ToolCallEnd
 from crow.session import Session
 
@@ -61,6 +61,9 @@ log = logging.getLogger("crow.acp")
 
 BUSY = -32001  # a prompt is already running in this session (here or in another crow process)
 UNKNOWN_SESSION = -32002
+# crow's configuration or a plugin is broken (the warm-up failed): every prompt fails with
+# the error's own text, which names the setting or the plugin, until the user fixes it.
+SETUP_FAILED = -32003
 
 COMMANDS = acp_convert.available_commands()
 
@@ -267,6 +270,8 @@ class AcpServer:
                 result = await self.agent.prompt(session, message, lambda e: self._emit(session, e))
             except SessionBusy as exc:
                 raise RequestError(BUSY, str(exc)) from exc
+            except (ConfigError, HookError) as exc:
+                raise RequestError(SETUP_FAILED, str(exc)) from exc
         if scope.cancelled_caught:
             return PromptResponse(stop_reason="cancelled")
         meta = {"crow": {"error": result.error}} if result.error else None
