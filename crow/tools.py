@@ -28,14 +28,20 @@ import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crow.llm.base import ToolSpec
 from crow.messages import ToolCall, ToolResult
 from crow.tool_errors import check_arguments, for_model
 from crow.tool_kinds import declared_presentation
 
+if TYPE_CHECKING:
+    import anyio
+
 log = logging.getLogger("crow.tools")
+# The MCP stdio client's own shutdown is bounded at ~6 s (2 s after stdin closes, 2 s after
+# SIGTERM, 2 s to reap the SIGKILL); a little more, so it is not cut short.
+_STOP_AFTER_CANCEL = 8.0
 
 _NAME_OK = re.compile(r"[^a-zA-Z0-9_-]")
 
@@ -71,7 +77,17 @@ class _Connection:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     closing: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    # What stops the connection: an anyio cancel, which the MCP client's shielded shutdown
+    # (stop the server process) survives; a bare task.cancel() breaks into it and leaves
+    # the process running and the task stuck draining its stdout.
+    scope: anyio.CancelScope | None = None
     error: str | None = None
+
+    def cancel(self) -> None:
+        if self.scope is not None:
+            self.scope.cancel()
+        elif self.task is not None:  # not started: nothing to shut down yet
+            self.task.cancel()
 
 
 class ToolHub:
@@ -113,17 +129,21 @@ class ToolHub:
         return conn
 
     async def _serve(self, conn: _Connection) -> None:
+        import anyio
+
         try:
-            async with _open_client(conn.spec, self.env) as client:
-                conn.client = client
-                conn.ready.set()
-                await conn.closing.wait()
+            with anyio.CancelScope() as conn.scope:
+                async with _open_client(conn.spec, self.env) as client:
+                    conn.client = client
+                    conn.ready.set()
+                    await conn.closing.wait()
         except BaseException as exc:
             if not conn.ready.is_set():
                 conn.error = _describe(exc)
                 conn.ready.set()
             elif not isinstance(exc, asyncio.CancelledError):
                 log.warning("MCP server %s stopped: %s", conn.spec.name, _describe(exc))
+        finally:
             conn.client = None
 
     async def _await_ready(self, conn: _Connection, timeout: float) -> None:
@@ -131,8 +151,7 @@ class ToolHub:
             await asyncio.wait_for(conn.ready.wait(), timeout)
         except TimeoutError:
             conn.error = f"did not answer within {timeout:.0f} s"
-            if conn.task:
-                conn.task.cancel()
+            conn.cancel()
         if conn.error is not None:
             msg = f"MCP server {conn.spec.name!r} failed to start: {conn.error}"
             log.warning(msg)
@@ -207,14 +226,23 @@ class ToolHub:
             return ToolResult(call.id, call.name, error=f"tool {call.name} failed: {_describe(exc)}")
         return to_tool_result(call, result, schema)
 
-    async def aclose(self) -> None:
+    async def aclose(self, grace: float = 5.0) -> None:
+        """Stop every server. One still running after `grace` seconds is cancelled and
+        awaited too (up to `_STOP_AFTER_CANCEL` s): the MCP client's shutdown (stdin closed,
+        SIGTERM, SIGKILL) runs shielded, and returning before it ends would leave the
+        process running past the hub, and past crow once its event loop ends."""
         for conn in self._conns.values():
             conn.closing.set()
         tasks = [c.task for c in self._conns.values() if c.task is not None]
         if tasks:
-            _done, pending = await asyncio.wait(tasks, timeout=5)
-            for task in pending:
-                task.cancel()
+            _done, pending = await asyncio.wait(tasks, timeout=grace)
+            for conn in self._conns.values():
+                if conn.task in pending:
+                    conn.cancel()
+            if pending:
+                _done, stuck = await asyncio.wait(pending, timeout=_STOP_AFTER_CANCEL)
+                for task in stuck:
+                    log.warning("MCP connection %s did not stop; abandoning it", task.get_name())
         self._conns.clear()
         self._routes.clear()
         self._specs.clear()

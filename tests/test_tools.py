@@ -244,3 +244,30 @@ async def test_kinds_and_titles_come_from_meta_and_annotations(tmp_path: Path) -
         assert (replayed.title, replayed.kind) == ("Read a.txt", "read")
     finally:
         await hub.aclose()
+
+
+async def test_aclose_waits_for_a_server_that_hangs_on_shutdown(tmp_path: Path) -> None:
+    # A server still running after the grace period got a bare task.cancel(), which broke
+    # into the MCP client's shielded shutdown: aclose returned at once and the process lived
+    # on (an orphan once crow's event loop ended), the task stuck draining its stdout.
+    import os
+    import signal
+    import sys
+    import time
+
+    pid_file = tmp_path / "pid"
+    script = Path(__file__).parent / "support" / "stubborn_mcp.py"
+    hub = ToolHub()
+    await hub.connect([ServerSpec("stubborn", "stdio", command=sys.executable, args=[str(script), str(pid_file)])])
+    assert hub.failures == [] and (await hub.call(ToolCall("p", "ping", {}))).output == "pong"
+    pid = int(pid_file.read_text())
+    started = time.monotonic()
+    try:
+        await hub.aclose(grace=0.5)  # shorter than its shutdown: stdin closed, SIGTERM, SIGKILL
+        took = time.monotonic() - started
+        with pytest.raises(ProcessLookupError):  # killed and reaped, not a zombie
+            os.kill(pid, 0)
+        assert took < 10, took
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)  # the test leaves no orphan even when it fails
