@@ -25,11 +25,12 @@ from crow.environment import child_environment
 from crow.errors import ConfigError, CrowError, SessionError, StoreError
 from crow.events import Emit, Notice
 from crow.hooks import HookRegistry
+from crow.inprocess import function_server
 from crow.llm.base import Provider
 from crow.messages import Message
 from crow.session import Session
 from crow.sessions import LockPerKey, new_session, read_session, repair
-from crow.tools import ServerSpec, ToolHub, function_server, import_mcp
+from crow.tools import ServerSpec, ToolHub, import_mcp
 from crow.trust import CONFIG_ERROR, ProjectConfigs, SessionProject, settle
 
 if TYPE_CHECKING:

@@ -14,9 +14,10 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
+from crow.inprocess import DirectClient
 from crow.messages import ToolCall
 from crow.tool_kinds import presented
-from crow.tools import DirectClient, ServerSpec, ToolHub
+from crow.tools import ServerSpec, ToolHub
 
 pytestmark = pytest.mark.anyio
 
@@ -157,7 +158,7 @@ async def test_a_name_clash_is_qualified_and_a_broken_server_is_reported() -> No
 def test_servers_called_directly_refuse_request_state() -> None:
     from mcp.server.request_state import InvalidRequestState
 
-    from crow.tools import direct_call_state
+    from crow.inprocess import direct_call_state
 
     codec = direct_call_state().codec
     assert direct_call_state() is direct_call_state()  # one policy for every such server
