@@ -26,8 +26,8 @@ _EXPORTS = {
     "HookContext": "crow.context",
     "EditorClient": "crow.editor",
     "child_environment": "crow.environment",
-    "direct_call_state": "crow.tools",
-    "function_server": "crow.tools",
+    "direct_call_state": "crow.inprocess",
+    "function_server": "crow.inprocess",
     "rules": "crow.rules",  # the permission-rule language: parse, compile, decide
     "ProjectRules": "crow.project_rules",
     "Session": "crow.session",

@@ -25,11 +25,12 @@ from crow.environment import child_environment
 from crow.errors import ConfigError, CrowError, SessionError, StoreError
 from crow.events import Emit, Notice
 from crow.hooks import HookRegistry
+from crow.inprocess import function_server
 from crow.llm.base import Provider
 from crow.messages import Message
 from crow.session import Session
 from crow.sessions import LockPerKey, new_session, read_session, repair
-from crow.tools import ServerSpec, ToolHub, function_server, import_mcp
+from crow.tools import ServerSpec, ToolHub, import_mcp
 from crow.trust import CONFIG_ERROR, ProjectConfigs, SessionProject, settle
 
 if TYPE_CHECKING:
@@ -122,7 +123,11 @@ class Agent:
 
                 self._store = SQLiteStore(self.config.db_path, home=self.config.home)
                 await self._store.open()
-        except Exception:  # every waiter gets the error; its traceback is logged once, here
+        except CrowError as exc:  # a setting or a plugin, named in the text every waiter gets
+            log.error("the warm-up failed: %s", exc)
+            log.debug("the warm-up failed", exc_info=True)
+            raise
+        except Exception:  # a bug: every waiter gets the error; its traceback is logged once
             log.exception("the warm-up failed")
             raise
         with suppress(ConfigError):  # reported by the first prompt

@@ -18,8 +18,7 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 
 def _setup_logging(level: str | None, log_file: str | None) -> None:
@@ -112,7 +111,8 @@ async def _serve(config_path: str | None) -> None:
 def _trust(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from crow.config import compose, find_project_file, load_config
+    from crow.config import load_config
+    from crow.project_config import compose, find_project_file
     from crow.trust import TrustStore, describe, read_project
 
     user = load_config(args.config)
@@ -163,6 +163,7 @@ async def _run(args: argparse.Namespace) -> int:
     from crow.events import Event, ModeChanged, Notice, TextDelta, ToolCallEnd, ToolCallStart
     from crow.messages import human
     from crow.startup import imports_done
+    from crow.terminal import TerminalClient, printable
 
     # Flags are the top layer: a project's crow.yaml cannot override them.
     overrides: dict[str, Any] = {"model": args.model} if args.model else {}
@@ -175,17 +176,17 @@ async def _run(args: argparse.Namespace) -> int:
         # The model's text and the tools' output share the terminal with the permission
         # questions: an escape sequence in them could hide a question (`\x1b[8m`) or fake one.
         if isinstance(event, TextDelta):
-            sys.stdout.write(_printable(event.text) if sys.stdout.isatty() else event.text)
+            sys.stdout.write(printable(event.text) if sys.stdout.isatty() else event.text)
             sys.stdout.flush()
             wrote_text = True
         elif isinstance(event, ToolCallStart):
             from crow.acp.view import tool_title
 
-            print(f"\n→ {_printable(tool_title(event.call, event.spec))}", file=sys.stderr)
+            print(f"\n→ {printable(tool_title(event.call, event.spec))}", file=sys.stderr)
         elif isinstance(event, ToolCallEnd):
             mark = "✗" if event.result.is_error else "✓"
             first = (event.result.text.splitlines() or [""])[0][:120]
-            print(f"  {mark} {_printable(first)}", file=sys.stderr)
+            print(f"  {mark} {printable(first)}", file=sys.stderr)
         elif isinstance(event, Notice):
             print(event.text, file=sys.stderr)
         elif isinstance(event, ModeChanged):
@@ -201,162 +202,3 @@ async def _run(args: argparse.Namespace) -> int:
         if wrote_text:
             sys.stdout.write("\n")
         return 1 if result.error else 0
-
-
-class TerminalClient:
-    """`crow run`'s stand-in for an editor: permission prompts on the terminal, one at a
-    time, each naming its call and showing the command or the change. Only what is typed
-    after a question appears answers it (earlier input is discarded)."""
-
-    can_read = can_write = can_terminal = False
-    KEYS: ClassVar[dict[str, str]] = {
-        "allow_once": "y",
-        "allow_always": "a",
-        "allow_always_folder": "f",
-        "allow_always_project": "p",
-        "reject_once": "n",
-        "reject_always": "v",
-    }
-
-    def __init__(self, cwd: str, fd: int = 0) -> None:
-        self.cwd = cwd
-        self.fd = fd
-        self._lock: Any = None
-
-    async def ask_permission(
-        self, call: Any, *, options: Any = None, spec: Any = None, timeout: float = 600.0
-    ) -> str | None:
-        import anyio
-
-        from crow.acp.client import DEFAULT_CHOICES
-
-        options = list(options or DEFAULT_CHOICES)
-        keys = {self.KEYS.get(o.id, str(n)): o.id for n, o in enumerate(options, 1)}
-        labels = {o.id: o.label for o in options}
-        menu = _printable("  ".join(f"[{k}] {labels[i]}" for k, i in keys.items()))
-        if self._lock is None:
-            self._lock = anyio.Lock()
-        async with self._lock:
-            with anyio.move_on_after(timeout):
-                self._discard_typed_ahead()
-                print(_printable(_question(call, self.cwd, spec)), file=sys.stderr)
-                prompt = f"  {menu}\n  Answer for {_call_name(call, spec)}: "
-                while True:
-                    print(prompt, end="", file=sys.stderr, flush=True)
-                    line = await self._readline()
-                    if line is None:
-                        return None
-                    answer = line.strip().lower() or "n"
-                    if answer in keys:
-                        return keys[answer]
-                    if answer in ("yes", "no"):
-                        return keys.get(answer[0])
-                    prompt = f"  Please answer one of {', '.join(keys)} for {_call_name(call, spec)}: "
-            return None
-
-    async def ask(
-        self,
-        call: Any,
-        options: Sequence[tuple[str, str, str]],
-        *,
-        title: str,
-        text: str,
-        kind: str | None = None,
-        timeout: float = 600.0,
-    ) -> str | None:
-        """A question with its own options (option_id, label, kind): `text`, then the options
-        numbered; the answer is a number. Anything else picks the first reject option. It
-        waits its turn behind permission questions, like them."""
-        import anyio
-
-        lines = [f"\n{title}\n", _printable(text).rstrip(), ""]
-        lines += [f"  [{n}] {label}" for n, (_, label, _) in enumerate(options, 1)]
-        if self._lock is None:
-            self._lock = anyio.Lock()
-        async with self._lock:
-            with anyio.move_on_after(timeout):
-                self._discard_typed_ahead()
-                print("\n".join(lines), file=sys.stderr)
-                print(f"Choose 1-{len(options)}: ", end="", file=sys.stderr, flush=True)
-                answer = await self._readline()
-                if answer is None:
-                    return None  # stdin closed
-                answer = answer.strip()
-                if answer.isdigit() and 1 <= int(answer) <= len(options):
-                    return options[int(answer) - 1][0]
-                return next((i for i, _, k in options if k.startswith("reject")), None)
-            return None
-
-    def _discard_typed_ahead(self) -> None:
-        import termios
-
-        self._buffer = b""
-        if os.isatty(self.fd):
-            termios.tcflush(self.fd, termios.TCIFLUSH)
-
-    async def _readline(self) -> str | None:
-        import anyio
-
-        while b"\n" not in self._buffer:
-            await anyio.wait_readable(self.fd)
-            try:
-                chunk = os.read(self.fd, 4096)
-            except BlockingIOError:
-                continue
-            if not chunk:
-                return None
-            self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        return line.decode(errors="replace")
-
-
-def _printable(text: str) -> str:
-    """The model's text as the terminal should show it: a control character (`\\r`, an
-    escape sequence) could hide part of a command or fake the options below it."""
-    return "".join(c if c.isprintable() or c in "\n\t" else f"\\x{ord(c):02x}" for c in text)
-
-
-def _call_name(call: Any, spec: Any = None) -> str:
-    from crow.acp.view import tool_title
-
-    return f"{tool_title(call, spec)!r} (call {call.id})"
-
-
-def _question(call: Any, cwd: str, spec: Any = None) -> str:
-    """The call and what it would do: the command, a unified diff, or its arguments."""
-    import difflib
-
-    from crow.acp.view import current_text, tool_title
-
-    args = call.args
-    lines = [f"\nAllow {tool_title(call, spec)}?"]
-    kind = spec.kind if spec is not None else "other"
-    path = args.get("path") if isinstance(args.get("path"), str) else None
-    writes = isinstance(args.get("content"), str)  # a whole file, else old_text -> new_text
-    if kind == "execute":
-        lines.append(f"  $ {args.get('command', '')}")
-    elif kind == "edit" and path and (writes or isinstance(args.get("new_text"), str)):
-        if writes:
-            old = current_text(os.path.join(cwd, path))
-            new = str(args.get("content", ""))
-        else:
-            old, new = str(args.get("old_text", "")), str(args.get("new_text", ""))
-        diff = list(
-            difflib.unified_diff(
-                (old or "").splitlines(), new.splitlines(), f"a/{path}", f"b/{path}", lineterm=""
-            )
-        )
-        if old is None and writes:
-            if os.path.lexists(os.path.join(cwd, path)):
-                diff[0:2] = [f"--- a/{path} (exists; binary or over 1 MB, not shown)", f"+++ b/{path}"]
-            else:
-                diff[0:2] = ["--- /dev/null", f"+++ b/{path} (new file)"]
-        shown = diff[:60]
-        lines.extend(f"  {d}" for d in shown)
-        if len(diff) > len(shown):
-            lines.append(f"  … {len(diff) - len(shown)} more lines")
-    else:
-        for key, value in args.items():
-            text = value if isinstance(value, str) else repr(value)
-            lines.append(f"  {key}: {text if len(text) <= 200 else text[:197] + '...'}")
-    return "\n".join(lines)

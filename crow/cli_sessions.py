@@ -9,7 +9,6 @@ the context.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import TYPE_CHECKING
@@ -25,11 +24,11 @@ def main(args: argparse.Namespace) -> int:
         import asyncio
 
         return asyncio.run(_compact(args.config, args.session_id, " ".join(args.instructions) or None))
-    from crow.private import DB_FILE, crow_home
+    from crow.private import DB_FILE, home_dir
     from crow.store.direct import DirectStore
 
-    home = crow_home()
-    with DirectStore(home / DB_FILE, home=home) as store:
+    home = home_dir()
+    with DirectStore(os.path.join(home, DB_FILE), home=home) as store:
         return _sessions(store, args.action, args.session_id, args.cwd)
 
 
@@ -54,6 +53,8 @@ def _sessions(store: DirectStore, action: str, session_id: str | None, cwd: str 
     transcript = store.load_transcript(session_id)
     _private_stdout()  # export and show print the conversation
     if action == "export":
+        import json  # here: listing needs no JSON
+
         data = {
             "session": {
                 k: getattr(record, k)
@@ -101,6 +102,8 @@ async def _compact(config_path: str | None, session_id: str, instructions: str |
     finally:
         await agent.aclose()
     print(describe_compaction(result), file=sys.stderr)
+    import json
+
     json.dump(result.to_dict(), sys.stdout)
     sys.stdout.write("\n")
     return 0 if result.compacted or not result.error else 1

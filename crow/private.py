@@ -14,7 +14,10 @@ import logging
 import os
 import stat
 from collections.abc import Iterator, Mapping
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # not imported: `crow sessions list` loads this module, pathlib costs ~4 ms
+    from pathlib import Path
 
 log = logging.getLogger("crow.private")
 
@@ -27,12 +30,19 @@ DB_FILE = "crow.db"  # the session store, in CROW_HOME
 
 
 def crow_home(env: Mapping[str, str] = os.environ) -> Path:
-    """CROW_HOME (default ~/.crow): config.yaml, the database, traces. Read here, not from
-    the config, so `crow sessions` finds the store without importing the config model."""
-    return Path(env.get("CROW_HOME") or "~/.crow").expanduser()
+    """CROW_HOME (default ~/.crow): config.yaml, the database, traces."""
+    from pathlib import Path
+
+    return Path(home_dir(env))
 
 
-def tighten(path: Path, mode: int) -> str | None:
+def home_dir(env: Mapping[str, str] = os.environ) -> str:
+    """`crow_home` as text. Read here, not from the config, so `crow sessions` finds the
+    store without importing the config model (or pathlib)."""
+    return os.path.expanduser(env.get("CROW_HOME") or "~/.crow")
+
+
+def tighten(path: str | os.PathLike[str], mode: int) -> str | None:
     """Drop permission bits of `path` beyond `mode`; returns what changed, or None."""
     try:
         st = os.lstat(path)
@@ -46,7 +56,7 @@ def tighten(path: Path, mode: int) -> str | None:
     except OSError as exc:
         log.warning("cannot make %s private: %s", path, exc)
         return None
-    return f"{path.name or path} {current:04o}→{current & mode:04o}"
+    return f"{os.path.basename(path) or path} {current:04o}→{current & mode:04o}"
 
 
 def tighten_fd(fd: int, path: str | os.PathLike[str], what: str) -> None:
@@ -58,17 +68,20 @@ def tighten_fd(fd: int, path: str | os.PathLike[str], what: str) -> None:
         log.warning("made %s %s private: %04o→%04o", what, path, current, current & FILE_MODE)
 
 
-def secure_store(db_path: Path, home: Path | None) -> None:
+def secure_store(db_path: str, home: str | None) -> None:
     """Before the database opens: its folder created 0700 when missing and the file created
     0600 (SQLite gives its -wal and -shm files the database's mode). Existing files with
     looser modes are tightened, in one log line: the database's files, and with `home`
     (CROW_HOME) that folder and HOME_FILES in it."""
-    folder = db_path.parent
-    if not folder.exists():
-        folder.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
-    changed = [tighten(home, DIR_MODE), *(tighten(home / n, FILE_MODE) for n in HOME_FILES)] if home else []
-    changed += [tighten(Path(f"{db_path}{suffix}"), FILE_MODE) for suffix in DB_SUFFIXES]
-    if not db_path.exists():
+    folder = os.path.dirname(db_path) or "."
+    os.makedirs(folder, mode=DIR_MODE, exist_ok=True)
+    changed = (
+        [tighten(home, DIR_MODE), *(tighten(os.path.join(home, n), FILE_MODE) for n in HOME_FILES)]
+        if home
+        else []
+    )
+    changed += [tighten(f"{db_path}{suffix}", FILE_MODE) for suffix in DB_SUFFIXES]
+    if not os.path.exists(db_path):
         os.close(os.open(db_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE))
     if done := [c for c in changed if c]:
         where = home or folder

@@ -18,6 +18,7 @@ from crow.messages import Message, Messages, close_dangling_tool_calls, valid_va
 
 if TYPE_CHECKING:
     from crow.config import Config
+    from crow.editor import EditorClient
     from crow.store import Store
     from crow.tools import ToolHub
 
@@ -59,7 +60,9 @@ class Session:
     # The last request sent to the model: cache-preserving compaction repeats its prefix.
     last_request: ModelRequest | None = None
     compaction: CompactionState = field(default_factory=CompactionState)
-    client: Any = None  # the front end's client interface (ACP: permissions, fs, terminals)
+    # What a hook may ask of the front end (questions, and the editor's files and terminals
+    # when its `can_*` flags say so); None when nothing is attached to ask.
+    client: EditorClient | None = None
     # The configuration in force for this session: the user's, with a trusted project's
     # crow.yaml (found from `cwd`) merged over it. Hooks read their settings here.
     config: Config | None = None

@@ -1,7 +1,7 @@
 """ToolHub: every tool crow offers the model comes from an MCP server.
 
 Every in-process `MCPServer` (crow's own filesystem, todos, skills and Python tools, and a
-plugin's) is called through the server's own `list_tools`/`call_tool` (`DirectClient`):
+plugin's) is called through the server's own `list_tools`/`call_tool` (`crow.inprocess`):
 the same tools and results as over a transport, without a JSON-RPC round trip validated on
 both sides (~0.25 ms a call). Only a server with a lifespan or middleware of its own, which
 run inside an MCP session, connects through `mcp.Client(server)`; the servers an editor
@@ -26,16 +26,21 @@ import contextlib
 import dataclasses
 import logging
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from crow.inprocess import DirectClient, needs_session
 from crow.llm.base import ToolSpec
 from crow.messages import ToolCall, ToolResult
 from crow.tool_errors import check_arguments, for_model
 from crow.tool_kinds import declared_presentation
 
+if TYPE_CHECKING:
+    import anyio
+
 log = logging.getLogger("crow.tools")
+_STOP_AFTER_CANCEL = 8.0  # the MCP stdio client's own shutdown takes at most ~6 s
 
 _NAME_OK = re.compile(r"[^a-zA-Z0-9_-]")
 # What OpenAI and Anthropic accept as a tool name; MCP allows more (`.`, 128 characters),
@@ -74,7 +79,16 @@ class _Connection:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     closing: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    # Cancels it so that the MCP client's shielded shutdown (which stops the server process)
+    # still runs; a bare task.cancel() breaks into it: the process lives on, the task hangs.
+    scope: anyio.CancelScope | None = None
     error: str | None = None
+
+    def cancel(self) -> None:
+        if self.scope is not None:
+            self.scope.cancel()
+        elif self.task is not None:  # not started: nothing to shut down yet
+            self.task.cancel()
 
 
 class ToolHub:
@@ -120,17 +134,21 @@ class ToolHub:
         return conn
 
     async def _serve(self, conn: _Connection) -> None:
+        import anyio
+
         try:
-            async with _open_client(conn.spec, self.env) as client:
-                conn.client = client
-                conn.ready.set()
-                await conn.closing.wait()
+            with anyio.CancelScope() as conn.scope:
+                async with _open_client(conn.spec, self.env) as client:
+                    conn.client = client
+                    conn.ready.set()
+                    await conn.closing.wait()
         except BaseException as exc:
             if not conn.ready.is_set():
                 conn.error = _describe(exc)
                 conn.ready.set()
             elif not isinstance(exc, asyncio.CancelledError):
                 log.warning("MCP server %s stopped: %s", conn.spec.name, _describe(exc))
+        finally:
             conn.client = None
 
     async def _await_ready(self, conn: _Connection, timeout: float) -> None:
@@ -138,8 +156,7 @@ class ToolHub:
             await asyncio.wait_for(conn.ready.wait(), timeout)
         except TimeoutError:
             conn.error = f"did not answer within {timeout:.0f} s"
-            if conn.task:
-                conn.task.cancel()
+            conn.cancel()
         if conn.error is not None:
             msg = f"MCP server {conn.spec.name!r} failed to start: {conn.error}"
             log.warning(msg)
@@ -233,14 +250,20 @@ class ToolHub:
             return ToolResult(call.id, call.name, error=f"tool {call.name} failed: {_describe(exc)}")
         return to_tool_result(call, result, schema)
 
-    async def aclose(self) -> None:
+    async def aclose(self, grace: float = 5.0) -> None:
+        """Stop every server; one still running after `grace` s is cancelled and awaited
+        until its process is stopped (stdin closed, SIGTERM, SIGKILL), so none outlives crow."""
         for conn in self._conns.values():
             conn.closing.set()
         tasks = [c.task for c in self._conns.values() if c.task is not None]
         if tasks:
-            _done, pending = await asyncio.wait(tasks, timeout=5)
-            for task in pending:
-                task.cancel()
+            _done, pending = await asyncio.wait(tasks, timeout=grace)
+            for conn in (c for c in self._conns.values() if c.task in pending):
+                conn.cancel()
+            if pending:
+                _done, stuck = await asyncio.wait(pending, timeout=_STOP_AFTER_CANCEL)
+                for task in stuck:
+                    log.warning("MCP connection %s did not stop; abandoning it", task.get_name())
         self._conns.clear()
         self._routes.clear()
         self._specs.clear()
@@ -272,81 +295,9 @@ def to_tool_result(call: ToolCall, result: Any, schema: Mapping[str, Any] | None
     return ToolResult(call.id, call.name, output=text, meta=meta or None)
 
 
-class _NoRequestState:
-    """The requestState codec of servers crow calls directly. requestState travels to an
-    MCP client and back; a server called through its own methods has no client, so it
-    never seals state, and a token could only be forged: both fail closed."""
-
-    def seal(self, payload: bytes) -> str:
-        raise RuntimeError("requestState needs an MCP client session; this server is called in-process")
-
-    def unseal(self, token: str) -> bytes:
-        from mcp.server.request_state import InvalidRequestState
-
-        raise InvalidRequestState("this in-process server never issued request state")
-
-
-_direct_state: Any = None
-
-
-def direct_call_state() -> Any:
-    """`request_state_security=` for an MCPServer only ever served in-process by a ToolHub
-    (which calls it directly). Optional: MCPServer's default generates an AES key per
-    server, which loads OpenSSL's ciphers: ~1.3 MB at the first session, for state a
-    directly called server never uses."""
-    global _direct_state
-    if _direct_state is None:
-        from mcp.server.request_state import RequestStateSecurity
-
-        _direct_state = RequestStateSecurity(codec=_NoRequestState())
-    return _direct_state
-
-
-class DirectClient:
-    """The part of `mcp.Client` the hub uses, answered by an in-process `MCPServer` itself.
-    A failing tool becomes the same error result MCPServer's call_tool handler sends."""
-
-    def __init__(self, server: Any) -> None:
-        self.server = server
-
-    async def list_tools(self) -> Any:
-        from mcp.types import ListToolsResult
-
-        return ListToolsResult(tools=await self.server.list_tools())
-
-    async def call_tool(self, name: str, arguments: dict[str, Any], **_: Any) -> Any:
-        from mcp import MCPError
-        from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
-        from mcp.types import CallToolResult, TextContent
-
-        try:
-            result = await self.server.call_tool(name, arguments)
-        except MCPError:
-            raise
-        except Exception as exc:
-            if isinstance(exc, ToolError) and not isinstance(exc, UnexpectedToolError):
-                log.info("tool %s failed: %s", name, exc)
-            else:
-                log.exception("tool %s raised an unexpected exception", name)
-            return CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
-        if not isinstance(result, CallToolResult):  # an InputRequiredResult: needs a client session
-            text = f"tool {name} asked for input, which an in-process call cannot give"
-            return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
-        return result
-
-
-def _needs_session(server: Any) -> bool:
-    """Whether an in-process server has parts only an MCP session runs: a lifespan, or
-    middleware beyond the SDK's own (tracing, the requestState boundary)."""
-    settings = getattr(server, "settings", None)
-    if settings is None or getattr(settings, "lifespan", None) is not None:
-        return True
-    return any(not type(m).__module__.startswith("mcp.") for m in getattr(server, "middleware", ()))
-
-
 @contextlib.asynccontextmanager
 async def _open_client(spec: ServerSpec, env: Mapping[str, str] | None = None):  # type: ignore[no-untyped-def]
-    if spec.transport == "inprocess" and not _needs_session(spec.server):
+    if spec.transport == "inprocess" and not needs_session(spec.server):
         yield DirectClient(spec.server)
         return
     from mcp import Client, StdioServerParameters
@@ -394,23 +345,3 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, BaseExceptionGroup):
         return "; ".join(_describe(e) for e in exc.exceptions)
     return str(exc) or type(exc).__name__
-
-
-def function_server(
-    functions: Sequence[tuple[Callable[..., Any], bool]],
-    name: str = "crow-tools",
-    shown: Mapping[str, tuple[str, str]] | None = None,
-) -> Any:
-    """An in-process MCP server serving plain Python functions (the seed's FuncTool);
-    each entry is (function, read_only). `shown` gives a function (by name) the kind and
-    title template an editor shows its calls with (`_meta.crow`)."""
-    from mcp.server.mcpserver import MCPServer
-    from mcp.types import ToolAnnotations
-
-    server = MCPServer(name, request_state_security=direct_call_state())
-    for fn, read_only in functions:
-        annotations = ToolAnnotations(read_only_hint=True) if read_only else None
-        kind_title = (shown or {}).get(fn.__name__)
-        meta = {"crow": {"kind": kind_title[0], "title": kind_title[1]}} if kind_title else None
-        server.add_tool(fn, annotations=annotations, meta=meta, structured_output=False)
-    return server

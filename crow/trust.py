@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from crow.config import Config, compose, find_project_file, read_yaml
+from crow.config import Config, read_yaml
 from crow.errors import ConfigError
 from crow.events import Emit, Notice
 from crow.private import locked, write_private
+from crow.project_config import compose, find_project_file
 
 if TYPE_CHECKING:
     from crow.session import Session
@@ -330,7 +331,7 @@ async def settle(
     projects: ProjectConfigs, session: Session, emit: Emit, ready: Callable[[Session], Awaitable[None]]
 ) -> bool:
     """Once per session, before its first turn: ask about an untrusted crow.yaml when the
-    front end can ask (`session.client.ask_choice`), else tell the user it was ignored.
+    front end can ask (`session.client`), else tell the user it was ignored.
     Returns True when the session's config (and maybe its mode or model) changed."""
     project: SessionProject | None = session.state.get(PROJECT)
     if project is None:
@@ -375,13 +376,13 @@ async def settle(
 
 async def _ask(projects: ProjectConfigs, project: SessionProject, session: Session) -> str | None:
     file = project.file
-    ask = getattr(session.client, "ask_choice", None)
-    if file is None or project.trusted or project.error or file.problem or ask is None:
+    client = session.client
+    if file is None or project.trusted or project.error or file.problem or client is None:
         return None
     if (file.path, file.digest) in projects.declined:
         return None
     since = "changed since you trusted it: it now " if projects.trust.changed(file) else ""
-    answer: str | None = await ask(
+    answer = await client.ask_choice(
         f"Trust {file.folder}?",
         f"This project's {file.path} {since}{describe(file.data)}. Trust this folder?",
         TRUST_OPTIONS,

@@ -61,6 +61,23 @@ def test_bad_config_is_a_clear_error(home: Path, workspace: Path) -> None:
     assert done.returncode == 2 and "invalid configuration" in done.stderr and "max_iterations" in done.stderr
 
 
+def test_a_misspelt_hooks_disable_is_a_clear_error(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
+    # The warm-up's ConfigError (here an unknown hooks.disable name) ended `crow run` with
+    # a traceback; it is a configuration error like any other: exit 2, one line naming it.
+    config = home / "disable.yaml"
+    config.write_text("hooks:\n  disable: [memroy]\n")
+    done = crow(
+        "--config", str(config), "run", "hi", "--cwd", str(workspace), env=crow_env(llm, home), cwd=workspace
+    )
+    assert done.returncode == 2, done.stderr
+    assert (
+        f"crow: invalid configuration in {config}: hooks.disable names unknown hook(s) 'memroy'"
+        in done.stderr
+    )
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    assert llm.requests == []
+
+
 def _only_session(env: dict[str, str], cwd: Path) -> list[str]:
     """`crow sessions list` for a store holding one session: its fields (id ... title)."""
     listed = crow("sessions", "list", env=env, cwd=cwd)

@@ -561,7 +561,7 @@ def test_old_compaction_keys_still_work(caplog: pytest.LogCaptureFixture) -> Non
 
 
 def test_a_project_old_key_wins_over_the_users_section(tmp_path: Path) -> None:
-    from crow.config import compose
+    from crow.project_config import compose
 
     user = Config(home=tmp_path, compaction={"threshold": 0.9, "keep_ratio": 0.3})
     merged = compose(user, {"compact_threshold": 0.5}, tmp_path / "crow.yaml")

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from crow.config import compose, find_project_file, load_config, merge
+from crow.config import load_config
 from crow.errors import ConfigError
+from crow.project_config import compose, find_project_file, merge
 from crow.trust import ProjectConfigs, TrustStore, describe, read_project, untrusted_notice
 
 

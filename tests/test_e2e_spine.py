@@ -12,6 +12,7 @@ import acp
 import pytest
 import yaml
 
+from crow.acp.server import FAILED
 from tests.conftest import crow_env, spawn_crow
 from tests.llm_server import Fault, Reply, ScriptedLLM, ToolCallSpec
 
@@ -262,3 +263,21 @@ async def test_embedded_resources_become_the_user_message(
         await conn.prompt(session_id=sid, prompt=blocks)
     text = llm.requests[-1].last_user_text
     assert "explain" in text and "file:///tmp/notes.md" in text and "print(1)" in text
+
+
+async def test_a_misspelt_hooks_disable_fails_each_prompt_with_the_config_error(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    # The warm-up fails on the unknown name; each prompt answered "Internal error" with no
+    # word of why. It must name the setting (`crow run`: tests/test_cli.py), and call no model.
+    config = write_config(home, hooks={"disable": ["memroy"]})
+    async with spawn_crow(crow_env(llm, home), "--config", str(config)) as (conn, _proc, _client):
+        sid = await new_session(conn, workspace)
+        for _ in range(2):
+            with pytest.raises(acp.RequestError) as failed:
+                await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
+            assert failed.value.code == FAILED
+            assert str(failed.value).startswith(
+                f"invalid configuration in {config}: hooks.disable names unknown hook(s) 'memroy'"
+            )
+    assert llm.requests == []

@@ -336,8 +336,8 @@ async def test_each_session_gets_the_sandbox_and_policy_of_its_own_config(
     """Two sessions of one process, two configs: the hook reads `session.config`."""
     from builtin_hooks.filesystem import FilesystemHook
     from crow.config import Config
+    from crow.inprocess import DirectClient
     from crow.session import Session
-    from crow.tools import DirectClient
 
     monkeypatch.setenv("PER_SESSION_VAR", "visible")
     hook = FilesystemHook()

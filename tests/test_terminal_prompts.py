@@ -98,9 +98,9 @@ async def test_control_characters_in_a_command_or_diff_are_shown_not_obeyed(
 ) -> None:
     """A `\\r` or an escape sequence in the model's command would let it print over the
     part of the line that deletes something; the terminal shows them escaped."""
-    from crow.cli import TerminalClient
     from crow.messages import ToolCall
     from crow.rules import choices, subject
+    from crow.terminal import TerminalClient
     from tests.conftest import file_tool_specs
 
     specs = file_tool_specs()
@@ -170,3 +170,50 @@ def test_crow_run_shows_the_models_escape_sequences_escaped(
     assert "Answer for" in text and (workspace / "note.txt").exists(), text
     assert "\x1b" not in text, repr(text)
     assert "Checking.\\x1b[8m" in text and "→ Read \\x1b[8mnote.txt" in text, text
+
+
+@pytest.mark.anyio
+async def test_the_terminal_client_is_an_editor_client_and_asks_the_trust_question(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`crow run`'s client lacked `ask_choice`, so a terminal user was never asked about a
+    project's crow.yaml (trust found it with getattr and skipped it); it also lacked the
+    file and terminal methods every `EditorClient` has."""
+    import yaml
+
+    from crow.config import load_config
+    from crow.editor import EditorClient
+    from crow.session import Session
+    from crow.terminal import TerminalClient
+    from crow.trust import PROJECT, ProjectConfigs, settle
+
+    home, folder = tmp_path / "home", tmp_path / "p"
+    home.mkdir()
+    folder.mkdir()
+    (folder / "crow.yaml").write_text(yaml.safe_dump({"mode": "yolo"}))
+    projects = ProjectConfigs(load_config(env={"CROW_HOME": str(home)}))
+    read, write = os.pipe()
+    try:
+        client = TerminalClient(str(folder), fd=read)
+        assert isinstance(client, EditorClient)
+        session = Session(id="s", cwd=folder, config=projects.user, client=client)
+        session.state[PROJECT] = projects.for_cwd(folder)
+        os.write(write, b"2\n")  # TRUST_OPTIONS: 1 apply once, 2 trust the folder, 3 ignore
+
+        async def emit(event: object) -> None:
+            raise AssertionError(f"nothing to tell: {event}")
+
+        async def ready(_: Session) -> None:
+            return None
+
+        assert await settle(projects, session, emit, ready) is True
+        for refused in (client.read_text(folder / "a"), client.run_in_terminal("ls", folder, 1.0)):
+            with pytest.raises(OSError, match="crow run has no editor"):
+                await refused
+    finally:
+        os.close(read)
+        os.close(write)
+    assert session.config is not None and session.config.mode == "yolo"
+    assert projects.for_cwd(folder).trusted  # remembered: the answer was "Trust this folder"
+    shown = capsys.readouterr().err
+    assert f"Trust {folder}?" in shown and "[2] Trust this folder" in shown

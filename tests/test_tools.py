@@ -14,9 +14,10 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
+from crow.inprocess import DirectClient
 from crow.messages import ToolCall
 from crow.tool_kinds import presented
-from crow.tools import DirectClient, ServerSpec, ToolHub
+from crow.tools import ServerSpec, ToolHub
 
 pytestmark = pytest.mark.anyio
 
@@ -157,7 +158,7 @@ async def test_a_name_clash_is_qualified_and_a_broken_server_is_reported() -> No
 def test_servers_called_directly_refuse_request_state() -> None:
     from mcp.server.request_state import InvalidRequestState
 
-    from crow.tools import direct_call_state
+    from crow.inprocess import direct_call_state
 
     codec = direct_call_state().codec
     assert direct_call_state() is direct_call_state()  # one policy for every such server
@@ -312,3 +313,30 @@ async def test_a_server_that_never_lists_its_tools_is_reported_not_waited_for(tm
         assert hub.has("add") and (await hub.call(ToolCall("x", "add", {"a": 1, "b": 2}))).output == "3"
     finally:
         await hub.aclose()
+
+
+async def test_aclose_waits_for_a_server_that_hangs_on_shutdown(tmp_path: Path) -> None:
+    # A server still running after the grace period got a bare task.cancel(), which broke
+    # into the MCP client's shielded shutdown: aclose returned at once and the process lived
+    # on (an orphan once crow's event loop ended), the task stuck draining its stdout.
+    import os
+    import signal
+    import sys
+    import time
+
+    pid_file = tmp_path / "pid"
+    script = Path(__file__).parent / "support" / "stubborn_mcp.py"
+    hub = ToolHub()
+    await hub.connect([ServerSpec("stubborn", "stdio", command=sys.executable, args=[str(script), str(pid_file)])])
+    assert hub.failures == [] and (await hub.call(ToolCall("p", "ping", {}))).output == "pong"
+    pid = int(pid_file.read_text())
+    started = time.monotonic()
+    try:
+        await hub.aclose(grace=0.5)  # shorter than its shutdown: stdin closed, SIGTERM, SIGKILL
+        took = time.monotonic() - started
+        with pytest.raises(ProcessLookupError):  # killed and reaped, not a zombie
+            os.kill(pid, 0)
+        assert took < 10, took
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)  # the test leaves no orphan even when it fails

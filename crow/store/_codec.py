@@ -1,12 +1,12 @@
 """How a store writes what it keeps, whatever the database: canonical message JSON,
-timestamps, list cursors. Pure functions; errors are `StoreError`."""
+timestamps, list cursors. Pure functions; errors are `StoreError`.
+
+json, datetime and base64 are imported where used: `crow sessions list` on an empty store
+loads this module and needs none of them (bench/store.py measures it against `crow --help`)."""
 
 from __future__ import annotations
 
-import base64
-import json
 from collections.abc import Iterable
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from crow.errors import StoreError
@@ -20,6 +20,8 @@ def unknown(session_id: str) -> StoreError:
 
 
 def to_json(value: Any) -> str:
+    import json
+
     try:
         return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
@@ -43,10 +45,14 @@ def load(dicts: Iterable[dict[str, Any]]) -> list[Message]:
 
 
 def iso(ts: float) -> str:
+    from datetime import UTC, datetime
+
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")
 
 
 def from_iso(text: str) -> float:
+    from datetime import UTC, datetime
+
     try:
         when = datetime.fromisoformat(text)
     except ValueError as exc:
@@ -55,11 +61,17 @@ def from_iso(text: str) -> float:
 
 
 def encode_cursor(updated_at: float, session_id: str) -> str:
+    import base64
+    import json
+
     raw = json.dumps([updated_at.hex(), session_id]).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
 def decode_cursor(cursor: str) -> tuple[float, str]:
+    import base64
+    import json
+
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         ts, sid = json.loads(raw)

@@ -6,11 +6,13 @@ The transcript is every entry in seq order and is never rewritten. The model con
 compaction (`set_context`) rewrites one row and leaves the transcript whole. An append is
 one INSERT per message and one UPDATE of the session row: its cost does not depend on the
 history length.
+
+`json` is imported in the functions that parse: `crow sessions list` on an empty store
+needs none, and its cost is measured against `crow --help` (bench/store.py).
 """
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
 from collections.abc import Sequence
@@ -37,6 +39,8 @@ def get_row(c: sqlite3.Connection, columns: str, session_id: str) -> tuple[Any, 
 
 
 def _to_record(row: Sequence[Any]) -> SessionRecord:
+    import json  # see the module docstring
+
     sid, cwd, title, created, updated, model, mode, todos, files, config, count = row
     return SessionRecord(sid, cwd, title, iso(created), iso(updated), model, mode,
                          *map(json.loads, (todos, files, config)), count)  # fmt: skip
@@ -173,6 +177,8 @@ def set_context(c: sqlite3.Connection, session_id: str, wanted: list[str]) -> No
 # Reads return the lock generation they saw first (see `locks.seen`): read before the
 # messages, so a turn that starts after bumps it.
 def load_context(c: sqlite3.Connection, session_id: str, token: str) -> tuple[int | None, list[Message]]:
+    import json  # see the module docstring
+
     generation = locks.seen(c, session_id, token)
     head, start = get_row(c, "context_head, context_from", session_id)
     rows = c.execute(
@@ -185,6 +191,8 @@ def load_context(c: sqlite3.Connection, session_id: str, token: str) -> tuple[in
 def load_both(
     c: sqlite3.Connection, session_id: str, token: str
 ) -> tuple[int | None, list[Message], list[Message]]:
+    import json  # see the module docstring
+
     generation = locks.seen(c, session_id, token)
     head, start = get_row(c, "context_head, context_from", session_id)
     rows = c.execute(
@@ -197,6 +205,8 @@ def load_both(
 
 
 def load_transcript(c: sqlite3.Connection, session_id: str) -> list[Message]:
+    import json  # see the module docstring
+
     get_row(c, "1", session_id)
     rows = c.execute("SELECT message FROM entries WHERE session_id = ? ORDER BY seq", (session_id,))
     return load(json.loads(t) for (t,) in rows)

@@ -8,10 +8,10 @@ session_locks  (crow.store.locks) who runs a turn in a session, and a generation
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from pathlib import Path
 from typing import Any, TypeVar
 
 from crow.errors import StoreError
@@ -45,11 +45,11 @@ def call(fn: Callable[..., T], conn: sqlite3.Connection, *args: Any) -> T:
         raise StoreError(f"{fn.__name__.lstrip('_')} failed: {exc}") from exc
 
 
-def connect(path: str, home: Path | None) -> sqlite3.Connection:
+def connect(path: str, home: str | os.PathLike[str] | None) -> sqlite3.Connection:
     """Open (creating or checking the schema) the database at `path` (":memory:" too).
     The file is private to the user (`crow.private`); so is `home` (CROW_HOME) when given."""
     if path != ":memory:" and not path.startswith("file:"):
-        secure_store(Path(path), home)
+        secure_store(path, os.fspath(home) if home is not None else None)
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=True)
     try:
         # Another process's write lock is waited for here, on the worker thread.

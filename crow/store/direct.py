@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from crow.errors import StoreError
@@ -35,7 +34,7 @@ class DirectStore:
 
     def __init__(self, path: str | os.PathLike[str], *, home: str | os.PathLike[str] | None = None) -> None:
         self._path = str(path)
-        self._home = Path(home) if home is not None else None
+        self._home = home
         self._conn: sqlite3.Connection | None = None
 
     def __enter__(self) -> DirectStore:

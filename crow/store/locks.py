@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 from typing import Any
 
 from crow.errors import SessionBusy
@@ -41,7 +40,8 @@ BEAT = LEASE / 3  # how often a holder refreshes its heartbeat
 
 def _read(path: str) -> str:
     try:
-        return Path(path).read_text().strip()
+        with open(path) as f:
+            return f.read().strip()
     except OSError:
         return ""
 
@@ -49,7 +49,8 @@ def _read(path: str) -> str:
 def start_time(pid: int) -> str | None:
     """The process's start time (clock ticks after boot), or None when it is not running."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
     except OSError:
         return None
     fields = stat.rsplit(b")", 1)[1].split()  # the command name may hold spaces and ")"

@@ -1,0 +1,211 @@
+"""`crow run`'s front end on a terminal: `TerminalClient`, an `EditorClient` that asks its
+questions on the terminal (permissions, a project's trust) and has no editor buffers or
+terminals to offer (`can_read`, `can_write`, `can_terminal` are False; those methods refuse),
+and `printable`, the model's text as a terminal may show it."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from crow.llm.base import ToolSpec
+    from crow.messages import ToolCall
+    from crow.rules import Choice
+
+
+class TerminalClient:
+    """`crow run`'s stand-in for an editor: questions on the terminal, one at a time; a
+    permission question names its call and shows the command or the change. Only what is
+    typed after a question appears answers it (earlier input is discarded). It has no
+    buffers or terminals of its own: the file tools and `execute` run in crow."""
+
+    can_read = can_write = can_terminal = False
+    KEYS: ClassVar[dict[str, str]] = {
+        "allow_once": "y",
+        "allow_always": "a",
+        "allow_always_folder": "f",
+        "allow_always_project": "p",
+        "reject_once": "n",
+        "reject_always": "v",
+    }
+
+    def __init__(self, cwd: str, fd: int = 0) -> None:
+        self.cwd = cwd
+        self.fd = fd
+        self._lock: Any = None
+        self._buffer = b""
+
+    async def ask_permission(
+        self,
+        call: ToolCall,
+        *,
+        options: Sequence[Choice] = (),
+        spec: ToolSpec | None = None,
+        timeout: float = 600.0,
+    ) -> str | None:
+        import anyio
+
+        from crow.acp.client import DEFAULT_CHOICES
+
+        options = list(options or DEFAULT_CHOICES)
+        keys = {self.KEYS.get(o.id, str(n)): o.id for n, o in enumerate(options, 1)}
+        labels = {o.id: o.label for o in options}
+        menu = printable("  ".join(f"[{k}] {labels[i]}" for k, i in keys.items()))
+        if self._lock is None:
+            self._lock = anyio.Lock()
+        async with self._lock:
+            with anyio.move_on_after(timeout):
+                self._discard_typed_ahead()
+                print(printable(_question(call, self.cwd, spec)), file=sys.stderr)
+                prompt = f"  {menu}\n  Answer for {_call_name(call, spec)}: "
+                while True:
+                    print(prompt, end="", file=sys.stderr, flush=True)
+                    line = await self._readline()
+                    if line is None:
+                        return None
+                    answer = line.strip().lower() or "n"
+                    if answer in keys:
+                        return keys[answer]
+                    if answer in ("yes", "no"):
+                        return keys.get(answer[0])
+                    prompt = f"  Please answer one of {', '.join(keys)} for {_call_name(call, spec)}: "
+            return None
+
+    async def ask(
+        self,
+        call: ToolCall | None,
+        options: Sequence[tuple[str, str, str]],
+        *,
+        title: str,
+        text: str,
+        kind: str | None = None,
+        timeout: float = 600.0,
+    ) -> str | None:
+        """A question with its own options (option_id, label, kind): `text`, then the options
+        numbered; the answer is a number. Anything else picks the first reject option. It
+        waits its turn behind permission questions, like them."""
+        import anyio
+
+        lines = [f"\n{title}\n", printable(text).rstrip(), ""]
+        lines += [f"  [{n}] {label}" for n, (_, label, _) in enumerate(options, 1)]
+        if self._lock is None:
+            self._lock = anyio.Lock()
+        async with self._lock:
+            with anyio.move_on_after(timeout):
+                self._discard_typed_ahead()
+                print("\n".join(lines), file=sys.stderr)
+                print(f"Choose 1-{len(options)}: ", end="", file=sys.stderr, flush=True)
+                answer = await self._readline()
+                if answer is None:
+                    return None  # stdin closed
+                answer = answer.strip()
+                if answer.isdigit() and 1 <= int(answer) <= len(options):
+                    return options[int(answer) - 1][0]
+                return next((i for i, _, k in options if k.startswith("reject")), None)
+            return None
+
+    async def ask_choice(
+        self, title: str, text: str, options: list[tuple[str, str]], *, timeout: float = 600.0
+    ) -> str | None:
+        """A question that is not about a tool call (trusting a project's folder): asked like
+        `ask`, with `options` as (kind, label) pairs; the chosen kind, or None."""
+        triples = [(kind, label, kind) for kind, label in options]
+        return await self.ask(None, triples, title=title, text=text, timeout=timeout)
+
+    async def read_text(self, path: Path) -> str:
+        raise _no_editor("read", path)
+
+    async def write_text(self, path: Path, text: str) -> None:
+        raise _no_editor("write", path)
+
+    async def run_in_terminal(
+        self, command: str, cwd: Path, timeout: float, env: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        raise _no_editor("run a command in", cwd)
+
+    def _discard_typed_ahead(self) -> None:
+        import termios
+
+        self._buffer = b""
+        if os.isatty(self.fd):
+            termios.tcflush(self.fd, termios.TCIFLUSH)
+
+    async def _readline(self) -> str | None:
+        import anyio
+
+        while b"\n" not in self._buffer:
+            await anyio.wait_readable(self.fd)
+            try:
+                chunk = os.read(self.fd, 4096)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode(errors="replace")
+
+
+def _no_editor(verb: str, path: Path) -> OSError:
+    """What a hook gets for calling a method whose `can_*` flag is False."""
+    return OSError(
+        f"cannot {verb} {path} through the terminal: crow run has no editor "
+        "(can_read, can_write and can_terminal are False)"
+    )
+
+
+def printable(text: str) -> str:
+    """The model's text as the terminal should show it: a control character (`\\r`, an
+    escape sequence) could hide part of a command or fake the options below it."""
+    return "".join(c if c.isprintable() or c in "\n\t" else f"\\x{ord(c):02x}" for c in text)
+
+
+def _call_name(call: ToolCall, spec: ToolSpec | None = None) -> str:
+    from crow.acp.view import tool_title
+
+    return f"{tool_title(call, spec)!r} (call {call.id})"
+
+
+def _question(call: ToolCall, cwd: str, spec: ToolSpec | None = None) -> str:
+    """The call and what it would do: the command, a unified diff, or its arguments."""
+    import difflib
+
+    from crow.acp.view import current_text, tool_title
+
+    args = call.args
+    lines = [f"\nAllow {tool_title(call, spec)}?"]
+    kind = spec.kind if spec is not None else "other"
+    path = args.get("path") if isinstance(args.get("path"), str) else None
+    writes = isinstance(args.get("content"), str)  # a whole file, else old_text -> new_text
+    if kind == "execute":
+        lines.append(f"  $ {args.get('command', '')}")
+    elif kind == "edit" and path and (writes or isinstance(args.get("new_text"), str)):
+        if writes:
+            old = current_text(os.path.join(cwd, path))
+            new = str(args.get("content", ""))
+        else:
+            old, new = str(args.get("old_text", "")), str(args.get("new_text", ""))
+        diff = list(
+            difflib.unified_diff(
+                (old or "").splitlines(), new.splitlines(), f"a/{path}", f"b/{path}", lineterm=""
+            )
+        )
+        if old is None and writes:
+            if os.path.lexists(os.path.join(cwd, path)):
+                diff[0:2] = [f"--- a/{path} (exists; binary or over 1 MB, not shown)", f"+++ b/{path}"]
+            else:
+                diff[0:2] = ["--- /dev/null", f"+++ b/{path} (new file)"]
+        shown = diff[:60]
+        lines.extend(f"  {d}" for d in shown)
+        if len(diff) > len(shown):
+            lines.append(f"  … {len(diff) - len(shown)} more lines")
+    else:
+        for key, value in args.items():
+            text = value if isinstance(value, str) else repr(value)
+            lines.append(f"  {key}: {text if len(text) <= 200 else text[:197] + '...'}")
+    return "\n".join(lines)
