@@ -51,8 +51,8 @@ def _through_session(server: Any) -> Any:
 
 async def _hub_figures(ctx: Ctx, direct_calls: bool = True) -> list[Figure]:
     """As crow calls its own servers (direct), or through an MCP session (info only)."""
-    from crow.messages import ToolCall
     from crow import function_server
+    from crow.messages import ToolCall
     from crow.tools import ServerSpec, ToolHub
 
     n = ctx.reps(400, 100)
