@@ -34,7 +34,7 @@ def test_sessions_list_opens_the_store_alone(home: Path) -> None:
     # pydantic). It needs the store and nothing else, not even an event loop; and none of
     # the standard modules `crow --help` does without (dataclasses pulls in inspect and ast),
     # so that it costs at most 1.3x `crow --help` (bench/store.py).
-    heavy = "acp,mcp,httpx,pydantic,yaml,anyio,asyncio,crow.agent,dataclasses,inspect,pathlib,json,base64"
+    heavy = "acp,mcp,httpx,pydantic,yaml,anyio,asyncio,crow.agent,dataclasses,inspect,pathlib,json,base64,crow.store.base"
     for argv in (["sessions", "list"], ["sessions", "show", "nope"]):
         done = subprocess.run(
             [sys.executable, "-c", _PROBE.replace("sys.argv[0]", repr(heavy)), *argv],

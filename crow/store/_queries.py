@@ -22,7 +22,7 @@ from crow.errors import StoreError
 from crow.store import locks
 from crow.store._codec import encode_cursor, from_iso, iso, load, to_json, unknown
 from crow.store._schema import transaction
-from crow.store.base import SessionRecord
+from crow.store.record import SessionRecord
 
 if TYPE_CHECKING:
     from crow.messages import Message

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from crow.messages import Message
-    from crow.store.base import SessionRecord
+    from crow.store.record import SessionRecord
 
 T = TypeVar("T")
 
