@@ -12,6 +12,7 @@ from pathlib import Path
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import pytest
 
 from crow.errors import StoreError
@@ -474,3 +475,31 @@ async def test_waiting_for_another_process_write_lock_does_not_stall_the_loop(tm
         assert [m.content for m in await s.load_transcript("s")] == ["after the other writer"]
     assert waited > 0.1, "the other process did not hold the write lock long enough to matter"
     assert probe.worst < 0.05, f"the event loop stalled {probe.worst * 1e3:.0f} ms"
+
+
+async def test_a_small_write_never_overtakes_a_queued_job(tmp_path: Path) -> None:
+    # Appends run at once when the worker is idle; with a fork queued, an append must wait
+    # its turn, or the fork (asked for first) would copy a message sent after it.
+    async with SQLiteStore(tmp_path / "crow.db") as s:
+        await s.create_session(id="s", cwd="/p")
+        await s.append("s", [human(f"m{i}") for i in range(2000)])
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.fork_session, "s", "f")
+            await anyio.lowlevel.checkpoint()  # the fork's job is queued
+            await s.append("s", [human("after the fork")])
+        assert (await s.load_transcript("s"))[-1].content == "after the fork"
+        assert (await s.load_transcript("f"))[-1].content == "m1999"
+
+
+async def test_small_writes_on_the_loop_still_checkpoint_the_wal(tmp_path: Path) -> None:
+    # Inline writes run with SQLite's automatic checkpoint off (it fsyncs); the worker
+    # checkpoints every CHECKPOINT_EVERY (200) of them, so the WAL does not grow without end.
+    db = tmp_path / "crow.db"
+    async with SQLiteStore(db) as s:
+        await s.create_session(id="s", cwd="/p")
+        for i in range(2000):
+            await s.append("s", [human("x" * 2000 + str(i))])
+        await s.get_session("s")  # the last checkpoint queued has run
+        wal = Path(f"{db}-wal").stat().st_size
+    # 2,000 appends write ~40 MB of WAL frames (a few pages each); reused after a checkpoint
+    assert wal < 12_000_000, f"WAL is {wal} bytes"

@@ -50,7 +50,9 @@ def connect(path: str, home: str | os.PathLike[str] | None) -> sqlite3.Connectio
     The file is private to the user (`crow.private`); so is `home` (CROW_HOME) when given."""
     if path != ":memory:" and not path.startswith("file:"):
         secure_store(path, os.fspath(home) if home is not None else None)
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=True)
+    # Used by one thread at a time, not always the same: the worker, or the event loop's
+    # while the worker is idle (`Worker.run_small`).
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     try:
         # Another process's write lock is waited for here, on the worker thread.
         conn.execute("PRAGMA busy_timeout = 5000")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sqlite3
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -61,6 +62,8 @@ class SQLiteStore:
         self._token = locks.process_token()
         try:
             await self._worker.open(partial(connect, self._path, self._home))
+            # Checkpoints fsync: the worker runs them (`Worker.run_small`), never a commit.
+            await self._run(_no_autocheckpoint)
         except BaseException:
             await self.aclose()
             raise
@@ -107,7 +110,7 @@ class SQLiteStore:
     async def update_session(self, session_id: str, **fields: Any) -> SessionRecord:
         if unknown := set(fields) - UPDATABLE:
             raise TypeError(f"cannot update session field(s) {sorted(unknown)}")
-        return await self._run(q.update, session_id, fields)
+        return await self._run_small(q.update, session_id, fields)
 
     async def delete_session(self, session_id: str) -> None:
         await self._run(q.delete, session_id, self._token)
@@ -125,7 +128,7 @@ class SQLiteStore:
 
     # messages
     async def append(self, session_id: str, messages: Sequence[Message], *, in_context: bool = True) -> None:
-        await self._run(q.append, session_id, [dump(m) for m in messages], in_context)
+        await self._run_small(q.append, session_id, [dump(m) for m in messages], in_context)
 
     async def set_context(self, session_id: str, messages: Sequence[Message]) -> None:
         await self._run(q.set_context, session_id, [dump(m) for m in messages])
@@ -151,7 +154,7 @@ class SQLiteStore:
         Returns True when the session may have changed since this store last read or wrote
         it (another process ran a turn): the caller reloads its context."""
         try:
-            generation, took_over = await self._run(q.lock, session_id, self._token, time.time())
+            generation, took_over = await self._run_small(q.lock, session_id, self._token, time.time())
         except asyncio.CancelledError:
             # A queued job runs even when its caller is gone: a lock taken for nobody would
             # tell every other process "busy" until this one exits. Release it after it.
@@ -170,7 +173,7 @@ class SQLiteStore:
 
     async def unlock_session(self, session_id: str) -> None:
         self._held.discard(session_id)
-        generation = await self._run(q.unlock, session_id, self._token)
+        generation = await self._run_small(q.unlock, session_id, self._token)
         if generation is not None:  # else it was taken over meanwhile: the next lock reloads
             self._generations[session_id] = generation
 
@@ -196,3 +199,13 @@ class SQLiteStore:
         if self._state != "open":
             raise StoreError("store closed" if self._state == "closed" else "store not open")
         return await self._worker.run(fn, *args)
+
+    async def _run_small(self, fn: Callable[..., T], *args: Any) -> T:
+        """A small write: at once when the worker is idle and the database free (no hop)."""
+        if self._state != "open":
+            raise StoreError("store closed" if self._state == "closed" else "store not open")
+        return await self._worker.run_small(fn, *args)
+
+
+def _no_autocheckpoint(conn: sqlite3.Connection) -> None:
+    conn.execute("PRAGMA wal_autocheckpoint = 0")
