@@ -90,6 +90,8 @@ class Workspace:
             resolved = Path(os.path.realpath(candidate))
         except (OSError, ValueError) as exc:
             raise ToolError(f"cannot resolve path {path!r}: {exc}") from None
+        if ".." in resolved.parts:  # realpath met a symlink loop and left the rest unresolved
+            raise ToolError(f"cannot resolve path {path!r}: it goes through a symlink loop")
         if resolved != self.root and not resolved.is_relative_to(self.root):
             raise ToolError(f"path {path!r} is outside the workspace {self.root}")
         for hidden in self.hidden:
