@@ -644,3 +644,11 @@ async def test_hidden_paths_inside_the_root_are_neither_opened_nor_searched(
         assert "the file tools do not reach it" in await fail(c, "read_file", path="sub/crow[home]/config.yaml")
     async with Client(build_server(home, hidden=[home])) as c:  # a root inside it: the user's choice
         assert "NEEDLE" in text(await call(c, "read_file", path="config.yaml"))
+
+
+@pytest.mark.parametrize("path", ["loop/../out", "missing/../loop/../out", "a/../loop/../out/x"])
+def test_a_path_through_a_symlink_loop_is_refused(prop_root: Path, path: str) -> None:
+    # Past a loop, realpath leaves the rest of the path unresolved: "loop/../out" came back
+    # as <root>/out, a symlink to a folder outside, which glob and grep open by path.
+    with pytest.raises(ToolError, match="symlink loop"):
+        Workspace(prop_root).resolve(path)

@@ -41,6 +41,7 @@ or the file for a symlink meanwhile:
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -87,11 +88,18 @@ class Workspace:
             raise ToolError(f"a name in path {path[:80]!r}... exceeds {MAX_NAME_BYTES} bytes")
         candidate = Path(path) if os.path.isabs(path) else self.root / path
         try:
-            resolved = Path(os.path.realpath(candidate))
+            # Strict first: past a symlink loop, a lenient realpath leaves the rest of the
+            # path unresolved ("loop/../out" -> "out", a symlink that may lead outside).
+            resolved = Path(os.path.realpath(candidate, strict=True))
+        except FileNotFoundError:  # a file to be created, or a missing one
+            lenient = os.path.realpath(candidate)
+            if os.path.realpath(lenient) != lenient:  # a loop further on ("missing/../loop/..")
+                raise ToolError(f"cannot resolve path {path!r}: it goes through a symlink loop") from None
+            resolved = Path(lenient)
         except (OSError, ValueError) as exc:
+            if isinstance(exc, OSError) and exc.errno == errno.ELOOP:
+                raise ToolError(f"cannot resolve path {path!r}: it goes through a symlink loop") from None
             raise ToolError(f"cannot resolve path {path!r}: {exc}") from None
-        if ".." in resolved.parts:  # realpath met a symlink loop and left the rest unresolved
-            raise ToolError(f"cannot resolve path {path!r}: it goes through a symlink loop")
         if resolved != self.root and not resolved.is_relative_to(self.root):
             raise ToolError(f"path {path!r} is outside the workspace {self.root}")
         for hidden in self.hidden:
