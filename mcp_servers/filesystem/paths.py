@@ -91,14 +91,14 @@ class Workspace:
             # Strict first: past a symlink loop, a lenient realpath leaves the rest of the
             # path unresolved ("loop/../out" -> "out", a symlink that may lead outside).
             resolved = Path(os.path.realpath(candidate, strict=True))
-        except FileNotFoundError:  # a file to be created, or a missing one
+        except OSError as exc:  # a file to be created, a missing or non-folder part, a loop
+            if exc.errno == errno.ELOOP:
+                raise _loop(path) from None
             lenient = os.path.realpath(candidate)
             if os.path.realpath(lenient) != lenient:  # a loop further on ("missing/../loop/..")
-                raise ToolError(f"cannot resolve path {path!r}: it goes through a symlink loop") from None
+                raise _loop(path) from None
             resolved = Path(lenient)
-        except (OSError, ValueError) as exc:
-            if isinstance(exc, OSError) and exc.errno == errno.ELOOP:
-                raise ToolError(f"cannot resolve path {path!r}: it goes through a symlink loop") from None
+        except ValueError as exc:
             raise ToolError(f"cannot resolve path {path!r}: {exc}") from None
         if resolved != self.root and not resolved.is_relative_to(self.root):
             raise ToolError(f"path {path!r} is outside the workspace {self.root}")
@@ -123,3 +123,7 @@ class Workspace:
     def relative(self, path: Path) -> str:
         """Display form of a resolved path: POSIX, relative to the root, ``.`` for the root."""
         return path.relative_to(self.root).as_posix() or "."
+
+
+def _loop(path: str) -> ToolError:
+    return ToolError(f"cannot resolve path {path!r}: it goes through a symlink loop")
