@@ -24,6 +24,7 @@ from crow.errors import ConfigError, HookError
 from crow.hooks import Hook
 from crow.messages import human
 from crow.plugins import CROW_DISTRIBUTION, GROUP
+from crow.session import Session
 from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
 from tests.support.site import on_sys_path
 
@@ -129,6 +130,24 @@ async def test_a_mixed_stack_has_one_order_whatever_the_registration_time(
         await agent.aclose()
 
 
+async def add_turn(agent: Agent, llm: ScriptedLLM, workspace: Path, answer: str) -> Session:
+    """One turn in which the model calls a programmatic `add` tool, then answers."""
+
+    @agent.tool
+    async def add(a: int, b: int) -> int:
+        """Add."""
+        return a + b
+
+    llm.push(Reply(tool_calls=[ToolCallSpec("add", {"a": 1, "b": 2})]), Reply(text=answer))
+    session = agent.create_session(str(workspace))
+
+    async def ignore(event: Any) -> None:
+        return None
+
+    await agent.run_turn(session, human("add"), ignore)
+    return session
+
+
 async def test_without_builtins_the_users_hooks_all_still_run(
     tmp_path: Path, workspace: Path, plugin: str, llm: ScriptedLLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -148,19 +167,8 @@ async def test_without_builtins_the_users_hooks_all_still_run(
     log: list[str] = []
     agent.hooks.register("wrap_tool_call", recorder("programmatic", log), name="programmatic")
 
-    @agent.tool
-    async def add(a: int, b: int) -> int:
-        """Add."""
-        return a + b
-
-    llm.push(Reply(tool_calls=[ToolCallSpec("add", {"a": 1, "b": 2})]), Reply(text="3"))
     try:
-        session = agent.create_session(str(workspace))
-
-        async def ignore(event: Any) -> None:
-            return None
-
-        await agent.run_turn(session, human("add"), ignore)
+        await add_turn(agent, llm, workspace, "3")
     finally:
         await agent.aclose()
     assert "permissions" not in agent.hooks and "filesystem" not in agent.hooks
@@ -391,19 +399,8 @@ async def test_a_plugin_with_the_lowest_order_still_runs_inside_permissions(
     monkeypatch.setenv("OPENAI_API_KEY", "k")
     agent = Agent(Config(model="openai:scripted", home=tmp_path / "home", mode="ask"))
 
-    @agent.tool
-    async def add(a: int, b: int) -> int:
-        """Add."""
-        return a + b
-
-    llm.push(Reply(tool_calls=[ToolCallSpec("add", {"a": 1, "b": 2})]), Reply(text="refused"))
     try:
-        session = agent.create_session(str(workspace))
-
-        async def ignore(event: Any) -> None:
-            return None
-
-        await agent.run_turn(session, human("add"), ignore)
+        session = await add_turn(agent, llm, workspace, "refused")
         assert agent.hooks.names("wrap_tool_call").index("permissions") < agent.hooks.names(
             "wrap_tool_call"
         ).index("first")
