@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.llm_server import ScriptedLLM
+from tests.support.acp_schema import WireLog, schemas
 
 CROW = [sys.executable, "-m", "crow"]
 
@@ -53,6 +54,7 @@ class RecordingClient:
         self.files: dict[str, str] = {}
         self.terminals: dict[str, Any] = {}
         self.released: list[str] = []
+        self.wire: WireLog | None = None  # every message on the connection (spawn_crow sets it)
 
     def on_connect(self, conn: Any) -> None:
         self.conn = conn
@@ -171,11 +173,26 @@ async def spawn_crow(
     client = client or RecordingClient()
     err_path = stderr_path or Path(env["CROW_HOME"]) / "stderr.log"
     err_path.parent.mkdir(parents=True, exist_ok=True)
+    wire = WireLog()
     with open(err_path, "ab") as err:
         async with acp.spawn_agent_process(
             client, *CROW, *args, env=env, cwd=cwd, transport_kwargs={"stderr": err}
         ) as (conn, proc):
+            conn._conn.add_observer(wire)
+            client.wire = wire
             yield conn, proc, client
+    assert_conforms(wire)
+
+
+def assert_conforms(wire: WireLog) -> None:
+    """Every message crow wrote validates against the official ACP schema (1.25). Without
+    the schema (no node/npm here) the check is skipped, except under CI, where it fails."""
+    if isinstance(schemas(), str):
+        if os.environ.get("CI"):
+            raise AssertionError(f"the ACP schema is not available for the conformance check: {schemas()}")
+        return
+    problems = wire.violations()
+    assert not problems, "crow wrote messages the ACP schema refuses:\n" + "\n".join(problems[:20])
 
 
 @pytest.fixture
@@ -230,3 +247,29 @@ async def client(root: Path) -> AsyncIterator[Any]:
 
     async with Client(build_server(root)) as c:
         yield c
+
+
+FEATURES_125 = {
+    "fs": {"readTextFile": False, "writeTextFile": False},
+    "terminal": False,
+    "session": {"compaction": {}, "notices": {}, "configOptions": {"boolean": {}}},
+    "auth": {"terminal": True},
+    "elicitation": {"form": {}},
+}
+
+
+async def raw_request(conn: Any, method: str, params: dict[str, Any]) -> Any:
+    """A request as a schema-1.25 client writes it (the Python SDK's models predate some
+    fields): the raw result dict, or `acp.RequestError`."""
+    return await conn._conn.send_request(method, params)
+
+
+async def initialize_125(conn: Any, capabilities: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`initialize` from a client advertising what schema 1.25 adds (`FEATURES_125` unless
+    `capabilities` says otherwise)."""
+    caps = FEATURES_125 if capabilities is None else capabilities
+    return await raw_request(
+        conn,
+        "initialize",
+        {"protocolVersion": 1, "clientCapabilities": caps, "clientInfo": {"name": "t", "version": "0"}},
+    )

@@ -12,16 +12,10 @@ Cached, the fast tests take ~15 s; the Inspector tool-call sweep (~20 s) is mark
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import hashlib
 import json
-import os
 import shlex
-import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -30,6 +24,7 @@ import pytest
 
 from tests.conftest import crow_env
 from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
+from tests.support import npm
 
 INTEROP = Path(__file__).parent / "interop"
 LOCK_FILES = ("package.json", "package-lock.json")
@@ -40,70 +35,13 @@ FS_TOOLS = {"ls", "read_file", "write_file", "edit_file", "glob", "grep", "execu
 pytestmark = pytest.mark.timeout(300)
 
 
-# ------------------------------------------------------------------ installation
-def _cache_root() -> Path:
-    if override := os.environ.get("CROW_INTEROP_CACHE"):
-        return Path(override)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "crow-interop"
-
-
-def _node_major(node: str) -> int:
-    out = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=30).stdout
-    try:
-        return int(out.strip().lstrip("v").split(".")[0])
-    except ValueError:
-        return 0
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 @pytest.fixture(scope="session")
 def node_modules() -> Path:
-    """The installed interop packages; installed on first use, then reused across runs."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if not node or not npm:
-        pytest.skip("interop tests need node and npm on PATH")
-    if (major := _node_major(node)) < 20:
-        pytest.skip(f"interop tests need Node 20 or newer, found {major}")
-    digest = hashlib.sha256(b"".join((INTEROP / f).read_bytes() for f in LOCK_FILES)).hexdigest()[:16]
-    root = _cache_root()
-    target = root / digest
-    if (target / ".installed").exists():
-        return target / "node_modules"
-    root.mkdir(parents=True, exist_ok=True)
-    with _file_lock(root / f"{digest}.lock"):  # parallel sessions install once
-        if (target / ".installed").exists():
-            return target / "node_modules"
-        staging = root / f"{digest}.tmp-{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir()
-        for f in LOCK_FILES:
-            shutil.copy(INTEROP / f, staging / f)
-        cmd = [npm, "install", "--no-audit", "--no-fund", "--prefix", str(staging)]
-        cmd += ["--fetch-retries=1", "--fetch-retry-mintimeout=1000", "--fetch-retry-maxtimeout=5000"]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=staging)
-        except subprocess.TimeoutExpired:
-            shutil.rmtree(staging, ignore_errors=True)
-            pytest.skip("npm install of the interop clients timed out (is the npm registry reachable?)")
-        if proc.returncode != 0:
-            shutil.rmtree(staging, ignore_errors=True)
-            lines = proc.stderr.strip().splitlines()
-            why = next((ln for ln in lines if " code " in ln or "errno" in ln), lines[-1] if lines else "")
-            pytest.skip(f"npm install of the interop clients failed (is the npm registry reachable?): {why}")
-        (staging / ".installed").write_text(" ".join(cmd))
-        shutil.rmtree(target, ignore_errors=True)
-        staging.rename(target)
-    return target / "node_modules"
+    """The installed interop packages (`tests.support.npm`); skips without node or npm."""
+    found = npm.node_modules()
+    if isinstance(found, str):
+        pytest.skip(found)
+    return found
 
 
 def _bin(node_modules: Path, package: str, name: str) -> Path:
@@ -449,3 +387,33 @@ def test_inspector_calls_every_tool(node_modules: Path, tmp_path: Path, fs_root:
     assert "created" in _text(ok("write_file", wrote))
     assert "out/new.txt" in _text(ok("edit_file", edited))
     assert (fs_root / "out" / "new.txt").read_text() == "alpha\ngamma\n"
+
+
+def test_the_scripted_typescript_client_drives_a_session(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """tests/support/ts_client.py, the driver the schema-1.25 tests use, works end to end."""
+    from tests.support.ts_client import kinds, run_script
+
+    llm.push(Reply(text="hello from crow"))
+    out = run_script(
+        {
+            "steps": [
+                {"request": "session/new", "params": {"cwd": str(workspace), "mcpServers": []}, "as": "s"},
+                {
+                    "request": "session/prompt",
+                    "params": {"sessionId": "${s.sessionId}", "prompt": [{"type": "text", "text": "hi"}]},
+                    "as": "p",
+                },
+                {"request": "session/list", "params": {}, "as": "list"},
+            ]
+        },
+        crow_env(llm, home),
+        workspace,
+    )
+    assert out["sdkVersion"] == "2.4.0"
+    assert out["results"]["p"]["result"]["stopReason"] == "end_turn"
+    assert "agent_message_chunk" in kinds(out)
+    assert [s["sessionId"] for s in out["results"]["list"]["result"]["sessions"]] == [
+        out["results"]["s"]["result"]["sessionId"]
+    ]

@@ -49,6 +49,7 @@ from crow.acp import convert as acp_convert
 from crow.acp import sessions as acp_sessions
 from crow.acp import view as acp_view
 from crow.acp.client import AcpSessionClient
+from crow.acp.protocol import ClientFeatures
 from crow.agent import Agent
 from crow.errors import CrowError, SessionBusy, SessionError
 from crow.events import Event, ModeChanged, TitleChanged, ToolCallEnd
@@ -81,7 +82,9 @@ class AcpServer:
         self.conn: Any = None
         self.wire: StdioWire | None = None
         self.client_capabilities: ClientCapabilities | None = None
+        self.features = ClientFeatures()  # what the client handles beyond the SDK's types
         self._running: dict[str, anyio.CancelScope] = {}
+        self._requests: dict[str | int, str] = {}  # request id -> session of a running prompt/compact
 
     def on_connect(self, conn: Any) -> None:
         if self.wire is None:
@@ -97,6 +100,7 @@ class AcpServer:
         **kwargs: Any,
     ) -> InitializeResponse:
         self.client_capabilities = client_capabilities
+        self.features = ClientFeatures.of(client_capabilities)
         # The warm-up (MCP import, hooks, store) is not started here: a session/new sent
         # straight after this answer would wait behind its first ~20 ms on the event loop.
         # The first session's preparation starts it once that answer is queued.
@@ -289,17 +293,31 @@ class AcpServer:
         if scope is not None:
             scope.cancel()
 
+    async def cancel_request(self, request_id: str | int, **kwargs: Any) -> None:
+        """`$/cancel_request`: a prompt ends as `session/cancel` ends it (`cancelled`), a
+        `crow.compact` with -32800; any other request in flight answers -32800."""
+        session_id = self._requests.get(request_id)
+        if session_id is not None:
+            await self.cancel(session_id)
+        elif self.wire is not None:
+            self.wire.cancel_request(request_id)
+
     @contextmanager
     def _cancellable(self, session_id: str, busy_with: str) -> Iterator[anyio.CancelScope]:
         """Work in a session that `session/cancel` (or closing it) stops; one at a time."""
         if session_id in self._running:
             raise RequestError(BUSY, f"session {session_id} is busy with {busy_with}")
         scope = self._running[session_id] = anyio.CancelScope()
+        rid = self.wire.request_id() if self.wire is not None else None
+        if rid is not None:
+            self._requests[rid] = session_id
         try:
             with scope:
                 yield scope
         finally:
             self._running.pop(session_id, None)
+            if rid is not None:
+                self._requests.pop(rid, None)
 
     # ------------------------------------------------------------ events -> updates
     async def _emit(self, session: Session, event: Event) -> None:
@@ -373,14 +391,14 @@ async def serve(agent: Agent | None = None) -> None:
     """Serve ACP on stdin/stdout until the client hangs up. The agent is entered for that
     time: its background work is cancelled and awaited, and what it opened closed, after
     the connection's own tasks."""
-    from crow.acp.wire import stdio_transport
+    from crow.acp.wire import connect, stdio_transport
 
     agent = agent if agent is not None else Agent()
     async with agent:
         server = AcpServer(agent)
         transport, supervisor = await stdio_transport()
         server.wire = transport
-        conn = acp.AgentSideConnection(server, transport, listening=False, use_unstable_protocol=True)
+        conn = connect(server, transport)
         try:
             await conn.listen()
         finally:

@@ -25,6 +25,10 @@ fails on any other version: re-check each of these, then update the constant):
    and that task answers through `transport.send()`.
 4. `acp.core.DEFAULT_STDIO_BUFFER_LIMIT_BYTES`, `acp.stdio.stdio_streams`,
    `acp.task.MessageSender`/`TaskSupervisor` (not exported by `acp`).
+5. `AgentSideConnection._conn._handler`: the `acp.router.MessageRouter` (its public
+   `route_request`/`route_notification` add the schema-1.25 routes of `crow.acp.protocol`),
+   called as `handler(method, params, is_notification)`; `connect` wraps it so that a
+   request can be cancelled by its id (`$/cancel_request`).
 """
 
 from __future__ import annotations
@@ -36,15 +40,21 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any
 
+import acp
+from acp import RequestError
 from acp._transport import NdjsonTransport
 from acp.core import DEFAULT_STDIO_BUFFER_LIMIT_BYTES
 from acp.stdio import stdio_streams
 from acp.task import MessageSender, TaskSupervisor
 from acp.task.sender import _PendingSend
 
+from crow.acp import protocol
+
 log = logging.getLogger("crow.acp")
 
 CHECKED_SDK_VERSION = "0.12.1"  # agent-client-protocol, as checked against the list above
+
+REQUEST_CANCELLED = -32800  # JSON-RPC/ACP: the request was cancelled ($/cancel_request)
 
 NOT_AN_OBJECT = {
     "jsonrpc": "2.0",
@@ -68,6 +78,46 @@ class StdioWire(NdjsonTransport):
         super().__init__(reader, sender)
         self._after: dict[str | int, list[AfterResponse]] = {}
         self._closed = False
+        self._inflight: dict[str | int, asyncio.Task[Any]] = {}
+        self._cancelled: set[str | int] = set()
+
+    @staticmethod
+    def request_id() -> str | int | None:
+        """The id of the request whose handler is running (None outside one)."""
+        return _request_id.get()
+
+    def cancel_request(self, rid: str | int) -> bool:
+        """Cancel the handler of request `rid` (it answers -32800); False if none runs."""
+        task = self._inflight.get(rid)
+        if task is None or task.done():
+            return False
+        self._cancelled.add(rid)
+        task.cancel()
+        return True
+
+    def cancellable(self, handler: Any) -> Any:
+        """The SDK's dispatcher, wrapped: each request's task is known by its id."""
+
+        async def dispatch(method: str, params: Any, is_notification: bool) -> Any:
+            rid = None if is_notification else _request_id.get()
+            if rid is None:
+                return await handler(method, params, is_notification)
+            task = asyncio.current_task()
+            assert task is not None
+            self._inflight[rid] = task
+            try:
+                return await handler(method, params, is_notification)
+            except asyncio.CancelledError:
+                if rid not in self._cancelled:
+                    raise
+                task.uncancel()
+                raise RequestError(REQUEST_CANCELLED, "Request cancelled") from None
+            finally:
+                self._cancelled.discard(rid)
+                if self._inflight.get(rid) is task:
+                    del self._inflight[rid]
+
+        return dispatch
 
     def after_response(self, callback: AfterResponse) -> None:
         """Run `callback` once the (successful) answer to the request being handled has been
@@ -135,6 +185,20 @@ class StdioWire(NdjsonTransport):
                 continue
             _request_id.set(_valid_id(message.get("id")) if method is not None else None)
             return message
+
+
+def connect(server: Any, wire: StdioWire) -> acp.AgentSideConnection:
+    """An SDK connection serving `server` on `wire`, with the schema-1.25 routes the SDK lacks
+    (`crow.acp.protocol.ROUTES`) and requests cancellable by id."""
+    conn = acp.AgentSideConnection(server, wire, listening=False, use_unstable_protocol=True)
+    router = conn._conn._handler
+    for method, (model, attr, kind) in protocol.ROUTES.items():
+        if kind == "request":
+            router.route_request(method, model, server, attr)
+        else:
+            router.route_notification(method, model, server, attr)
+    conn._conn._handler = wire.cancellable(router)
+    return conn
 
 
 async def stdio_transport() -> tuple[StdioWire, TaskSupervisor]:

@@ -1,0 +1,162 @@
+// A scriptable ACP client on the official TypeScript SDK (@agentclientprotocol/sdk 2.x): the
+// SDK validates every message it receives against schema 1.25, so a test drives crow through
+// it to prove a client written elsewhere accepts what crow sends.
+//
+//   node acp_script.mjs SCRIPT.json -- AGENT_CMD [ARGS...]
+//
+// SCRIPT: {"capabilities": {...clientCapabilities}, "permission": "allow_once" | "reject_once"
+//   | "cancel", "elicitation": {"action": "accept", "content": {...}} | {"action": "decline"},
+//   "steps": [STEP, ...]}
+// STEP: {"request": METHOD, "params": {...}, "as": NAME, "wait": false}   (wait defaults true)
+//       {"notify": METHOD, "params": {...}}
+//       {"await": NAME}            (a request started with "wait": false)
+//       {"sleep": MS}
+//       {"until": UPDATE_KIND}     (wait, up to 10 s, for a session/update of that kind)
+// Strings "${NAME.path.to.field}" in params are replaced by earlier results ("${NAME.id}" is
+// the JSON-RPC id of request NAME, for $/cancel_request).
+// Prints one JSON line: {sdkVersion, results: {NAME: {result} | {error}}, updates: [...],
+// requests: [{method, params}], handlerErrors: [...]}.
+// ACP_SDK_NODE_MODULES names the node_modules folder holding the SDK.
+
+import { spawn } from "node:child_process";
+import { readFileSync } from "node:fs";
+import path from "node:path";
+import { Readable, Writable } from "node:stream";
+import { pathToFileURL } from "node:url";
+
+const argv = process.argv.slice(2);
+const sep = argv.indexOf("--");
+const script = JSON.parse(readFileSync(argv[0], "utf8"));
+const agent = argv.slice(sep + 1);
+
+const base = process.env.ACP_SDK_NODE_MODULES ?? path.join(import.meta.dirname, "node_modules");
+const pkgDir = path.join(base, "@agentclientprotocol", "sdk");
+const pkg = JSON.parse(readFileSync(path.join(pkgDir, "package.json"), "utf8"));
+const acp = await import(pathToFileURL(path.join(pkgDir, pkg.exports["."].import)).href);
+
+const child = spawn(agent[0], agent.slice(1), { stdio: ["pipe", "pipe", "inherit"], env: process.env });
+const childExit = new Promise((resolve) => child.on("exit", (code, signal) => resolve({ code, signal })));
+const raw = acp.ndJsonStream(Writable.toWeb(child.stdin), Readable.toWeb(child.stdout));
+
+// request ids as written, by method and order, so "${NAME.id}" can name one
+let nextOutgoingId = [];
+const stream = {
+  readable: raw.readable,
+  writable: new WritableStream({
+    async write(msg) {
+      if (msg.method && msg.id !== undefined) nextOutgoingId.push(msg.id);
+      const writer = raw.writable.getWriter();
+      try {
+        await writer.write(msg);
+      } finally {
+        writer.releaseLock();
+      }
+    },
+    async close() {
+      await raw.writable.close();
+    },
+  }),
+};
+
+const out = { sdkVersion: pkg.version, results: {}, updates: [], requests: [], handlerErrors: [] };
+const ids = {};
+const waiters = [];
+
+const app = acp
+  .client({ name: "crow-script" })
+  .onRequest(acp.methods.client.session.requestPermission, ({ params }) => {
+    out.requests.push({ method: "session/request_permission", params });
+    const want = script.permission ?? "allow_once";
+    const option = params.options.find((o) => o.kind === want);
+    if (want === "cancel" || !option) return { outcome: { outcome: "cancelled" } };
+    return { outcome: { outcome: "selected", optionId: option.optionId } };
+  })
+  .onRequest(acp.methods.client.elicitation.create, ({ params }) => {
+    out.requests.push({ method: "elicitation/create", params });
+    return script.elicitation ?? { action: "cancel" };
+  })
+  .onNotification(acp.methods.client.session.update, ({ params }) => {
+    out.updates.push(params);
+    for (const w of waiters.splice(0)) w(params.update.sessionUpdate);
+  });
+
+function fill(value, results) {
+  if (typeof value === "string") {
+    const m = value.match(/^\$\{([^}]+)\}$/);
+    if (!m) return value;
+    const [name, ...rest] = m[1].split(".");
+    if (rest.length === 1 && rest[0] === "id") return nextOutgoingId[ids[name]];
+    let v = results[name]?.result;
+    for (const key of rest) v = v?.[key];
+    return v;
+  }
+  if (Array.isArray(value)) return value.map((v) => fill(v, results));
+  if (value && typeof value === "object") {
+    return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, fill(v, results)]));
+  }
+  return value;
+}
+
+function untilKind(kind, ms = 10000) {
+  if (out.updates.some((u) => u.update.sessionUpdate === kind)) return Promise.resolve(true);
+  return new Promise((resolve) => {
+    const timer = setTimeout(() => resolve(false), ms);
+    const check = (k) => {
+      if (k === kind) {
+        clearTimeout(timer);
+        resolve(true);
+      } else waiters.push(check);
+    };
+    waiters.push(check);
+  });
+}
+
+let exitCode = 0;
+try {
+  await app.connectWith(stream, async (ctx) => {
+    const pending = {};
+    const start = (step) => {
+      const name = step.as ?? step.request;
+      const before = nextOutgoingId.length;
+      const p = ctx
+        .request(step.request, fill(step.params ?? {}, out.results))
+        .then((result) => (out.results[name] = { result: result ?? null }))
+        .catch((err) => (out.results[name] = { error: { code: err.code ?? null, message: String(err.message ?? err), data: err.data ?? null } }));
+      ids[name] = before;
+      return p;
+    };
+    out.results.initialize = {
+      result: await ctx.request(acp.methods.agent.initialize, {
+        protocolVersion: acp.PROTOCOL_VERSION,
+        clientCapabilities: script.capabilities ?? {},
+        clientInfo: { name: "crow-script", version: "0" },
+      }),
+    };
+    for (const step of script.steps ?? []) {
+      if (step.request) {
+        const p = start(step);
+        if (step.wait === false) pending[step.as ?? step.request] = p;
+        else await p;
+      } else if (step.notify) {
+        await ctx.notify(step.notify, fill(step.params ?? {}, out.results));
+      } else if (step.await) {
+        await pending[step.await];
+      } else if (step.sleep) {
+        await new Promise((r) => setTimeout(r, step.sleep));
+      } else if (step.until) {
+        if (!(await untilKind(step.until))) out.handlerErrors.push(`no ${step.until} update within 10 s`);
+      }
+    }
+    await Promise.all(Object.values(pending));
+  });
+} catch (err) {
+  out.handlerErrors.push(String(err?.stack ?? err));
+  exitCode = 1;
+}
+
+child.stdin.end();
+const timer = setTimeout(() => child.kill("SIGKILL"), 5000);
+out.agentExit = await childExit;
+clearTimeout(timer);
+process.stdout.write(JSON.stringify(out) + "\n");
+process.exit(exitCode);

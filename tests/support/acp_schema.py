@@ -1,0 +1,131 @@
+"""Conformance: every message crow writes, checked against the official ACP JSON schema.
+
+The schema is the one shipped in the npm package `@agentclientprotocol/sdk` (2.4.0, schema
+1.25; installed by `tests.support.npm`): `schema/v1/schema.json`, and for methods that are
+only in the unstable surface (`session/fork`) `schema.unstable.json`. `WireLog` is a stream
+observer for the Python client's connection (`tests.conftest.spawn_crow` adds one to every
+crow it spawns); `violations()` names each message that does not validate.
+
+What is checked: crow's requests to the client (params), its notifications (params) and its
+answers to the client's requests (result by the request's method, or a JSON-RPC error).
+Extension methods (`_…`) are crow's own: only their envelope is checked.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+from tests.support import npm
+
+SDK = "@agentclientprotocol/sdk"
+
+
+@functools.cache
+def schemas() -> tuple[dict[str, Any], dict[str, Any]] | str:
+    """(stable, unstable) schema documents, or why they are not available."""
+    found = npm.node_modules()
+    if isinstance(found, str):
+        return found
+    folder = found / SDK / "schema" / "v1"
+    return tuple(json.loads((folder / name).read_text()) for name in ("schema.json", "schema.unstable.json"))  # type: ignore[return-value]
+
+
+@functools.cache
+def _validator(definition: str) -> Draft202012Validator | None:
+    docs = schemas()
+    assert not isinstance(docs, str)
+    for doc in docs:
+        if definition in doc["$defs"]:
+            return Draft202012Validator({"$ref": f"#/$defs/{definition}", "$defs": doc["$defs"]})
+    return None
+
+
+@functools.cache
+def _by_method() -> dict[tuple[str, str], str]:
+    """(side, method) and ("response", method) -> definition name, from the x-method marks."""
+    docs = schemas()
+    assert not isinstance(docs, str)
+    found: dict[tuple[str, str], str] = {}
+    for doc in reversed(docs):  # the stable schema wins where both define a method
+        for name, d in doc["$defs"].items():
+            method, side = d.get("x-method"), d.get("x-side")
+            if not method:
+                continue
+            role = "response" if name.endswith("Response") else side
+            found[(role, method)] = name
+    return found
+
+
+def check(definition: str, value: Any) -> list[str]:
+    """Why `value` is not a valid `definition` (empty when it is)."""
+    validator = _validator(definition)
+    if validator is None:
+        return [f"no definition {definition!r} in the schema"]
+    return [f"{definition}: {e.message} at {list(e.absolute_path)}" for e in validator.iter_errors(value)]
+
+
+class WireLog:
+    """Every message on one connection, as (direction, message); direction is "in" for what
+    crow wrote, "out" for what the client wrote. An `acp` stream observer."""
+
+    def __init__(self) -> None:
+        self.messages: list[tuple[str, dict[str, Any]]] = []
+
+    def __call__(self, event: Any) -> None:
+        direction = "in" if event.direction.value == "incoming" else "out"
+        self.messages.append((direction, event.message))
+
+    def violations(self) -> list[str]:
+        return violations(self.messages)
+
+
+def violations(messages: Iterable[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Each message crow wrote that the schema refuses, with the reason."""
+    asked: dict[Any, str] = {}  # the client's request ids -> method
+    found: list[str] = []
+    for direction, msg in messages:
+        method, has_id = msg.get("method"), "id" in msg
+        if direction == "out":
+            if method is not None and has_id:
+                asked[msg["id"]] = method
+            continue
+        problems: list[str] = []
+        if msg.get("jsonrpc") != "2.0":
+            problems.append("jsonrpc is not '2.0'")
+        if method is not None:
+            if method.startswith("_"):
+                pass  # crow's own extension
+            else:
+                kind = "client" if has_id or method != "$/cancel_request" else "protocol"
+                definition = _by_method().get((kind, method))
+                if definition is None:
+                    problems.append(f"crow sent {method!r}, which the schema does not define")
+                else:
+                    problems += check(definition, msg.get("params"))
+        elif has_id:
+            answered = asked.get(msg["id"])
+            if "error" in msg:
+                problems += check("Error", msg["error"])
+            elif answered is None:
+                problems.append("an answer to no request the client sent")
+            elif not answered.startswith("_"):
+                definition = _by_method().get(("response", answered))
+                if definition is None:
+                    problems.append(f"no response definition for {answered!r}")
+                else:
+                    problems += check(definition, msg.get("result"))
+        if problems:
+            shown = json.dumps(msg)[:600]
+            found.extend(f"{p}\n    in {shown}" for p in problems)
+    return found
+
+
+def schema_file() -> Path | None:
+    found = npm.node_modules()
+    return None if isinstance(found, str) else found / SDK / "schema" / "v1" / "schema.json"
