@@ -13,7 +13,7 @@ from pathlib import Path
 import acp
 import pytest
 
-from tests.conftest import crow_env, initialize_125, spawn_crow
+from tests.conftest import FEATURES_125, crow_env, initialize_125, spawn_crow
 from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
 from tests.support import acp_schema
 
@@ -95,4 +95,33 @@ async def test_a_session_with_every_feature_advertised_conforms(
         "usage_update",
         "user_message_chunk",
     } <= kinds
+    assert client.wire.violations() == []
+
+
+async def test_client_fs_terminal_and_permission_calls_conform(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """crow's requests to the client (fs/*, terminal/*, session/request_permission) and the
+    updates around them, with every 1.25 feature and the client's fs and terminal on."""
+    (workspace / "a.txt").write_text("old\n")
+    llm.push(
+        Reply(tool_calls=[ToolCallSpec("read_file", {"path": "a.txt"})]),
+        Reply(tool_calls=[ToolCallSpec("write_file", {"path": "a.txt", "content": "new\n"})]),
+        Reply(tool_calls=[ToolCallSpec("execute", {"command": "echo hi"})]),
+        Reply(text="done"),
+    )
+    caps = {**FEATURES_125, "fs": {"readTextFile": True, "writeTextFile": True}, "terminal": True}
+    async with spawn_crow(crow_env(llm, home, CROW_SANDBOX="off")) as (conn, _proc, client):
+        await initialize_125(conn, caps)
+        sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])
+        await conn.load_session(cwd=str(workspace), session_id=sid, mcp_servers=[])
+    assert client.wire is not None
+    sent = {m.get("method") for d, m in client.wire.messages if d == "in"}
+    assert {
+        "fs/read_text_file",
+        "fs/write_text_file",
+        "session/request_permission",
+        "terminal/create",
+    } <= sent
     assert client.wire.violations() == []
