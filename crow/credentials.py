@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from crow.errors import ConfigError
-from crow.private import locked, write_private
+from crow.private import DIR_MODE, locked, tighten, write_private
 
 log = logging.getLogger("crow.credentials")
 
@@ -115,6 +115,7 @@ def store(home: str | os.PathLike[str], provider: str, base_url: str, key: str) 
         ]
         entry = {"provider": provider, "base_url": base_url.rstrip("/"), "api_key": key}
         write_private(path, json.dumps({"version": 1, "keys": [*kept, entry]}, indent=1) + "\n")
+    tighten(path.parent, DIR_MODE)  # CROW_HOME is the user's alone, as the store makes it
     return path
 
 

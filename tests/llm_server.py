@@ -465,7 +465,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.llm._record(self.req)
         if self._key_refused(headers):
             return
-        if path.endswith("/models"):
+        if path == "/v1/models":  # OpenAI's (base_url) and Anthropic's (root_url) model list
             model = {"id": "scripted-model", "object": "model", "owned_by": "crow-tests"}
             self._send_json(200, json.dumps({"object": "list", "data": [model]}).encode())
         else:
