@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import acp
+import anyio
 import pytest
 
-from tests.conftest import crow_env, initialize_125, raw_request, spawn_crow
+from tests.conftest import CROW, crow_env, initialize_125, raw_request, spawn_crow
 from tests.llm_server import Reply, ScriptedLLM
 from tests.support.ts_client import run_script
 
@@ -43,7 +44,7 @@ async def new_session(conn: Any, workspace: Path) -> str:
 async def test_delete_is_advertised_and_removes_an_idle_session_for_good(
     llm: ScriptedLLM, home: Path, workspace: Path
 ) -> None:
-    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, _client):
         init = await initialize_125(conn)
         assert init["agentCapabilities"]["sessionCapabilities"]["delete"] == {}
         sid = await new_session(conn, workspace)
@@ -143,6 +144,10 @@ async def test_a_session_running_a_turn_in_another_crow_is_not_deleted(
             assert error.code == -32001 and "busy" in str(error) and "another crow process" in str(error)
             assert rows(home, sid)["sessions"] == 1
             assert [s.session_id for s in (await other.list_sessions()).sessions] == [sid]
+        # the command line deletes through the same store operation: refused alike
+        cli = await anyio.run_process([*CROW, "sessions", "delete", sid], env=env, check=False)
+        assert cli.returncode == 2 and b"busy" in cli.stderr and b"another crow process" in cli.stderr
+        assert rows(home, sid)["sessions"] == 1
         await conn.cancel(session_id=sid)
         assert (await turn).stop_reason == "cancelled"
         # nothing was lost: the first exchange is still there, and the session goes on
