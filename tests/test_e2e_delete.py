@@ -16,10 +16,10 @@ import pytest
 from tests.conftest import CROW, crow_env, initialize_125, raw_request, spawn_crow
 from tests.llm_server import Reply, ScriptedLLM
 from tests.support.ts_client import run_script
+from tests.test_e2e_cancel_request import SLOW, until_text
 
 pytestmark = pytest.mark.anyio
 
-SLOW = Reply(text=" ".join(f"w{i}" for i in range(200)), chunk_delay=0.05)  # ~10 s of words
 
 
 def rows(home: Path, session_id: str) -> dict[str, int]:
@@ -109,11 +109,8 @@ async def test_delete_while_a_turn_runs_cancels_it_first(
         await initialize_125(conn)
         sid = await new_session(conn, workspace)
         turn = asyncio.create_task(conn.prompt(session_id=sid, prompt=[acp.text_block("talk")]))
-        for _ in range(200):
-            if client.text(sid):
-                break
-            await asyncio.sleep(0.05)
-        assert client.text(sid) and not turn.done()
+        await until_text(client, sid)
+        assert not turn.done()
         assert await raw_request(conn, "session/delete", {"sessionId": sid}) == {}
         assert turn.done(), "the turn settled before the delete was answered"
         assert (await turn).stop_reason == "cancelled"
