@@ -56,12 +56,12 @@ async def _one(
             out["to_prompt"] = time.perf_counter() - t0
             if reply.stop_reason != "end_turn" or "ok" not in client.text():
                 raise RuntimeError(f"first prompt: stop_reason={reply.stop_reason}; {stderr_tail(home)}")
-            t2 = time.perf_counter()
-            await conn.new_session(cwd=str(home), mcp_servers=[])
-            out["new_warm"] = time.perf_counter() - t2
             t3 = time.perf_counter()  # the SDK 0.12.1 has no session/delete method: sent raw
             await conn._conn.send_request("session/delete", {"sessionId": session.session_id})
             out["delete"] = time.perf_counter() - t3
+            t2 = time.perf_counter()
+            await conn.new_session(cwd=str(home), mcp_servers=[])
+            out["new_warm"] = time.perf_counter() - t2
     return out
 
 
