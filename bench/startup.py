@@ -1,6 +1,6 @@
 """Startup: spawn -> `initialize` answered (crow vs the bare echo agent), `session/new`
-right after `initialize` and again once crow is warm, and spawn -> initialize +
-session/new + first prompt answered."""
+right after `initialize` and again once crow is warm, `session/delete` of the prompted
+session, and spawn -> initialize + session/new + first prompt answered."""
 
 from __future__ import annotations
 
@@ -56,6 +56,9 @@ async def _one(
             out["to_prompt"] = time.perf_counter() - t0
             if reply.stop_reason != "end_turn" or "ok" not in client.text():
                 raise RuntimeError(f"first prompt: stop_reason={reply.stop_reason}; {stderr_tail(home)}")
+            t3 = time.perf_counter()  # the SDK 0.12.1 has no session/delete method: sent raw
+            await conn._conn.send_request("session/delete", {"sessionId": session.session_id})
+            out["delete"] = time.perf_counter() - t3
             t2 = time.perf_counter()
             await conn.new_session(cwd=str(home), mcp_servers=[])
             out["new_warm"] = time.perf_counter() - t2
@@ -92,6 +95,8 @@ async def run(ctx: Ctx) -> list[Figure]:
                target="< 10 ms", check=("value", "<", 10), samples=len(projects)),
         Figure(G, "session/new on a warm crow (after a prompt)", ms(median([r["new_warm"] for r in crow])),
                target="< 10 ms", check=("value", "<", 10), samples=n),
+        Figure(G, "session/delete (a session with one prompt, live)", ms(median([r["delete"] for r in crow])),
+               target="< 20 ms", check=("value", "<", 20), samples=n),
         Figure(G, "spawn -> session/new", ms(median([r["to_new"] for r in crow])),
                baseline=ms(base), baseline_name="echo: initialize", samples=n),
         Figure(G, "spawn -> first prompt answered", ms(median([r["to_prompt"] for r in crow])),

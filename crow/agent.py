@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from crow import credentials
 from crow.background import Background, Once
 from crow.config import NO_MODEL_MESSAGE, Config, load_config
 from crow.environment import child_environment
@@ -67,6 +68,8 @@ class Agent:
         self._function_server: Any = None
         self._provider = provider
         self._providers: dict[str, Provider] = {}
+        self._retired: list[Provider] = []  # built before the stored keys changed; closed at the end
+        self._credentials = credentials.stamp(self.config.home)
         self._builtin_hooks = builtin_hooks
         self._store = store
         self._store_given = store is not None
@@ -148,7 +151,8 @@ class Agent:
         await self._tasks.aclose()
         for session_id in list(self.sessions):
             await self.close_session(session_id)
-        providers, self._providers = list(self._providers.values()), {}
+        providers, self._providers = [*self._retired, *self._providers.values()], {}
+        self._retired = []
         for provider in providers:
             await provider.aclose()
         store, self._store_given = (None if self._store_given else self._store), True  # closed once
@@ -168,6 +172,9 @@ class Agent:
         if not ref:
             return None
         config = config or self.config
+        if (seen := credentials.stamp(self.config.home)) != self._credentials:  # `crow login` ran
+            self._credentials, self._retired = seen, [*self._retired, *self._providers.values()]
+            self._providers = {}  # rebuilt with the keys as stored now; in-flight turns keep theirs
         key = ref
         if config is not self.config:  # a project's providers: its own provider objects
             key += " " + config.model_dump_json(include={"providers", "model_settings"})
@@ -175,7 +182,7 @@ class Agent:
             from crow.llm.registry import create_provider
 
             self._providers[key] = create_provider(
-                ref, providers=config.providers, models=config.model_settings
+                ref, providers=config.providers, models=config.model_settings, home=self.config.home
             )
         return self._providers[key]
 
@@ -330,6 +337,21 @@ class Agent:
         if session is not None and session.tools is not None:
             tools, session.tools = session.tools, None  # closed once
             await tools.aclose()
+
+    async def delete_session(self, session_id: str) -> None:
+        """Remove a session for good: its records (entries, lock) from the store, then its live
+        state. Raises `SessionBusy` while another crow process runs a turn in it (nothing is
+        deleted), `SessionError` for an id the store does not know."""
+        await self.ready()
+        preparing = self._preparing.get(session_id)
+        if preparing is not None and not preparing.done():  # its record may be half-written
+            await self.close_session(session_id)
+        try:
+            await self._store.delete_session(session_id)
+        except StoreError as exc:
+            if preparing is None or "unknown session" not in str(exc):  # else: never stored
+                raise SessionError(str(exc)) from exc
+        await self.close_session(session_id)
 
     # ------------------------------------------------------------ project config
     def session_config(self, cwd: Path) -> SessionProject:

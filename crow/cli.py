@@ -7,6 +7,8 @@
     crow compact SESSION_ID   compact a stored session
     crow trust [DIR]          apply DIR's crow.yaml (as it is now) to sessions there
     crow untrust [DIR]        stop applying it; `crow trust --list` shows what is trusted
+    crow login / logout       store (checked) / forget a provider API key in CROW_HOME
+    crow --version            print the version
 
 Only argparse and logging are imported before the command is known: the ACP path must
 answer `initialize` fast.
@@ -38,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="your YAML config file (default: $CROW_HOME/config.yaml)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default; or CROW_LOG_LEVEL)")
     p.add_argument("--log-file", help="write logs here instead of stderr")
+    p.add_argument("--version", action="version", version=f"crow {_version()}")
     sub = p.add_subparsers(dest="command")
     sub.add_parser("serve", help="serve ACP over stdio (the default)")
     run = sub.add_parser("run", help="run one prompt in the terminal")
@@ -60,7 +63,19 @@ def _parser() -> argparse.ArgumentParser:
     trust.add_argument("--list", action="store_true", help="list the trusted project folders")
     untrust = sub.add_parser("untrust", help="stop trusting a project's crow.yaml")
     untrust.add_argument("dir", nargs="?", default=os.getcwd())
+    login = sub.add_parser("login", help="check a provider API key and store it in CROW_HOME (0600)")
+    login.add_argument("--provider", help="openai, anthropic, or a provider of your config (default: ask)")
+    login.add_argument("--base-url", help="the server the key is for (default: the provider's)")
+    login.add_argument("--key-stdin", action="store_true", help="read the key from stdin (scripts)")
+    login.add_argument("--no-verify", action="store_true", help="store the key without checking it")
+    sub.add_parser("logout", help="forget the API keys crow login stored")
     return p
+
+
+def _version() -> str:
+    from crow import __version__  # the package is loaded already: this costs nothing
+
+    return __version__
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -86,6 +101,10 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(asyncio.run(_run(args)))
         elif command in ("trust", "untrust"):
             sys.exit(_trust(args))
+        elif command in ("login", "logout"):
+            from crow import login
+
+            sys.exit(login.main(args))
         else:  # sessions, compact: no event loop unless compacting (as cheap as --help)
             from crow import cli_sessions
 

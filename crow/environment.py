@@ -15,6 +15,8 @@ in this order: start from `inherit` (`core` is `CORE_VARIABLES`), drop every sec
 providers' and each configured `api_key_env`). `include_only` can never re-admit a secret: a
 glob such as `*` must not undo the protection. `set` is explicit, so it may set any name,
 secret-looking or not — that is the one way to hand a process a credential on purpose.
+Keys stored by `crow login` (`crow.credentials`) never enter an environment at all: crow
+reads them from its file into the provider, so no child can inherit them.
 
 Computed once per Config and cached: a tool call costs a dict lookup.
 """

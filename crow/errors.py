@@ -2,6 +2,7 @@
 
     CrowError
      ├── ConfigError          bad or missing configuration (names the setting to fix)
+     │    └── MissingKeyError  a provider that needs an API key has none (names the variable)
      ├── ProviderError        a model call failed (status, retryable)
      │    ├── AuthError        401/403: names the variable to set
      │    ├── RateLimitError   429/529, retryable, carries retry_after
@@ -12,8 +13,9 @@
      ├── HookError            a hook is invalid (at load) or failed (at run)
      │    ├── HookFailed       a hook raised while it ran (names the hook and phase)
      │    └── HookBlocked      a BeforeLLMCall/BeforeToolExec hook stopped its call on purpose
-     └── SessionError         unknown session, busy session, bad request from a client
-          └── SessionBusy      another crow process is running a turn in it (carries its pid)
+     ├── SessionError         unknown session, busy session, bad request from a client
+     │    └── SessionBusy      another crow process is running a turn in it (carries its pid)
+     └── AuthRequired         a turn ended for want of a valid key (ACP's auth_required, -32000)
 
 Each layer translates its library's exceptions at its boundary (`map_http_errors` in
 `crow.llm`, the store, the tool hub): no httpx, sqlite3 or MCP exception escapes.
@@ -27,6 +29,10 @@ class CrowError(Exception):
 
 
 class ConfigError(CrowError):
+    pass
+
+
+class MissingKeyError(ConfigError):
     pass
 
 
@@ -102,3 +108,13 @@ class SessionBusy(SessionError):
     def __init__(self, message: str, *, pid: int | None = None) -> None:
         super().__init__(message)
         self.pid = pid
+
+
+class AuthRequired(CrowError):
+    """The model call of a turn failed for want of a valid key (none, or one the provider
+    refused with 401/403): the turn's history is settled, and the front end can have the
+    user log in (ACP answers the prompt with auth_required) and prompt again."""
+
+    def __init__(self, cause: CrowError) -> None:
+        super().__init__(f"Authentication required: {cause}")
+        self.cause = cause

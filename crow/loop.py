@@ -42,11 +42,14 @@ from crow.actions import (
 from crow.batch import run_batch, waits_for
 from crow.context import HookContext
 from crow.errors import (
+    AuthError,
+    AuthRequired,
     ConfigError,
     ContextLengthError,
     CrowError,
     HookBlocked,
     HookError,
+    MissingKeyError,
     ProviderError,
     StreamCutError,
 )
@@ -322,6 +325,8 @@ class Turn:
         else:
             text = f"Model call failed: {exc}"
         await self.emit(Notice(text))
+        if isinstance(exc, AuthError | MissingKeyError):  # the front end can have the user log in
+            raise AuthRequired(exc)
         return TurnResult("end_turn", str(exc))
 
     # ------------------------------------------------------------ tool calls

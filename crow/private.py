@@ -23,8 +23,9 @@ log = logging.getLogger("crow.private")
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
-# What crow keeps in CROW_HOME besides the database: config.yaml may hold API keys.
-HOME_FILES = ("config.yaml", "trust.json", "rules.json")
+# What crow keeps in CROW_HOME besides the database: config.yaml may hold API keys,
+# credentials.json holds the ones `crow login` stored.
+HOME_FILES = ("config.yaml", "trust.json", "rules.json", "credentials.json")
 DB_SUFFIXES = ("", "-wal", "-shm", "-journal")
 DB_FILE = "crow.db"  # the session store, in CROW_HOME
 

@@ -16,6 +16,7 @@ Standard library only. Runs in a background thread on 127.0.0.1 (random port)::
         llm.push(Cut(after_chunks=2, text="never finishes"))  # 2 deltas, then the socket closes
         llm.rule(lambda r: "weather" in r.last_user_text, Reply(text="sunny"), times=1)
         llm.default = lambda r: Reply(text=r.last_user_text)   # when no rule matches, queue empty
+        llm.keys = {"good-key"}                    # other keys (Bearer / x-api-key) get 401, GETs too
         llm.wait_for_requests(3, timeout=5)        # -> list[RecordedRequest]
         llm.requests, llm.pending, llm.disconnects
 
@@ -444,12 +445,30 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
+    def _key_refused(self, headers: dict[str, str]) -> bool:
+        """With `llm.keys` set, a request without one of them (Bearer or x-api-key) gets 401."""
+        keys = self.server.llm.keys
+        if keys is None:
+            return False
+        auth = headers.get("authorization", "")
+        given = auth[7:] if auth.startswith("Bearer ") else headers.get("x-api-key")
+        if given in keys:
+            return False
+        self._fault(Fault(401, "Incorrect API key provided", error_type="authentication_error"))
+        return True
+
     def do_GET(self) -> None:
-        if self.path.split("?")[0].rstrip("/").endswith("/models"):
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        path = self.path.split("?")[0].rstrip("/")
+        api = "anthropic" if path.endswith("/v1/models") and "x-api-key" in headers else "other"
+        self.req = RecordedRequest("GET", self.path, headers, None, b"", api, self.client_address[:2])
+        self.server.llm._record(self.req)
+        if self._key_refused(headers):
+            return
+        if path == "/v1/models":  # OpenAI's (base_url) and Anthropic's (root_url) model list
             model = {"id": "scripted-model", "object": "model", "owned_by": "crow-tests"}
             self._send_json(200, json.dumps({"object": "list", "data": [model]}).encode())
         else:
-            self.req = RecordedRequest("GET", self.path, {}, None, b"", "other")
             self._fault(Fault(404, f"no route {self.path}"))
 
     def do_POST(self) -> None:
@@ -467,6 +486,8 @@ class _Handler(BaseHTTPRequestHandler):
         llm._record(req)
         self.req = req
         try:
+            if self._key_refused(headers):
+                return
             if api == "other" or not isinstance(req.body, dict):
                 self._fault(Fault(404 if api == "other" else 400, f"bad request to {path}"))
             else:
@@ -605,6 +626,7 @@ class ScriptedLLM:
         self.host, self._port = host, port
         self.default: StepSource = default if default is not None else Reply(text="ok")
         self.requests: list[RecordedRequest] = []
+        self.keys: set[str] | None = None  # when set, any other key (or none) gets 401
         self.disconnects = 0
         self._queue: deque[list[Any]] = deque()  # [step, remaining uses]
         self._rules: list[_Rule] = []

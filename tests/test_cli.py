@@ -132,3 +132,10 @@ def test_run_with_a_broken_plugin_names_it(llm: ScriptedLLM, home: Path, workspa
     done = crow("run", "hi", "--cwd", str(workspace), env=env, cwd=workspace)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.splitlines()[-1] == f"crow: {BROKEN}"
+
+
+def test_version(home: Path, workspace: Path) -> None:
+    from crow import __version__
+
+    done = crow("--version", env=crow_env(None, home), cwd=workspace)
+    assert done.returncode == 0 and done.stdout == f"crow {__version__}\n"

@@ -120,8 +120,10 @@ async def test_auth_error_names_the_variable_and_hides_the_key(
     llm.push(Fault(status=401, message="invalid api key"))
     async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
         sid = await start(conn, workspace)
-        response = await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
-    error = response.field_meta["crow"]["error"]
+        with pytest.raises(acp.RequestError) as info:
+            await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
+    assert info.value.code == -32000  # auth_required (tests/test_e2e_auth.py)
+    error = str(info.value)
     assert "OPENAI_API_KEY" in error and "test-key" not in error and "test-key" not in client.text()
     assert "test-key" not in (home / "stderr.log").read_text()
 

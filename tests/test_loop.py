@@ -15,6 +15,7 @@ import crow.loop
 from crow.actions import Compact, Continue, LoopState, Replace, Stop, refusal
 from crow.agent import Agent
 from crow.config import Config
+from crow.errors import AuthRequired
 from crow.events import Notice, ToolCallEnd, ToolCallRunning, ToolCallStart
 from crow.llm.base import ModelRequest, ModelResponse
 from crow.messages import Message, ToolCall, ai, human
@@ -179,17 +180,33 @@ def notices(events: list[Any]) -> list[str]:
     return [e.text for e in events if isinstance(e, Notice)]
 
 
-async def test_a_missing_api_key_is_a_config_error(
+async def test_a_missing_api_key_ends_the_turn_as_auth_required(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The user is told (a notice, kept), the history is valid, and the front end gets
+    `AuthRequired` (ACP: auth_required) so it can have the user log in."""
     for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
         monkeypatch.delenv(name, raising=False)
     agent = Agent(Config(home=tmp_path / "home", model="openai:gpt-4.1-mini"), builtin_hooks=False)
     caplog.set_level(logging.INFO)
-    result, _, events = await run(agent, tmp_path)
-    assert notices(events) == ["Cannot call the model: openai: no API key; set OPENAI_API_KEY"]
-    assert result.error == "openai: no API key; set OPENAI_API_KEY"
+    events: list[Any] = []
+    session = agent.create_session(tmp_path)
+    with pytest.raises(AuthRequired) as info:
+        await agent.run_turn(session, human("hi"), _append(events))
+    await agent.aclose()
+    missing = "openai: no API key; set OPENAI_API_KEY or run `crow login`"
+    assert str(info.value) == f"Authentication required: {missing}"
+    assert notices(events) == [f"Cannot call the model: {missing}"]
+    assert [m.role for m in session.messages] == ["user"]
+    session.messages.validate()
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], "no traceback"
+
+
+def _append(events: list[Any]) -> Any:
+    async def emit(event: Any) -> None:
+        events.append(event)
+
+    return emit
 
 
 async def test_a_provider_bug_is_named_as_the_provider_s(

@@ -20,15 +20,20 @@ import anyio
 from acp import RequestError
 from acp.helpers import update_available_commands
 from acp.schema import (
+    AgentAuthCapabilities,
     AgentCapabilities,
+    AuthenticateResponse,
     ClientCapabilities,
     CloseSessionResponse,
     ConfigOptionUpdate,
+    DeleteSessionResponse,
     ForkSessionResponse,
     Implementation,
     InitializeResponse,
     ListSessionsResponse,
     LoadSessionResponse,
+    LogoutCapabilities,
+    LogoutResponse,
     McpCapabilities,
     NewSessionRequest,
     NewSessionResponse,
@@ -37,6 +42,7 @@ from acp.schema import (
     ResumeSessionResponse,
     SessionCapabilities,
     SessionCloseCapabilities,
+    SessionDeleteCapabilities,
     SessionForkCapabilities,
     SessionListCapabilities,
     SessionResumeCapabilities,
@@ -45,6 +51,7 @@ from acp.schema import (
 )
 
 from crow import __version__
+from crow.acp import auth as acp_auth
 from crow.acp import convert as acp_convert
 from crow.acp import sessions as acp_sessions
 from crow.acp import view as acp_view
@@ -85,6 +92,7 @@ class AcpServer:
         self.features = ClientFeatures()  # what the client handles beyond the SDK's types
         self._running: dict[str, anyio.CancelScope] = {}
         self._requests: dict[str | int, str] = {}  # request id -> session of a running prompt/compact
+        self._settled: dict[str, anyio.Event] = {}  # set when that session's prompt/compact has ended
 
     def on_connect(self, conn: Any) -> None:
         if self.wire is None:
@@ -120,11 +128,22 @@ class AcpServer:
                     resume=SessionResumeCapabilities(),
                     fork=SessionForkCapabilities(),
                     close=SessionCloseCapabilities(),
+                    delete=SessionDeleteCapabilities(),
                 ),
+                auth=AgentAuthCapabilities(logout=LogoutCapabilities()),
                 field_meta={"crow": {"version": __version__, "extensions": ["crow.compact"]}},
             ),
-            auth_methods=[],
+            auth_methods=acp_auth.methods(terminal=self.features.auth_terminal),
         )
+
+    async def authenticate(self, method_id: str, **kwargs: Any) -> AuthenticateResponse:
+        acp_auth.authenticate(self.agent.config, method_id)
+        return AuthenticateResponse()
+
+    async def logout(self, **kwargs: Any) -> LogoutResponse:
+        """Forgets the keys `crow login` stored (the next prompt reads the keys anew)."""
+        acp_auth.logout(self.agent.config)
+        return LogoutResponse()
 
     # ------------------------------------------------------------ sessions
     async def new_session(
@@ -214,6 +233,29 @@ class AcpServer:
         await self.cancel(session_id)
         await self.agent.close_session(session_id)
         return CloseSessionResponse()
+
+    async def delete_session(self, session_id: str, **kwargs: Any) -> DeleteSessionResponse:
+        """A turn running in it is cancelled and settled first; while the deletion runs, a
+        prompt in it is answered busy. Unknown id: -32002; another crow process running a
+        turn in it: -32001, nothing deleted."""
+        while (scope := self._running.get(session_id)) is not None:
+            settled = self._settled.get(session_id)
+            if settled is None:  # another delete holds it
+                raise RequestError(BUSY, f"session {session_id} is being deleted")
+            scope.cancel()
+            await settled.wait()
+        self._running[session_id] = anyio.CancelScope()  # claimed: never entered, nothing to cancel
+        try:
+            await self.agent.delete_session(session_id)
+        except SessionBusy as exc:
+            raise RequestError(BUSY, str(exc)) from exc
+        except SessionError as exc:
+            raise session_error(exc) from exc
+        except CrowError as exc:
+            raise RequestError(FAILED, str(exc)) from exc
+        finally:
+            del self._running[session_id]
+        return DeleteSessionResponse()
 
     async def list_sessions(
         self, cwd: str | None = None, cursor: str | None = None, **kwargs: Any
@@ -308,6 +350,7 @@ class AcpServer:
         if session_id in self._running:
             raise RequestError(BUSY, f"session {session_id} is busy with {busy_with}")
         scope = self._running[session_id] = anyio.CancelScope()
+        settled = self._settled[session_id] = anyio.Event()
         rid = self.wire.request_id() if self.wire is not None else None
         if rid is not None:
             self._requests[rid] = session_id
@@ -316,6 +359,8 @@ class AcpServer:
                 yield scope
         finally:
             self._running.pop(session_id, None)
+            self._settled.pop(session_id, None)
+            settled.set()
             if rid is not None:
                 self._requests.pop(rid, None)
 

@@ -26,13 +26,14 @@ import httpx
 
 from crow.errors import (
     AuthError,
-    ConfigError,
     ContextLengthError,
+    MissingKeyError,
     ProviderError,
     RateLimitError,
     StreamCutError,
 )
 from crow.llm.base import ModelEvent, ModelRequest, ModelResponse
+from crow.llm.registry import PUBLIC_HOSTS
 from crow.llm.sse import SSEDecoder
 from crow.messages import valid_value
 
@@ -121,6 +122,7 @@ def error_from_status(
     retry_after = parse_retry_after(headers) if headers is not None else None
     if status in (401, 403) or code in ("authentication_error", "permission_error"):
         hint = f"set {api_key_env} to a valid API key" if api_key_env else "check the API key"
+        hint += " or run `crow login`"
         return AuthError(f"{detail}; {hint}", status=status or None)
     if status in (429, 529) or code in ("rate_limit_error", "overloaded_error"):
         return RateLimitError(detail, status=status or None, retryable=True, retry_after=retry_after)
@@ -188,9 +190,6 @@ async def stream_with_retries(
                 policy.max_retries,
             )
             await anyio.sleep(delay)
-
-
-_PUBLIC_HOSTS = ("api.openai.com", "api.anthropic.com")
 
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -328,8 +327,8 @@ class HTTPProvider:
         return f"{type(self).__name__}(name={self.name!r}, model={self.model!r}, base_url={self.base_url!r})"
 
     def _require_key(self) -> None:
-        if self._api_key is None and any(h in self.base_url for h in _PUBLIC_HOSTS):
-            raise ConfigError(f"{self.name}: no API key; set {self.api_key_env}")
+        if self._api_key is None and any(h in self.base_url for h in PUBLIC_HOSTS):
+            raise MissingKeyError(f"{self.name}: no API key; set {self.api_key_env} or run `crow login`")
 
     @contextlib.asynccontextmanager
     async def _post_stream(

@@ -11,9 +11,11 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from crow.config import ModelSettings, ProviderSettings
+from crow.credentials import stored_key
 from crow.errors import ConfigError
 from crow.llm.base import Provider
 
@@ -23,6 +25,7 @@ __all__ = [
     "ProviderSettings",
     "create_provider",
     "default_context_window",
+    "endpoint",
     "list_known_providers",
 ]
 
@@ -95,24 +98,37 @@ def _resolve(name: str, providers: Mapping[str, ProviderSettings] | None) -> Pro
     return builtin.merged(configured) if configured is not None else builtin
 
 
-def create_provider(
-    ref: str,
-    *,
-    providers: Mapping[str, ProviderSettings] | None = None,
-    models: Mapping[str, ModelSettings] | None = None,
-    env: Mapping[str, str] | None = None,
-) -> Provider:
-    """Build the provider for `provider:model`, e.g. `ollama:qwen3:8b` (split at the first colon).
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where a provider's requests go and the key they carry ("" for none)."""
 
-    `models` is looked up by the whole ref first, then by the model name. A missing API key
-    is not an error here: the first call reports it, naming the variable to set.
-    """
+    name: str
+    settings: ProviderSettings
+    kind: Literal["openai", "anthropic"]
+    base_url: str
+    key_env: str  # the variable to set
+    api_key: str
+
+    @property
+    def needs_key(self) -> bool:
+        """A hosted API (a local server may need no key)."""
+        return any(host in self.base_url for host in PUBLIC_HOSTS)
+
+
+PUBLIC_HOSTS = ("api.openai.com", "api.anthropic.com")
+
+
+def endpoint(
+    name: str,
+    providers: Mapping[str, ProviderSettings] | None = None,
+    env: Mapping[str, str] | None = None,
+    home: str | os.PathLike[str] | None = None,
+) -> Endpoint:
+    """Provider `name` resolved: its base URL (the `base_url_env` variable first) and its key,
+    from the config file, else its variable in `env`, else `crow login`'s store in `home`
+    (only for the base URL it was stored for)."""
     env = os.environ if env is None else env
-    name, sep, model = ref.partition(":")
-    if not sep or not name or not model:
-        raise ConfigError(f"model reference {ref!r} must look like provider:model, e.g. openai:gpt-4.1-mini")
     settings = _resolve(name, providers)
-    model_settings = (models or {}).get(ref) or (models or {}).get(model) or ModelSettings()
     kind = settings.kind or "openai"
     if kind not in ("openai", "anthropic"):
         raise ConfigError(f"provider {name!r}: kind must be 'openai' or 'anthropic', not {kind!r}")
@@ -121,11 +137,34 @@ def create_provider(
         raise ConfigError(f"provider {name!r} needs a base_url")
     key_env = settings.api_key_env or f"{name.upper().replace('-', '_')}_API_KEY"
     # "" tells the provider not to consult os.environ itself: `env` is the only source
-    api_key = settings.api_key or env.get(key_env) or ""
+    api_key = settings.api_key or env.get(key_env) or stored_key(home, name, base_url) or ""
+    return Endpoint(name, settings, kind, base_url, key_env, api_key)
+
+
+def create_provider(
+    ref: str,
+    *,
+    providers: Mapping[str, ProviderSettings] | None = None,
+    models: Mapping[str, ModelSettings] | None = None,
+    env: Mapping[str, str] | None = None,
+    home: str | os.PathLike[str] | None = None,
+) -> Provider:
+    """Build the provider for `provider:model`, e.g. `ollama:qwen3:8b` (split at the first colon).
+
+    `models` is looked up by the whole ref first, then by the model name. A missing API key
+    is not an error here: the first call reports it, naming the variable to set. `home`
+    (CROW_HOME) is where `crow login` stored keys; None reads none.
+    """
+    name, sep, model = ref.partition(":")
+    if not sep or not name or not model:
+        raise ConfigError(f"model reference {ref!r} must look like provider:model, e.g. openai:gpt-4.1-mini")
+    point = endpoint(name, providers, env, home)
+    settings, kind, base_url = point.settings, point.kind, point.base_url
+    model_settings = (models or {}).get(ref) or (models or {}).get(model) or ModelSettings()
     kwargs: dict[str, Any] = {
         "base_url": base_url,
-        "api_key": api_key,
-        "api_key_env": key_env,
+        "api_key": point.api_key,
+        "api_key_env": point.key_env,
         "name": name,
         "context_window": model_settings.context_window or default_context_window(model),
         "temperature": model_settings.temperature,
