@@ -11,17 +11,16 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp import Client, ClientSession, StdioServerParameters, stdio_client
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp_types import CallToolResult
 
-from mcp_servers.filesystem import DIFF_META_KEY, LocalBackend, Workspace, build_server, search
+from mcp_servers.filesystem import DIFF_META_KEY, LocalBackend, Workspace, build_server
 from mcp_servers.filesystem.sandbox import Sandbox, find_bwrap
+from tests.test_mcp_filesystem import call, fail, grep_impl, text  # noqa: F401  (grep_impl: a fixture)
 
 pytestmark = pytest.mark.anyio
 
@@ -36,29 +35,6 @@ def roots(tmp_path: Path) -> tuple[Path, Path, Path]:
     (second / "escape").symlink_to(outside)  # out of every root
     (second / "to_main").symlink_to(main / "sub")  # into another root: allowed
     return main, second, outside
-
-
-@pytest.fixture(params=["rg", "python"])
-def grep_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "python":
-        monkeypatch.setattr(search, "find_rg", lambda: None)
-    return request.param
-
-
-async def call(c: Client, tool: str, **args: Any) -> CallToolResult:
-    result = await c.call_tool(tool, args)
-    assert not result.is_error, result.content[0].text  # type: ignore[union-attr]
-    return result
-
-
-async def fail(c: Client, tool: str, **args: Any) -> str:
-    result = await c.call_tool(tool, args)
-    assert result.is_error, f"{tool} {args} should have failed"
-    return result.content[0].text  # type: ignore[union-attr]
-
-
-def text(result: CallToolResult) -> str:
-    return result.content[0].text  # type: ignore[union-attr]
 
 
 def test_resolve_takes_relative_paths_from_the_main_root_and_absolute_ones_from_any(
@@ -84,8 +60,9 @@ def test_resolve_takes_relative_paths_from_the_main_root_and_absolute_ones_from_
         Workspace(main, extra_roots=[outside / "sub/note.txt"])
 
 
+@pytest.mark.usefixtures("grep_impl")  # rg and the Python fallback
 async def test_every_file_tool_works_in_the_second_root_by_absolute_path(
-    roots: tuple[Path, Path, Path], grep_impl: str
+    roots: tuple[Path, Path, Path],
 ) -> None:
     main, second, _ = roots
     async with Client(build_server(main, extra_roots=[second])) as c:
@@ -134,7 +111,8 @@ async def test_a_symlink_out_of_the_second_root_is_refused_by_every_tool(
     assert not (outside / "x").exists()
 
 
-async def test_hidden_folders_hold_per_root_as_in_the_sandbox(tmp_path: Path, grep_impl: str) -> None:
+@pytest.mark.usefixtures("grep_impl")
+async def test_hidden_folders_hold_per_root_as_in_the_sandbox(tmp_path: Path) -> None:
     """crow's home inside the second root is refused and skipped; a root the user gave
     inside that home is theirs to work in (the deepest boundary wins, as bwrap mounts it)."""
     main, second = tmp_path / "main", tmp_path / "second"
