@@ -1,7 +1,9 @@
 """FilesystemHook: the seven file tools, the files a session touched, and eviction of huge
 results (seed 000, "FilesystemHook").
 
-Each session gets its own in-process filesystem server rooted at its cwd. When the editor
+Each session gets its own in-process filesystem server rooted at its cwd, with the session's
+other roots (ACP `additionalDirectories`) reached by absolute path; the sandbox makes every
+root writable. When the editor
 advertises `fs` or `terminal`, reads, writes and commands go through the editor instead
 (it sees unsaved buffers, tracks edits, and shows the command's terminal), except that a
 sandboxed session's commands run locally under bubblewrap. Every command gets the session's
@@ -126,7 +128,7 @@ class FilesystemHook(Hook):
                 log.warning("sandbox 'workspace' requested but %s: commands run unsandboxed", why)
         return self._bwrap
 
-    def _sandbox(self, session: Session, config: Config) -> Any:
+    def _sandbox(self, session: Session, config: Config, roots: list[Path]) -> Any:
         if config.sandbox == "off":
             return None
         bwrap = self._find_bwrap()
@@ -135,14 +137,16 @@ class FilesystemHook(Hook):
             return None
         from mcp_servers.filesystem.sandbox import Sandbox
 
-        return Sandbox.create([session.cwd], hidden=_hidden(config), network=config.network, bwrap=bwrap)
+        return Sandbox.create(roots, hidden=_hidden(config), network=config.network, bwrap=bwrap)
 
     def tool_servers(self, session: Session) -> list[ServerSpec]:
         from crow import direct_call_state
         from mcp_servers.filesystem import LocalBackend, build_server
 
         config = session.config if session.config is not None else Config()
-        local = LocalBackend(session.cwd, self._sandbox(session, config), child_environment(config))
+        roots = _existing(session.roots)
+        sandbox = self._sandbox(session, config, roots)
+        local = LocalBackend(session.cwd, sandbox, child_environment(config), extra_roots=roots[1:])
         client: EditorClient | None = session.client
         backend: Any = local
         if client is not None and (client.can_read or client.can_write or client.can_terminal):
@@ -151,7 +155,8 @@ class FilesystemHook(Hook):
             session.cwd,
             backend=backend,
             request_state_security=direct_call_state(),
-            hidden=_file_tools_hidden(config, session.cwd),
+            hidden=_file_tools_hidden(config, roots),
+            extra_roots=roots[1:],
         )
         return [ServerSpec("filesystem", "inprocess", server=server)]
 
@@ -188,16 +193,25 @@ def _hidden(config: Config) -> list[Path | str]:
     return [config.home, *(p for p in (config.source, config.trace) if p)]
 
 
-def _file_tools_hidden(config: Config, cwd: Path) -> list[Path | str]:
+def _file_tools_hidden(config: Config, roots: list[Path]) -> list[Path | str]:
     """`_hidden`, and the credential folders the sandbox hides (~/.ssh, ~/.aws, ~/.netrc...)
-    when the workspace holds the user's home: read_file and grep ask no question."""
+    when a root of the workspace holds the user's home: read_file and grep ask no question."""
     from mcp_servers.filesystem.sandbox import CREDENTIALS
 
     hidden = _hidden(config)
     home = os.path.realpath(os.environ.get("HOME") or Path.home())
-    if Path(home).is_relative_to(os.path.realpath(cwd)):
+    if any(Path(home).is_relative_to(os.path.realpath(root)) for root in roots):
         hidden += [os.path.join(home, c) for c in CREDENTIALS]
     return hidden
+
+
+def _existing(roots: list[Path]) -> list[Path]:
+    """The session's roots, but for another root gone since it was given (a session brought
+    back with its stored roots): the file tools must still start."""
+    kept = [roots[0], *(r for r in roots[1:] if r.is_dir())]
+    if len(kept) < len(roots):
+        log.warning("workspace roots no longer folders, left out: %s", sorted(set(roots) - set(kept)))
+    return kept
 
 
 def factory(agent: Any) -> FilesystemHook:

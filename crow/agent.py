@@ -29,6 +29,7 @@ from crow.hooks import HookRegistry
 from crow.inprocess import function_server
 from crow.llm.base import Provider
 from crow.messages import Message
+from crow.roots import beside, checked_directories, reroot, system_prompt
 from crow.session import Session
 from crow.sessions import LockPerKey, new_session, read_session, repair
 from crow.tools import ServerSpec, ToolHub, import_mcp
@@ -188,10 +189,12 @@ class Agent:
 
     # ------------------------------------------------------------ sessions
     def create_session(
-        self, cwd: str | Path, mcp_servers: Sequence[ServerSpec] = (), session_id: str | None = None
-    ) -> Session:
-        """Create a session now and connect its tools in the background."""
-        session = new_session(cwd, session_id, self.session_config)
+        self, cwd: str | Path, mcp_servers: Sequence[ServerSpec] = (), session_id: str | None = None,
+        additional_directories: Sequence[str] = (),
+    ) -> Session:  # fmt: skip
+        """Create a session now and connect its tools in the background. `additional_directories`
+        are more workspace roots (absolute folders; a bad one raises `RootsError`)."""
+        session = new_session(cwd, session_id, self.session_config, additional_directories)
         self._prepare_soon(session, list(mcp_servers), new=True)
         self.sessions[session.id] = session
         return session
@@ -207,8 +210,9 @@ class Agent:
         session.store = self._store
         if new and self._store is not None:
             await self._store.create_session(
-                id=session.id, cwd=str(session.cwd), mode=session.mode, model=session.model
-            )
+                id=session.id, cwd=str(session.cwd), mode=session.mode, model=session.model,
+                additional_directories=session.additional_directories,
+            )  # fmt: skip
         session.state[EDITOR_SERVERS] = servers
         session.tools = await self._connect_tools(session, servers)
 
@@ -242,10 +246,12 @@ class Agent:
         mcp_servers: Sequence[ServerSpec] = (),
         cwd: str | None = None,
         prepare: Callable[[Session], None] | None = None,
+        additional_directories: Sequence[str] | None = None,
     ) -> Session:
         """Bring a stored session back into memory (no replay). `prepare` runs before its
-        tools connect (the ACP adapter binds the editor client there)."""
-        session, _ = await self._restore(session_id, mcp_servers, cwd, prepare)
+        tools connect (the ACP adapter binds the editor client there). Its other roots are
+        `additional_directories` when given (stored as its roots), else the stored ones."""
+        session, _ = await self._restore(session_id, mcp_servers, cwd, prepare, additional_directories)
         return session
 
     async def load_session(
@@ -254,9 +260,12 @@ class Agent:
         mcp_servers: Sequence[ServerSpec] = (),
         cwd: str | None = None,
         prepare: Callable[[Session], None] | None = None,
+        additional_directories: Sequence[str] | None = None,
     ) -> tuple[Session, list[Message]]:
         """Like `resume_session`, also returning the transcript to replay (one store read)."""
-        session, transcript = await self._restore(session_id, mcp_servers, cwd, prepare, True)
+        session, transcript = await self._restore(
+            session_id, mcp_servers, cwd, prepare, additional_directories, True
+        )
         if transcript is None:
             transcript = await self._store.load_transcript(session_id)
         return session, transcript
@@ -267,34 +276,48 @@ class Agent:
         mcp_servers: Sequence[ServerSpec],
         cwd: str | None,
         prepare: Callable[[Session], None] | None,
+        dirs: Sequence[str] | None = None,
         with_transcript: bool = False,
     ) -> tuple[Session, list[Message] | None]:
         """The session in memory, read from the store if it is not: one `Session` per id (a
         second restore of an id waits for the first and gets its session, no transcript; a
-        close of the id waits for it too)."""
+        close of the id waits for it too). `dirs` given: checked first, then its roots."""
+        roots = None if dirs is None else checked_directories(dirs)
         if session_id in self.sessions:
-            return self.sessions[session_id], None
+            return await self._reroot(self.sessions[session_id], roots), None
         async with self._restoring.hold(session_id):
             if session_id in self.sessions:
-                return self.sessions[session_id], None
+                return await self._reroot(self.sessions[session_id], roots), None
             await self.ready()
             session, transcript = await read_session(
                 self._store, session_id, cwd, self.session_config, with_transcript
             )
             if prepare is not None:
                 prepare(session)
+            await self._reroot(session, roots)
             await repair(session, transcript)
             # Tools connect in the background, as for a new session: the first prompt waits.
             self._prepare_soon(session, list(mcp_servers), new=False)
             self.sessions[session_id] = session
             return session, transcript
 
-    async def fork_session(self, session_id: str) -> str:
-        """Copy a stored session (both records) under a new id; returns the id."""
+    async def _reroot(self, session: Session, roots: list[str] | None) -> Session:
+        if await reroot(session, roots) and session.id in self._preparing:
+            session.state[STALE_TOOLS] = True  # live: rebuilt for the new roots at the next prompt
+        return session
+
+    async def fork_session(self, session_id: str, additional_directories: Sequence[str] | None = None) -> str:
+        """Copy a stored session (both records) under a new id; returns the id. The copy's
+        roots are `additional_directories` when given (checked first: nothing is copied if
+        one is refused)."""
+        roots = None if additional_directories is None else checked_directories(additional_directories)
         await self.ready()
         new_id = uuid.uuid4().hex
         try:
-            await self._store.fork_session(session_id, new_id)
+            record = await self._store.fork_session(session_id, new_id)
+            if roots is not None:
+                roots = beside(Path(record.cwd), roots)
+                await self._store.update_session(new_id, additional_directories=roots)
         except StoreError as exc:
             raise SessionError(str(exc)) from exc
         return new_id
@@ -386,7 +409,7 @@ class Agent:
 
         c = session.config or self.config
         return LoopSettings(
-            system_prompt=c.system_prompt.replace("{cwd}", str(session.cwd)),
+            system_prompt=system_prompt(c.system_prompt, session),
             max_iterations=c.max_iterations,
             max_continues=c.max_continues,
             hook_settings=c.hooks.settings,

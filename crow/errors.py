@@ -14,7 +14,8 @@
      │    ├── HookFailed       a hook raised while it ran (names the hook and phase)
      │    └── HookBlocked      a BeforeLLMCall/BeforeToolExec hook stopped its call on purpose
      ├── SessionError         unknown session, busy session, bad request from a client
-     │    └── SessionBusy      another crow process is running a turn in it (carries its pid)
+     │    ├── SessionBusy      another crow process is running a turn in it (carries its pid)
+     │    └── RootsError       an additional workspace root is refused (names the entry)
      └── AuthRequired         a turn ended for want of a valid key (ACP's auth_required, -32000)
 
 Each layer translates its library's exceptions at its boundary (`map_http_errors` in
@@ -101,6 +102,10 @@ class HookBlocked(HookError):
 
 
 class SessionError(CrowError):
+    pass
+
+
+class RootsError(SessionError):
     pass
 
 

@@ -67,6 +67,14 @@ class Session:
     # crow.yaml (found from `cwd`) merged over it. Hooks read their settings here.
     config: Config | None = None
     holds: int = 0  # nesting depth of `exclusive()` in this process
+    # More workspace roots (ACP `additionalDirectories`): absolute folders the file tools and
+    # the sandbox cover too; `cwd` stays where relative paths start. Stored with the session.
+    additional_directories: list[str] = field(default_factory=list)
+
+    @property
+    def roots(self) -> list[Path]:
+        """Every root of the session's workspace, `cwd` first."""
+        return [self.cwd, *map(Path, self.additional_directories)]
 
     @asynccontextmanager
     async def exclusive(self) -> AsyncIterator[None]:

@@ -6,7 +6,7 @@ unsendable. The agent restores one `Session` per id (`LockPerKey`)."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -15,18 +15,24 @@ import anyio
 
 from crow.errors import SessionBusy, SessionError
 from crow.messages import Message, Messages, valid_text
+from crow.roots import beside, checked_directories
 from crow.session import Session
 from crow.trust import PROJECT, SessionProject
 
 
 def new_session(
-    cwd: str | Path, session_id: str | None, project_for: Callable[[Path], SessionProject]
+    cwd: str | Path,
+    session_id: str | None,
+    project_for: Callable[[Path], SessionProject],
+    dirs: Sequence[object] = (),
 ) -> Session:
+    """A new session in `cwd` with the other roots `dirs` (checked first: `RootsError`)."""
     path = Path(cwd)
     if not path.is_absolute():
         raise SessionError(f"cwd must be an absolute path, got {str(cwd)!r}")
     if valid_text(str(cwd)) != str(cwd):  # it could not be stored: refuse, not fail later
         raise SessionError(f"cwd must be valid Unicode, got {str(cwd)!r}")
+    roots = checked_directories(dirs)
     project = project_for(path)
     session = Session(
         id=session_id or uuid.uuid4().hex,
@@ -34,6 +40,7 @@ def new_session(
         mode=project.config.mode,
         model=project.config.model or "",
         config=project.config,
+        additional_directories=beside(path, roots),
     )
     session.state[PROJECT] = project
     return session
@@ -68,6 +75,7 @@ async def read_session(
         messages=Messages(stored),
         config=project.config,
         store=store,
+        additional_directories=beside(path, list(record.additional_directories)),
     )
     session.state[PROJECT] = project
     return session, transcript

@@ -40,6 +40,7 @@ from acp.schema import (
     PromptCapabilities,
     PromptResponse,
     ResumeSessionResponse,
+    SessionAdditionalDirectoriesCapabilities,
     SessionCapabilities,
     SessionCloseCapabilities,
     SessionDeleteCapabilities,
@@ -58,7 +59,7 @@ from crow.acp import view as acp_view
 from crow.acp.client import AcpSessionClient
 from crow.acp.protocol import ClientFeatures
 from crow.agent import Agent
-from crow.errors import CrowError, SessionBusy, SessionError
+from crow.errors import CrowError, RootsError, SessionBusy, SessionError
 from crow.events import Event, ModeChanged, TitleChanged, ToolCallEnd
 from crow.session import Session
 
@@ -76,8 +77,15 @@ COMMANDS = acp_convert.available_commands()
 
 
 def session_error(exc: CrowError) -> RequestError:
+    if isinstance(exc, RootsError):
+        return RequestError(-32602, f"Invalid params: {exc}", {"additionalDirectories": str(exc)})
     code = UNKNOWN_SESSION if "unknown session" in str(exc) else -32602
     return RequestError(code, str(exc))
+
+
+def roots(given: list[str] | None) -> list[str]:
+    """ACP: the list a load/resume/fork sends is the session's roots; none sent, none."""
+    return list(given or [])
 
 
 class AcpServer:
@@ -129,6 +137,7 @@ class AcpServer:
                     fork=SessionForkCapabilities(),
                     close=SessionCloseCapabilities(),
                     delete=SessionDeleteCapabilities(),
+                    additional_directories=SessionAdditionalDirectoriesCapabilities(),
                 ),
                 auth=AgentAuthCapabilities(logout=LogoutCapabilities()),
                 field_meta={"crow": {"version": __version__, "extensions": ["crow.compact"]}},
@@ -147,10 +156,14 @@ class AcpServer:
 
     # ------------------------------------------------------------ sessions
     async def new_session(
-        self, cwd: str, mcp_servers: list[Any] | None = None, **kwargs: Any
-    ) -> NewSessionResponse:
+        self, cwd: str, mcp_servers: list[Any] | None = None,
+        additional_directories: list[str] | None = None, **kwargs: Any,
+    ) -> NewSessionResponse:  # fmt: skip
+        specs, dirs = acp_convert.server_specs(mcp_servers), roots(additional_directories)
         try:
-            session = self.agent.create_session(cwd, acp_convert.server_specs(mcp_servers))
+            session = self.agent.create_session(cwd, specs, additional_directories=dirs)
+        except RootsError as exc:
+            raise session_error(exc) from exc
         except CrowError as exc:
             raise RequestError.invalid_params({"cwd": str(exc)}) from exc
         self._bind(session)
@@ -178,21 +191,25 @@ class AcpServer:
         assert self.wire is not None  # on_connect checks it
         self.wire.after_response(advertise)
 
-    async def _resume(self, session_id: str, cwd: str | None, mcp_servers: list[Any] | None) -> Session:
+    async def _resume(
+        self, session_id: str, cwd: str | None, mcp_servers: list[Any] | None, dirs: list[str] | None
+    ) -> Session:
         try:
             session = await self.agent.resume_session(
-                session_id, acp_convert.server_specs(mcp_servers), cwd, prepare=self._bind
+                session_id, acp_convert.server_specs(mcp_servers), cwd, self._bind, dirs
             )
         except CrowError as exc:
             raise session_error(exc) from exc
         return session
 
     async def load_session(
-        self, cwd: str, session_id: str, mcp_servers: list[Any] | None = None, **kwargs: Any
-    ) -> LoadSessionResponse:
+        self, cwd: str, session_id: str, mcp_servers: list[Any] | None = None,
+        additional_directories: list[str] | None = None, **kwargs: Any,
+    ) -> LoadSessionResponse:  # fmt: skip
+        specs = acp_convert.server_specs(mcp_servers)
         try:
             session, transcript = await self.agent.load_session(
-                session_id, acp_convert.server_specs(mcp_servers), cwd, prepare=self._bind
+                session_id, specs, cwd, self._bind, roots(additional_directories)
             )
         except CrowError as exc:
             raise session_error(exc) from exc
@@ -207,23 +224,26 @@ class AcpServer:
         )
 
     async def resume_session(
-        self, session_id: str, cwd: str, mcp_servers: list[Any] | None = None, **kwargs: Any
-    ) -> ResumeSessionResponse:
-        session = await self._resume(session_id, cwd, mcp_servers)
+        self, session_id: str, cwd: str, mcp_servers: list[Any] | None = None,
+        additional_directories: list[str] | None = None, **kwargs: Any,
+    ) -> ResumeSessionResponse:  # fmt: skip
+        session = await self._resume(session_id, cwd, mcp_servers, roots(additional_directories))
         self._advertise_commands(session_id)
         return ResumeSessionResponse(
             modes=acp_sessions.mode_state(session), config_options=self._options(session)
         )
 
     async def fork_session(
-        self, session_id: str, cwd: str, mcp_servers: list[Any] | None = None, **kwargs: Any
-    ) -> ForkSessionResponse:
+        self, session_id: str, cwd: str, mcp_servers: list[Any] | None = None,
+        additional_directories: list[str] | None = None, **kwargs: Any,
+    ) -> ForkSessionResponse:  # fmt: skip
         await self._ready()
+        dirs = roots(additional_directories)
         try:
-            new_id = await self.agent.fork_session(session_id)
+            new_id = await self.agent.fork_session(session_id, dirs)
         except CrowError as exc:
             raise session_error(exc) from exc
-        session = await self._resume(new_id, cwd, mcp_servers)
+        session = await self._resume(new_id, cwd, mcp_servers, dirs)
         self._advertise_commands(new_id)
         return ForkSessionResponse(
             session_id=new_id, modes=acp_sessions.mode_state(session), config_options=self._options(session)
@@ -413,7 +433,7 @@ class AcpServer:
         if instructions is not None and not isinstance(instructions, str):
             raise RequestError.invalid_params({"instructions": "must be a string"})
         if session_id not in self.agent.sessions:
-            await self._resume(session_id, None, None)
+            await self._resume(session_id, None, None, None)
         session = self._session(session_id)
         with self._cancellable(session_id, "a prompt; cancel it or wait before compacting") as scope:
             try:

@@ -69,5 +69,9 @@ def config_options(session: Session, configured_models: list[str]) -> list[Any]:
 
 def session_info(record: Any) -> SessionInfo:
     return SessionInfo(
-        session_id=record.id, cwd=record.cwd, title=record.title or None, updated_at=record.updated_at or None
+        session_id=record.id,
+        cwd=record.cwd,
+        title=record.title or None,
+        updated_at=record.updated_at or None,
+        additional_directories=list(record.additional_directories) or None,
     )

@@ -27,8 +27,11 @@ from crow.store.record import SessionRecord
 if TYPE_CHECKING:
     from crow.messages import Message
 
-_COLUMNS = "id, cwd, title, created_at, updated_at, model, mode, todos, files, config, message_count"
-_JSON_FIELDS = frozenset({"todos", "files", "config"})
+_COLUMNS = (
+    "id, cwd, title, created_at, updated_at, model, mode, todos, files, config, message_count,"
+    " additional_directories"
+)
+_JSON_FIELDS = frozenset({"todos", "files", "config", "additional_directories"})
 
 
 def get_row(c: sqlite3.Connection, columns: str, session_id: str) -> tuple[Any, ...]:
@@ -41,9 +44,9 @@ def get_row(c: sqlite3.Connection, columns: str, session_id: str) -> tuple[Any, 
 def _to_record(row: Sequence[Any]) -> SessionRecord:
     import json  # see the module docstring
 
-    sid, cwd, title, created, updated, model, mode, todos, files, config, count = row
+    sid, cwd, title, created, updated, model, mode, todos, files, config, count, dirs = row
     return SessionRecord(sid, cwd, title, iso(created), iso(updated), model, mode,
-                         *map(json.loads, (todos, files, config)), count)  # fmt: skip
+                         *map(json.loads, (todos, files, config)), count, json.loads(dirs))  # fmt: skip
 
 
 def record(c: sqlite3.Connection, session_id: str) -> SessionRecord:
@@ -59,9 +62,9 @@ def create(c: sqlite3.Connection, r: SessionRecord) -> SessionRecord:
             raise StoreError(f"session {r.id!r} already exists")
         c.execute(
             "INSERT INTO sessions (id, cwd, title, created_at, updated_at, model, mode,"
-            " todos, files, config) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " todos, files, config, additional_directories) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (r.id, r.cwd, r.title, created, updated, r.model, r.mode,
-             *map(to_json, (r.todos, r.files, r.config))),
+             *map(to_json, (r.todos, r.files, r.config, r.additional_directories))),
         )  # fmt: skip
         return record(c, r.id)
 
@@ -117,14 +120,20 @@ def list_page(
     return [_to_record(row) for row in rows], cursor
 
 
+_COPIED = (
+    "cwd, title, model, mode, todos, files, config, message_count, context_from, context_head,"
+    " additional_directories"
+)
+
+
 def fork(c: sqlite3.Connection, source_id: str, new_id: str) -> SessionRecord:
     now = time.time()
     with transaction(c):
         if c.execute("SELECT 1 FROM sessions WHERE id = ?", (new_id,)).fetchone():
             raise StoreError(f"session {new_id!r} already exists")
-        copied = c.execute(
-            "INSERT INTO sessions SELECT ?, cwd, title, ?, ?, model, mode, todos, files,"
-            " config, message_count, context_from, context_head FROM sessions WHERE id = ?",
+        copied = c.execute(  # columns named: a migrated store has them in another order
+            f"INSERT INTO sessions (id, created_at, updated_at, {_COPIED}) SELECT ?, ?, ?, {_COPIED}"
+            " FROM sessions WHERE id = ?",
             (new_id, now, now, source_id),
         ).rowcount
         if copied == 0:

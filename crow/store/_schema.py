@@ -1,7 +1,8 @@
 """The SQLite file: its tables, its pragmas, and opening it (on the worker thread).
 
 sessions  one row per session: metadata, `message_count` (the next seq),
-          `context_head` (JSON list of messages) and `context_from` (a seq)
+          `context_head` (JSON list of messages) and `context_from` (a seq),
+          `additional_directories` (JSON list: the session's other workspace roots)
 entries   (session_id, seq) -> message JSON, in_context flag; append-only
 session_locks  (crow.store.locks) who runs a turn in a session, and a generation
 """
@@ -19,14 +20,15 @@ from crow.private import secure_store
 from crow.store import locks
 
 T = TypeVar("T")
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _SCHEMA = """
 CREATE TABLE sessions (
   id TEXT PRIMARY KEY, cwd TEXT NOT NULL, title TEXT NOT NULL DEFAULT '',
   created_at REAL NOT NULL, updated_at REAL NOT NULL, model TEXT, mode TEXT,
   todos TEXT NOT NULL DEFAULT '[]', files TEXT NOT NULL DEFAULT '{}',
   config TEXT NOT NULL DEFAULT '{}', message_count INTEGER NOT NULL DEFAULT 0,
-  context_from INTEGER NOT NULL DEFAULT 0, context_head TEXT NOT NULL DEFAULT '[]'
+  context_from INTEGER NOT NULL DEFAULT 0, context_head TEXT NOT NULL DEFAULT '[]',
+  additional_directories TEXT NOT NULL DEFAULT '[]'
 );
 CREATE INDEX sessions_by_time ON sessions (updated_at DESC, id);
 CREATE INDEX sessions_by_cwd ON sessions (cwd, updated_at DESC, id);
@@ -35,6 +37,11 @@ CREATE TABLE entries (
   message TEXT NOT NULL, in_context INTEGER NOT NULL DEFAULT 1, PRIMARY KEY (session_id, seq)
 ) WITHOUT ROWID;
 """
+# From version N to N + 1, run in the transaction that opens an older store: its sessions
+# stay loadable (a column added with a default), and an older crow then refuses the file.
+_MIGRATIONS = {
+    1: "ALTER TABLE sessions ADD COLUMN additional_directories TEXT NOT NULL DEFAULT '[]'",
+}
 
 
 def call(fn: Callable[..., T], conn: sqlite3.Connection, *args: Any) -> T:
@@ -70,6 +77,10 @@ def connect(path: str, home: str | os.PathLike[str] | None) -> sqlite3.Connectio
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         c.execute(statement)
+            else:
+                for step in range(version, SCHEMA_VERSION):
+                    c.execute(_MIGRATIONS[step])
+            if version != SCHEMA_VERSION:
                 c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             c.execute(locks.TABLE)
     except BaseException:

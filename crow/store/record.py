@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 # The fields `update_session` may change; the rest are the store's to keep.
-UPDATABLE = frozenset({"title", "model", "mode", "todos", "files", "config"})
+UPDATABLE = frozenset({"title", "model", "mode", "todos", "files", "config", "additional_directories"})
 
 
 class SessionRecord:
@@ -16,7 +16,7 @@ class SessionRecord:
 
     __slots__ = _FIELDS = (
         "id", "cwd", "title", "created_at", "updated_at", "model", "mode", "todos", "files", "config",
-        "message_count",
+        "message_count", "additional_directories",
     )  # fmt: skip
     id: str
     cwd: str
@@ -29,6 +29,7 @@ class SessionRecord:
     files: dict[str, str]
     config: dict[str, Any]
     message_count: int
+    additional_directories: list[str]  # the session's other workspace roots (absolute)
 
     def __init__(
         self,
@@ -43,10 +44,14 @@ class SessionRecord:
         files: dict[str, str] | None = None,
         config: dict[str, Any] | None = None,
         message_count: int = 0,
+        additional_directories: list[str] | None = None,
     ) -> None:
         todos, files = todos if todos is not None else [], files if files is not None else {}
         config = config if config is not None else {}
-        values = (id, cwd, title, created_at, updated_at, model, mode, todos, files, config, message_count)
+        dirs = additional_directories if additional_directories is not None else []
+        values = (
+            id, cwd, title, created_at, updated_at, model, mode, todos, files, config, message_count, dirs
+        )  # fmt: skip
         for name, value in zip(self._FIELDS, values, strict=True):
             object.__setattr__(self, name, value)
 

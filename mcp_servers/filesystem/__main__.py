@@ -1,5 +1,6 @@
-"""``python -m mcp_servers.filesystem --root DIR [--sandbox bwrap] [--no-network]``: serve
-over stdio. Commands get crow's default environment policy (no secrets; crow.environment)."""
+"""``python -m mcp_servers.filesystem --root DIR [--add-dir DIR]... [--sandbox bwrap]
+[--no-network]``: serve over stdio. Commands get crow's default environment policy (no
+secrets; crow.environment)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="mcp_servers.filesystem", description="crow's filesystem MCP server (stdio)."
     )
-    parser.add_argument("--root", required=True, help="workspace root; all paths stay inside it")
+    parser.add_argument("--root", required=True, help="workspace root; relative paths start here")
+    parser.add_argument(
+        "--add-dir", action="append", default=[], metavar="DIR",
+        help="another root, reached by absolute path (repeatable); paths stay inside the roots",
+    )  # fmt: skip
     parser.add_argument("--sandbox", choices=["bwrap"], help="run execute under bubblewrap")
     parser.add_argument("--no-network", action="store_true", help="with --sandbox: commands get no network")
     args = parser.parse_args(argv)
@@ -27,15 +32,15 @@ def main(argv: list[str] | None = None) -> None:
     from mcp_servers.filesystem.server import build_server
 
     try:
-        root = Workspace(args.root).root
+        ws = Workspace(args.root, extra_roots=args.add_dir)
         sandbox = None
         if args.sandbox:
             try:
-                sandbox = Sandbox.create([root], network=not args.no_network)
+                sandbox = Sandbox.create(ws.roots, network=not args.no_network)
             except FileNotFoundError:
                 parser.error("--sandbox bwrap: bubblewrap (bwrap) is not installed")
-        backend = LocalBackend(Path(root), sandbox, child_environment())
-        server = build_server(root, backend=backend)
+        backend = LocalBackend(Path(ws.root), sandbox, child_environment(), extra_roots=ws.roots[1:])
+        server = build_server(ws.root, backend=backend, extra_roots=ws.roots[1:])
     except ValueError as exc:
         parser.error(str(exc))
     server.run("stdio")

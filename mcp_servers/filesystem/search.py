@@ -221,6 +221,13 @@ class GrepResult:
     def size(self) -> int:
         return len(self.matches) + len(self.files) + len(self.counts)
 
+    def under(self, prefix: str) -> None:
+        """Put ``prefix`` before every file name (a search in another root: absolute names)."""
+        if prefix:
+            for item in (*self.matches, *self.counts):
+                item["file"] = prefix + item["file"]
+            self.files = [prefix + f for f in self.files]
+
     def finish(self, cap: int) -> GrepResult:
         """Apply the cap and sort, so results read the same whatever order rg found them."""
         self.truncated = self.truncated or self.size() > cap

@@ -1,8 +1,9 @@
-"""The filesystem MCP server: seven tools over one workspace root.
+"""The filesystem MCP server: seven tools over a workspace: one root, and maybe more.
 
-``build_server(root)`` returns an ``MCPServer`` serving the methods of one ``FileTools``;
-crow calls it in-process, and ``python -m mcp_servers.filesystem --root DIR`` serves it
-over stdio. Each tool declares how an editor shows it in ``_meta["crow"]`` (see TOOLS).
+``build_server(root, extra_roots=...)`` returns an ``MCPServer`` serving the methods of one
+``FileTools``; crow calls it in-process, and ``python -m mcp_servers.filesystem --root DIR
+[--add-dir DIR]...`` serves it over stdio. Each tool declares how an editor shows it in
+``_meta["crow"]`` (see TOOLS).
 
 Results. Every tool's text content is what the model reads and stays short. Tools
 with data worth keeping also return ``structured_content``:
@@ -28,7 +29,8 @@ write, plus an advisory ``flock`` on an existing file that other crow processes 
 so two calls on one file (from one reply, two sessions or two crow processes) never
 interleave: each edit re-reads the file under the lock and applies to the latest text.
 
-File paths in every result are relative to the root (POSIX separators).
+File paths in every result are relative to the main root (POSIX separators), or absolute
+for a file in another root: the form the tools take back.
 """
 
 from __future__ import annotations
@@ -160,21 +162,28 @@ def build_server(
     sandbox: str | None = None,
     request_state_security: RequestStateSecurity | None = None,
     hidden: Iterable[str | os.PathLike[str]] = (),
+    extra_roots: Iterable[str | os.PathLike[str]] = (),
 ) -> MCPServer:
-    """A filesystem server confined to ``root``.
+    """A filesystem server confined to ``root`` and ``extra_roots`` (relative paths are
+    taken from ``root``; the others are reached by absolute path).
 
     ``backend`` serves read_file/write_file/edit_file/execute (default: local disk and
     subprocesses). ``sandbox="bwrap"`` runs execute under bubblewrap; it applies to the
     default backend only. ``request_state_security`` goes to ``MCPServer``. ``hidden``
     paths inside the root are refused like paths outside it (see paths.Workspace).
     """
-    ws = Workspace(root, hidden)
+    ws = Workspace(root, hidden, extra_roots)
     if backend is not None and sandbox is not None:
         raise ValueError("sandbox applies to the default LocalBackend; configure your backend instead")
-    io: Backend = backend if backend is not None else LocalBackend(ws.root, sandbox=sandbox)
+    io: Backend = backend
+    if io is None:
+        io = LocalBackend(ws.root, sandbox=sandbox, extra_roots=ws.roots[1:])
+    instructions = f"File tools for the workspace {ws.root}. Paths are relative to it."
+    if len(ws.roots) > 1:
+        instructions += " Its other roots, reached by absolute path: " + ", ".join(map(str, ws.roots[1:]))
     server: MCPServer = MCPServer(
         "crow-filesystem",
-        instructions=f"File tools for the workspace {ws.root}. Paths are relative to it.",
+        instructions=instructions,
         request_state_security=request_state_security,
     )
     tools = FileTools(ws, io)
@@ -200,7 +209,9 @@ class FileTools:
         if target.exists() and not target.is_dir():
             raise ToolError(f"{display} is a file, not a directory; use read_file to read it")
         with _os_errors(display):
-            entries = await anyio.to_thread.run_sync(_list_dir, self.ws.root, target, abandon_on_cancel=True)
+            entries = await anyio.to_thread.run_sync(
+                _list_dir, self.ws.root_of(target), target, abandon_on_cancel=True
+            )
         truncated = len(entries) > MAX_LS_ENTRIES
         entries = entries[:MAX_LS_ENTRIES]
         lines = [f"[{display}: {len(entries)} entries{' (truncated)' if truncated else ''}]"]
@@ -235,7 +246,7 @@ class FileTools:
         display = self.ws.relative(target)
         if target.is_dir():
             raise ToolError(f"{display} is a directory; give a file path")
-        async with path_lock(self.ws.root, target):
+        async with path_lock(self.ws.root_of(target), target):
             old: str | None = None
             try:
                 old = await self.io.read_text(target)
@@ -262,7 +273,7 @@ class FileTools:
         first. Returns a unified diff of the change."""
         target = self.ws.resolve(path)
         display = self.ws.relative(target)
-        async with path_lock(self.ws.root, target):  # the edit applies to the text as it is now
+        async with path_lock(self.ws.root_of(target), target):  # the edit applies to the text as it is now
             with _os_errors(display):
                 old = await self.io.read_text(target)
             new, count = await anyio.to_thread.run_sync(
@@ -286,10 +297,13 @@ class FileTools:
         display = self.ws.relative(start)
         if not start.is_dir():
             raise ToolError(f"{display} is not a directory")
+        root = self.ws.root_of(start)
         files, truncated = await anyio.to_thread.run_sync(
-            search.glob_files, self.ws.root, start, pattern, max_results, self.ws.hidden_relative(),
+            search.glob_files, root, start, pattern, max_results, self.ws.hidden_relative(root),
             abandon_on_cancel=True,
         )
+        if prefix := self.ws.prefix(root):
+            files = [prefix + f for f in files]
         text = "\n".join(files) if files else f"No files match {pattern!r} under {display}."
         if truncated:
             text += f"\n[truncated at {max_results} results; narrow the pattern or path]"
@@ -318,10 +332,12 @@ class FileTools:
         display = self.ws.relative(start)
         if not start.exists():
             raise ToolError(f"{display} does not exist")
+        root = self.ws.root_of(start)
         result = await search.grep(
-            self.ws.root, start, pattern, glob=glob, ignore_case=ignore_case,
-            mode=output_mode, cap=max_results, hidden=self.ws.hidden_relative(),
+            root, start, pattern, glob=glob, ignore_case=ignore_case,
+            mode=output_mode, cap=max_results, hidden=self.ws.hidden_relative(root),
         )  # fmt: skip
+        result.under(self.ws.prefix(root))
         if output_mode == "content":
             lines = [f"{m['file']}:{m['line']}:{m['text']}" for m in result.matches]
             structured: dict[str, Any] = {"matches": result.matches}

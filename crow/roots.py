@@ -1,0 +1,82 @@
+"""A session's other workspace roots (ACP `additionalDirectories`): checked, stored, named.
+
+`cwd` stays the session's base (relative paths start there); the other roots are absolute
+folders the file tools and the sandbox cover too (builtin_hooks/filesystem). A client's list
+is checked whole before anything is created or stored (`checked_directories`). On
+`session/load`, `resume` and `fork` the list the client sends is the session's roots for
+that activation, and is stored as its roots (`reroot`); crow's own restores (`crow.compact`,
+`crow sessions compact`) keep the stored ones.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+
+from crow.errors import RootsError
+from crow.messages import valid_text
+from crow.session import Session
+
+
+def checked_directories(dirs: Sequence[object]) -> list[str]:
+    """The roots as a client gives them: each an absolute path to an existing folder (else
+    `RootsError` naming the entry), normalised; a folder given twice (by any spelling) is
+    kept once, the first time. One stat per entry: `session/new` waits for this."""
+    kept: list[str] = []
+    seen: set[tuple[int, int]] = set()
+    for i, path in enumerate(dirs):
+        entry = f"additionalDirectories[{i}]"
+        if not isinstance(path, str) or not path:
+            raise RootsError(f"{entry} must be a non-empty string, got {path!r}")
+        if "\x00" in path or valid_text(path) != path:
+            raise RootsError(f"{entry} must be valid Unicode without NUL, got {path!r}")
+        if not os.path.isabs(path):
+            raise RootsError(f"{entry} must be an absolute path, got {path!r}")
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            raise RootsError(f"{entry} does not exist: {path!r}") from None
+        except OSError as exc:  # permission denied, a symlink loop, a name too long
+            raise RootsError(f"{entry} cannot be used: {path!r} ({exc.strerror})") from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise RootsError(f"{entry} is not a directory: {path!r}")
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            kept.append(os.path.normpath(path))
+    return kept
+
+
+def beside(cwd: Path, dirs: Sequence[str]) -> list[str]:
+    """`dirs` without the folder `cwd` is (a root already)."""
+    if not dirs:
+        return []
+    here = _identity(cwd)
+    return [d for d in dirs if here is None or _identity(d) != here]
+
+
+def _identity(path: str | Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino
+
+
+async def reroot(session: Session, roots: list[str] | None) -> bool:
+    """Make `roots` (checked; None: keep them) the session's other roots, stored. True when
+    they changed."""
+    if roots is None or (roots := beside(session.cwd, roots)) == session.additional_directories:
+        return False
+    await session.save(additional_directories=roots)
+    return True
+
+
+def system_prompt(template: str, session: Session) -> str:
+    """The system prompt for `session`: `{cwd}` filled in, and its other roots named."""
+    text = template.replace("{cwd}", str(session.cwd))
+    if session.additional_directories:
+        listed = ", ".join(session.additional_directories)
+        text += f"\n\nThe workspace has more roots, reached by absolute path: {listed}"
+    return text
