@@ -20,6 +20,7 @@ from crow import images
 from tests.conftest import crow_env, spawn_crow
 from tests.llm_server import RecordedRequest, Reply, ScriptedLLM, ToolCallSpec
 from tests.support.images import png
+from tests.test_e2e_providers import anthropic_env
 
 pytestmark = pytest.mark.anyio
 
@@ -28,17 +29,6 @@ PNG = png(5, 4)
 PNG64 = base64.b64encode(PNG).decode()
 DATA_URL = f"data:image/png;base64,{PNG64}"
 NOTE = "[an image (image/png) was left out here: the model in use does not accept images]"
-
-
-def anthropic_env(llm: ScriptedLLM, home: Path, **extra: str) -> dict[str, str]:
-    return crow_env(
-        None,
-        home,
-        CROW_MODEL="anthropic:claude-test",
-        ANTHROPIC_BASE_URL=llm.root_url,
-        ANTHROPIC_API_KEY="k",
-        **extra,
-    )
 
 
 def camera(name: str = "camera") -> McpServerStdio:
@@ -268,12 +258,16 @@ def test_ts_client_sees_tool_images_live_and_on_load(llm: ScriptedLLM, home: Pat
 
     (workspace / "shot.png").write_bytes(PNG)
     (workspace / "broken.png").write_text("not an image")
+    with (workspace / "huge.webp").open("wb") as f:
+        f.write(b"RIFF\0\0\0\0WEBPVP8 ")
+        f.truncate(images.MAX_BYTES + 1)
     llm.push(
         Reply(
             tool_calls=[
                 ToolCallSpec("read_file", {"path": "shot.png"}, id="call_png"),
                 ToolCallSpec("snapshot", {}, id="call_snap"),
                 ToolCallSpec("read_file", {"path": "broken.png"}, id="call_broken"),
+                ToolCallSpec("read_file", {"path": "huge.webp"}, id="call_huge"),
             ]
         ),
         Reply(text="seen"),
@@ -307,10 +301,14 @@ def test_ts_client_sees_tool_images_live_and_on_load(llm: ScriptedLLM, home: Pat
         "call_png": "completed",
         "call_snap": "completed",
         "call_broken": "failed",
+        "call_huge": "failed",
     }
     assert openai_image_urls(llm.requests[1]) == [DATA_URL, f"data:image/png;base64,{picture}"]
     assert tool_text(llm.requests[1], "call_broken").startswith(
         "Error: broken.png is not a PNG, JPEG, GIF, WEBP image"
+    )
+    assert tool_text(llm.requests[1], "call_huge").startswith(
+        f"Error: huge.webp is {images.MAX_BYTES + 1:,} bytes, over"
     )
 
     sid = out["results"]["s"]["result"]["sessionId"]
