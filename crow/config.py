@@ -71,6 +71,7 @@ class ModelSettings(_Model):
     temperature: float | None = None
     reasoning_effort: str | None = None
     thinking_budget: int | None = None
+    images: bool | None = None  # whether the model accepts images (None: crow's known list)
 
 
 class CommandHookEntry(_Model):

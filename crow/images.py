@@ -1,7 +1,8 @@
 """Images every provider crow speaks accepts (OpenAI, Anthropic). A stored image is re-sent
 with every later request of its session, so one a provider refuses would fail them all:
-they are checked where they come in (a prompt) and, for sessions stored before that check,
-dropped from the model context when a session is loaded."""
+they are checked where they come in (a prompt, a file read_file reads, a tool's result)
+and, for sessions stored before that check, dropped from the model context when a session
+is loaded. A model that takes no images gets a note in their place (`without_images`)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,26 @@ TYPES: dict[str, tuple[bytes, ...]] = {  # mime type -> the file's possible firs
     "image/webp": (b"RIFF",),  # and "WEBP" at offset 8
 }
 MAX_BASE64 = 5 * 1024 * 1024  # Anthropic's limit per image, on the base64 text
+MAX_BYTES = MAX_BASE64 // 4 * 3  # the largest file whose base64 stays within MAX_BASE64
 MAX_PER_PROMPT = 20
 DROPPED = "[an image was removed here: {problem}]"
+NOT_SHOWN = "[an image ({mime}) was left out here: the model in use does not accept images]"
+# What a file's name says it is; its content decides (`sniff`).
+EXTENSIONS: dict[str, str] = {
+    ".png": "image/png",
+    ".jpg": "image/jpeg",
+    ".jpeg": "image/jpeg",
+    ".gif": "image/gif",
+    ".webp": "image/webp",
+}
+
+
+def sniff(head: bytes) -> str | None:
+    """The image type `head` (a file's first 12 bytes or more) starts like, else None."""
+    for mime, starts in TYPES.items():
+        if head.startswith(starts) and (mime != "image/webp" or head[8:12] == b"WEBP"):
+            return mime
+    return None
 
 
 def checked(mime_type: str, data: str) -> Image:
@@ -38,8 +57,7 @@ def checked(mime_type: str, data: str) -> Image:
         raise ValueError(f"data is not valid base64 ({exc})") from exc
     if not raw:
         raise ValueError("data is empty")
-    webp = mime != "image/webp" or raw[8:12] == b"WEBP"
-    if not raw.startswith(TYPES[mime]) or not webp:
+    if sniff(raw) != mime:
         raise ValueError(f"data is not a {mime} image (it starts with {raw[:8]!r})")
     return Image(mime, text)
 
@@ -61,3 +79,61 @@ def without_invalid(messages: Sequence[Message]) -> Sequence[Message]:
             out = out if out is not None else list(messages)
             out[i] = m.replace(images=tuple(kept), content="\n".join([m.content, *notes]).strip())
     return messages if out is None else out
+
+
+def from_file(data: bytes, name: str, size: int | None = None) -> Image:
+    """A file's bytes as an image, or ValueError saying why not: its content is none of
+    TYPES, the file (`size` bytes, default len(data)) is over MAX_BYTES, or it is damaged
+    (`_damage`)."""
+    mime = sniff(data)
+    if mime is None:
+        kinds = ", ".join(t.removeprefix("image/").upper() for t in TYPES)
+        raise ValueError(f"{name} is not a {kinds} image: its content starts with {data[:8]!r}")
+    size = len(data) if size is None else size
+    if size > MAX_BYTES:
+        raise ValueError(
+            f"{name} is {size:,} bytes, over {MAX_BYTES:,}: the largest image a model is sent "
+            f"({MAX_BASE64 // (1024 * 1024)} MB as base64, Anthropic's limit per image)"
+        )
+    if problem := _damage(data, mime):
+        raise ValueError(f"{name} is a damaged {mime} image: {problem}")
+    return Image(mime, base64.b64encode(data).decode("ascii"))
+
+
+def _damage(data: bytes, mime: str) -> str | None:
+    """What is broken past the first bytes (a file cut short, a made-up header), else None.
+    Files get this deeper check: a name says nothing, and a half-written download would
+    be refused by the provider in every later request of the session."""
+    if mime == "image/png":
+        if data[12:16] != b"IHDR" or int.from_bytes(data[16:20]) == 0 or int.from_bytes(data[20:24]) == 0:
+            return "its header (IHDR) is missing or gives no size"
+        if b"IEND" not in data[-4096:]:
+            return "it has no end chunk (IEND): the file is cut short"
+    elif mime == "image/jpeg":
+        if b"\xff\xd9" not in data[-4096:]:
+            return "it has no end-of-image marker: the file is cut short"
+    elif mime == "image/gif":
+        if len(data) < 14 or data[6:8] == b"\0\0" or data[8:10] == b"\0\0":
+            return "its header gives no size"
+        if b";" not in data[-4096:]:
+            return "it has no trailer: the file is cut short"
+    elif mime == "image/webp":
+        declared = int.from_bytes(data[4:8], "little") + 8
+        if data[12:16] not in (b"VP8 ", b"VP8L", b"VP8X"):
+            return "its first chunk is not image data"
+        if declared > len(data):
+            return f"its header says {declared:,} bytes, the file has {len(data):,}: it is cut short"
+    return None
+
+
+def without_images(messages: Sequence[Message]) -> Sequence[Message]:
+    """`messages` with every image replaced by a note (`NOT_SHOWN`), for a model that does
+    not accept images; the same object when there are none."""
+    if not any(m.images for m in messages):
+        return messages
+    return [_noted(m) if m.images else m for m in messages]
+
+
+def _noted(m: Message) -> Message:
+    notes = (NOT_SHOWN.format(mime=i.mime_type) for i in m.images)
+    return m.replace(images=(), content="\n".join([m.content, *notes]).strip())

@@ -20,6 +20,9 @@ USER_INPUT_ROLES: frozenset[str] = frozenset({"user", "system"})
 
 INTERRUPTED = "Tool call interrupted: crow stopped before it finished."
 REPLACEMENT = "\ufffd"
+# An image's share of the context, in characters (4 a token): ~1,600 tokens, what Anthropic
+# counts for the largest image it keeps unscaled; OpenAI's high detail stays under it.
+IMAGE_CHARS = 6400
 
 
 def valid_text(text: str) -> str:
@@ -130,6 +133,7 @@ class ToolResult:
     error: str | None = None
     # Structured extras for the editor (diffs, locations, terminal ids); never sent to the model.
     meta: Mapping[str, Any] | None = None
+    images: tuple[Image, ...] = ()  # checked (crow.images); the model and the editor see them
 
     @property
     def is_error(self) -> bool:
@@ -151,6 +155,7 @@ class ToolResult:
             self.text,
             tool_call_id=self.tool_call_id,
             name=self.name,
+            images=self.images,
             is_error=self.is_error,
             meta=self.meta,
         )
@@ -177,7 +182,7 @@ class Message:
     chars: int = field(default=0, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        size = len(self.content) + len(self.thinking) + 1000 * len(self.images)
+        size = len(self.content) + len(self.thinking) + IMAGE_CHARS * len(self.images)
         for call in self.tool_calls:
             size += (
                 len(call.name)

@@ -30,9 +30,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from crow import images
 from crow.inprocess import DirectClient, needs_session
 from crow.llm.base import ToolSpec
-from crow.messages import ToolCall, ToolResult
+from crow.messages import Image, ToolCall, ToolResult
 from crow.tool_errors import check_arguments, for_model
 from crow.tool_kinds import declared_presentation
 
@@ -270,13 +271,20 @@ class ToolHub:
 
 
 def to_tool_result(call: ToolCall, result: Any, schema: Mapping[str, Any] | None = None) -> ToolResult:
-    """Text content is what the model reads; structured content and _meta go to the editor.
-    An error's text is worded for the model (`crow.tool_errors.for_model`)."""
+    """Text content is what the model reads, images it sees (each checked: one a provider
+    refuses would fail every later request, so it becomes a note); structured content and
+    _meta go to the editor. An error's text is worded for the model (`crow.tool_errors.for_model`)."""
     parts: list[str] = []
+    shown: list[Image] = []
     for block in result.content or ():
         kind = getattr(block, "type", "")
         if kind == "text":
             parts.append(block.text)
+        elif kind == "image":
+            try:
+                shown.append(images.checked(block.mime_type, block.data))
+            except ValueError as exc:
+                parts.append(images.DROPPED.format(problem=exc))
         elif kind == "resource":
             resource = block.resource
             parts.append(getattr(resource, "text", None) or f"[resource {resource.uri}]")
@@ -291,8 +299,9 @@ def to_tool_result(call: ToolCall, result: Any, schema: Mapping[str, Any] | None
     if result.meta:
         meta.update({k: v for k, v in result.meta.items() if not k.startswith("io.modelcontextprotocol")})
     if result.is_error:
-        return ToolResult(call.id, call.name, error=for_model(call.name, text, schema), meta=meta or None)
-    return ToolResult(call.id, call.name, output=text, meta=meta or None)
+        error = for_model(call.name, text, schema)
+        return ToolResult(call.id, call.name, error=error, meta=meta or None, images=tuple(shown))
+    return ToolResult(call.id, call.name, output=text, meta=meta or None, images=tuple(shown))
 
 
 @contextlib.asynccontextmanager

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from acp import (
+    image_block,
     plan_entry,
     start_tool_call,
     text_block,
@@ -157,6 +158,7 @@ def _outcome(result: ToolResult) -> dict[str, Any]:
     if text and diff is None:
         shown = text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN] + "\n… (truncated)"
         content.append(tool_content(text_block(shown)))
+    content += [tool_content(image_block(i.data, i.mime_type)) for i in result.images]
     terminal = terminal_id(result)
     if terminal:
         content.insert(0, tool_terminal_ref(str(terminal)))
@@ -236,6 +238,7 @@ def replay(messages: list[Message], cwd: Path) -> Iterator[Any]:
                 output="" if m.is_error else m.content,
                 error=m.content.removeprefix("Error: ") if m.is_error else None,
                 meta=m.meta,
+                images=m.images,
             )
             yield finished_update(call, result, cwd)
             continue

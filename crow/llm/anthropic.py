@@ -47,13 +47,23 @@ def sanitize_tool_id(call_id: str) -> str:
     return _BAD_ID_CHARS.sub("_", call_id) or "toolu_missing"
 
 
+def _image_blocks(m: Message) -> list[dict[str, Any]]:
+    return [
+        {"type": "image", "source": {"type": "base64", "media_type": i.mime_type, "data": i.data}}
+        for i in m.images
+    ]
+
+
 def _content_blocks(m: Message) -> list[dict[str, Any]]:
     if m.role == "tool":
+        content: str | list[dict[str, Any]] = m.content
+        if m.images:  # the API rejects empty text blocks
+            content = ([{"type": "text", "text": m.content}] if m.content else []) + _image_blocks(m)
         return [
             {
                 "type": "tool_result",
                 "tool_use_id": sanitize_tool_id(m.tool_call_id),
-                "content": m.content,
+                "content": content,
                 "is_error": m.is_error,
             }
         ]
@@ -76,10 +86,7 @@ def _content_blocks(m: Message) -> list[dict[str, Any]]:
             for c in m.tool_calls
         ]
         return blocks
-    blocks += [
-        {"type": "image", "source": {"type": "base64", "media_type": i.mime_type, "data": i.data}}
-        for i in m.images
-    ]
+    blocks += _image_blocks(m)
     if m.content:  # the API rejects empty text blocks
         blocks.append({"type": "text", "text": m.content})
     return blocks

@@ -24,6 +24,7 @@ from typing import Any, Protocol, TypeVar
 import anyio
 import httpx
 
+from crow import images
 from crow.errors import (
     AuthError,
     ContextLengthError,
@@ -253,6 +254,7 @@ class HTTPProvider:
         max_tokens: int | None = None,
         temperature: float | None = None,
         reasoning_effort: str | None = None,
+        accepts_images: bool = True,
         connect_timeout: float = 10,
         read_timeout: float = 300,
         max_retries: int = 3,
@@ -267,6 +269,7 @@ class HTTPProvider:
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.reasoning_effort = reasoning_effort
+        self.accepts_images = accepts_images
         self._extra_headers = dict(headers or {})
         self.base_url = (base_url or self.default_base_url).rstrip("/")
         self.api_key_env = api_key_env or self.default_key_env
@@ -282,6 +285,8 @@ class HTTPProvider:
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
         """The Provider method: one request, retried as the policy allows."""
         self._require_key()
+        if not self.accepts_images:  # a note in each image's place, whoever added it
+            request = request.replace(messages=images.without_images(request.messages))
         body = self.build_body(request)
         async for event in stream_with_retries(lambda: self._attempt(body), self.retry, provider=self.name):
             yield event

@@ -33,11 +33,33 @@ _STOP: dict[str, ModelStopReason] = {
 }
 
 
+# Chat completions' tool messages hold text only: a tool's images follow the run of tool
+# messages as one user message, each announced in its tool's text (goose does the same).
+TOOL_IMAGES_FOLLOW = "[{count} image(s) from this tool follow in the next message]"
+TOOL_IMAGES_HEAD = "Image(s) from tool call {id} ({name}):"
+
+
+def _image_parts(m: Message) -> list[dict[str, Any]]:
+    return [
+        {"type": "image_url", "image_url": {"url": f"data:{i.mime_type};base64,{i.data}"}} for i in m.images
+    ]
+
+
 def convert_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
+    held: list[dict[str, Any]] = []  # image parts of the current run of tool messages
     for m in messages:
+        if held and m.role != "tool":
+            out.append({"role": "user", "content": held})
+            held = []
         if m.role == "tool":
-            out.append({"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content})
+            content = m.content
+            if m.images:
+                note = TOOL_IMAGES_FOLLOW.format(count=len(m.images))
+                content = f"{content}\n{note}" if content else note
+                held += [{"type": "text", "text": TOOL_IMAGES_HEAD.format(id=m.tool_call_id, name=m.name)}]
+                held += _image_parts(m)
+            out.append({"role": "tool", "tool_call_id": m.tool_call_id, "content": content})
         elif m.role == "assistant":
             item: dict[str, Any] = {"role": "assistant", "content": m.content or None}
             if m.tool_calls:
@@ -54,13 +76,11 @@ def convert_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
             out.append(item)
         elif m.images:
             parts: list[dict[str, Any]] = [{"type": "text", "text": m.content}] if m.content else []
-            parts += [
-                {"type": "image_url", "image_url": {"url": f"data:{i.mime_type};base64,{i.data}"}}
-                for i in m.images
-            ]
-            out.append({"role": m.role, "content": parts})
+            out.append({"role": m.role, "content": parts + _image_parts(m)})
         else:
             out.append({"role": m.role, "content": m.content})
+    if held:
+        out.append({"role": "user", "content": held})
     return out
 
 

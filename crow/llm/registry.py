@@ -24,6 +24,7 @@ __all__ = [
     "ModelSettings",
     "ProviderSettings",
     "create_provider",
+    "default_accepts_images",
     "default_context_window",
     "endpoint",
     "list_known_providers",
@@ -79,6 +80,21 @@ def default_context_window(model: str) -> int:
         if re.match(pattern, name):
             return window
     return 128_000
+
+
+# Model families known to take text only; a name with an image marker (`vl`, `vision`, ...)
+# is an image variant of one. Any other model is taken to accept images, as crow has always
+# sent prompt images to every model: `model_settings.REF.images` says otherwise.
+_TEXT_ONLY = re.compile(
+    r"gpt-3\.5|o1-mini|o3-mini|deepseek|qwen|codestral|mixtral|gpt-oss|kimi|glm-4\.[56](?!v)"
+    r"|llama-?[23]|codellama|phi-?[34]|starcoder"
+)
+_IMAGE_MARKER = re.compile(r"vl\b|vl-|vision|llava|pixtral|multimodal|omni")
+
+
+def default_accepts_images(model: str) -> bool:
+    name = model.lower().rsplit("/", 1)[-1]
+    return bool(_IMAGE_MARKER.search(name)) or not _TEXT_ONLY.match(name)
 
 
 def list_known_providers(providers: Mapping[str, ProviderSettings] | None = None) -> list[str]:
@@ -169,6 +185,9 @@ def create_provider(
         "context_window": model_settings.context_window or default_context_window(model),
         "temperature": model_settings.temperature,
         "reasoning_effort": model_settings.reasoning_effort,
+        "accepts_images": (
+            default_accepts_images(model) if model_settings.images is None else model_settings.images
+        ),
         "headers": dict(settings.headers),
     }
     for key in ("connect_timeout", "read_timeout", "max_retries"):

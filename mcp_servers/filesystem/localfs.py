@@ -51,6 +51,7 @@ __all__ = [
     "WriteError",
     "file_lock",
     "open_dir",
+    "read_bytes",
     "read_text",
     "write_text",
 ]
@@ -173,16 +174,21 @@ def _open_for_read(root: Path, path: Path) -> tuple[int, int]:
     raise OSError(errno.EINVAL, "not a regular file", str(path))
 
 
-def _read_fd(fd: int, path: Path) -> str:
+def _read_upto(fd: int, limit: int) -> bytes:
+    """At most `limit` bytes from `fd`, which it closes."""
     try:
         chunks: list[bytes] = []
-        left = MAX_READ_BYTES + 1
+        left = limit
         while left > 0 and (chunk := os.read(fd, min(left, _CHUNK))):
             chunks.append(chunk)
             left -= len(chunk)
     finally:
         os.close(fd)
-    data = b"".join(chunks)
+    return b"".join(chunks)
+
+
+def _read_fd(fd: int, path: Path) -> str:
+    data = _read_upto(fd, MAX_READ_BYTES + 1)
     if len(data) > MAX_READ_BYTES:
         raise ToolError(
             f"{path} is larger than {MAX_READ_BYTES // (1024 * 1024)} MB; "
@@ -204,6 +210,15 @@ async def read_text(root: Path, path: Path) -> str:
     if size <= INLINE_BYTES:
         return _read_fd(fd, path)
     return await anyio.to_thread.run_sync(_read_fd, fd, path, abandon_on_cancel=True)
+
+
+async def read_bytes(root: Path, path: Path, limit: int) -> tuple[bytes, int]:
+    """The first `limit` bytes of the file at ``path`` (absolute, inside ``root``), or all
+    of a shorter one, and the file's size."""
+    fd, size = _open_for_read(root, path)
+    if min(size, limit) <= INLINE_BYTES:
+        return _read_upto(fd, limit), size
+    return await anyio.to_thread.run_sync(_read_upto, fd, limit, abandon_on_cancel=True), size
 
 
 # ------------------------------------------------------------------ locking

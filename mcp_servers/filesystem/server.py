@@ -47,8 +47,9 @@ import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.request_state import RequestStateSecurity
-from mcp_types import CallToolResult, TextContent, ToolAnnotations
+from mcp_types import CallToolResult, ImageContent, TextContent, ToolAnnotations
 
+from crow import images
 from mcp_servers import crow_meta
 from mcp_servers.filesystem import localfs, search, textops
 from mcp_servers.filesystem.backend import Backend, BinaryFileError, LocalBackend
@@ -227,17 +228,39 @@ class FileTools:
         """Read a text file. Lines come numbered like `cat -n` (1-based); a header says
         which lines of how many are shown. `offset` is the 0-based index of the first line
         to show and `limit` how many lines (at most 2000); when more remains, the header
-        gives the next offset. Lines over 2000 characters are cut. Binary files are
-        refused."""
+        gives the next offset. Lines over 2000 characters are cut. A PNG, JPEG, GIF or WebP
+        image comes back as the image (offset and limit do not apply). Other binary files
+        are refused."""
         if offset < 0:
             raise ToolError("offset must be 0 or more (it is a 0-based line index)")
         if not 1 <= limit <= 2000:
             raise ToolError("limit must be between 1 and 2000 lines")
         target = self.ws.resolve(path)
         display = self.ws.relative(target)
+        if target.suffix.lower() in images.EXTENSIONS:
+            return await self._image(target, display)
         with _os_errors(display):
-            text = await self.io.read_text(target)
+            try:
+                text = await self.io.read_text(target)
+            except BinaryFileError:  # an image under another name is still shown
+                head, _ = await localfs.read_bytes(self.ws.root, target, 16)
+                if images.sniff(head) is None:
+                    raise
+                return await self._image(target, display)
         return _text(textops.number_lines(text, display, offset, limit))
+
+    async def _image(self, target: Path, display: str) -> CallToolResult:
+        """The image file as MCP image content, after a line naming it. Read from the disk
+        whatever the backend: an editor serves text only."""
+        with _os_errors(display):
+            data, size = await localfs.read_bytes(self.ws.root, target, images.MAX_BYTES + 1)
+        try:
+            image = images.from_file(data, display, size)
+        except ValueError as exc:
+            raise ToolError(str(exc)) from None
+        about = TextContent(type="text", text=f"[{display}: {image.mime_type} image, {size:,} bytes]")
+        shown = ImageContent(type="image", data=image.data, mime_type=image.mime_type)
+        return CallToolResult(content=[about, shown])
 
     async def write_file(self, path: str, content: str) -> CallToolResult:
         """Create or overwrite a file with `content` (UTF-8), creating missing parent
