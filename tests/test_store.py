@@ -503,3 +503,24 @@ async def test_small_writes_on_the_loop_still_checkpoint_the_wal(tmp_path: Path)
         wal = Path(f"{db}-wal").stat().st_size
     # 2,000 appends write ~40 MB of WAL frames (a few pages each); reused after a checkpoint
     assert wal < 12_000_000, f"WAL is {wal} bytes"
+
+
+async def test_a_large_append_is_written_off_the_event_loop(store: SQLiteStore) -> None:
+    """A message with an image (megabytes of JSON) is encoded and written on the worker
+    thread; a small one inline. Inline, a 1.4 MB row held the event loop 20-40 ms."""
+    import threading
+
+    writers: list[str] = []
+
+    def trace(statement: str) -> None:
+        if statement.startswith("INSERT INTO entries"):
+            writers.append(threading.current_thread().name)
+
+    await store._run(lambda conn: conn.set_trace_callback(trace))
+    loop_thread = threading.current_thread().name
+    await store.append("s1", [human("small")])
+    await store.append("s1", [human("look", Image("image/png", "A" * 200_000))])
+    await store.append("s1", [human("x" * 100_000)])
+    assert writers[0] == loop_thread, "a small write stays inline (no hop)"
+    assert loop_thread not in writers[1:], writers
+    assert [m.content[:5] for m in await store.load_context("s1")] == ["small", "look", "xxxxx"]

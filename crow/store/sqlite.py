@@ -35,6 +35,9 @@ from crow.store.base import UPDATABLE, SessionRecord
 
 log = logging.getLogger("crow.store")
 T = TypeVar("T")
+# A write past this many bytes (an image: megabytes of JSON) is encoded and written on the
+# worker thread: inline, a 1.4 MB row held the event loop 20-40 ms.
+INLINE_BYTES = 64 * 1024
 
 
 class SQLiteStore:
@@ -128,7 +131,12 @@ class SQLiteStore:
 
     # messages
     async def append(self, session_id: str, messages: Sequence[Message], *, in_context: bool = True) -> None:
-        await self._run_small(q.append, session_id, [dump(m) for m in messages], in_context)
+        if any(m.images for m in messages):
+            await self._run(_append_messages, session_id, messages, in_context)
+            return
+        rows = [dump(m) for m in messages]
+        run = self._run_small if sum(map(len, rows)) <= INLINE_BYTES else self._run
+        await run(q.append, session_id, rows, in_context)
 
     async def set_context(self, session_id: str, messages: Sequence[Message]) -> None:
         await self._run(q.set_context, session_id, [dump(m) for m in messages])
@@ -205,6 +213,12 @@ class SQLiteStore:
         if self._state != "open":
             raise StoreError("store closed" if self._state == "closed" else "store not open")
         return await self._worker.run_small(fn, *args)
+
+
+def _append_messages(
+    conn: sqlite3.Connection, session_id: str, messages: Sequence[Message], in_context: bool
+) -> None:
+    q.append(conn, session_id, [dump(m) for m in messages], in_context)
 
 
 def _no_autocheckpoint(conn: sqlite3.Connection) -> None:
