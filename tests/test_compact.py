@@ -25,7 +25,7 @@ from crow.compact import (
 )
 from crow.config import CompactionConfig, Config
 from crow.errors import ContextLengthError, ProviderError
-from crow.events import UsageUpdated
+from crow.events import CompactionFinished, CompactionStarted, UsageUpdated
 from crow.llm.base import ModelRequest, ModelResponse, ScriptedProvider, ToolSpec, Usage
 from crow.messages import Message, Messages, ToolCall, ai, human, system, tool_msg, validate
 from crow.session import Session
@@ -245,7 +245,11 @@ async def test_new_context_structure(tmp_path: Path) -> None:
     assert (result.messages_before, result.messages_after) == (60, 8)
     assert result.tokens_after == session.context_tokens() < result.tokens_before
     assert result.summary == "THE SUMMARY"
-    assert events == [UsageUpdated(result.tokens_after, 10_000)]
+    assert events == [
+        CompactionStarted(result.id),
+        CompactionFinished(result.id, "completed", "THE SUMMARY"),
+        UsageUpdated(result.tokens_after, 10_000),
+    ]
 
 
 async def test_tail_starting_with_an_exchange_keeps_the_call(tmp_path: Path) -> None:

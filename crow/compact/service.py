@@ -26,8 +26,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import anyio
 
 from crow.compact.cut import cut_point, should_compact
 from crow.compact.request import (
@@ -39,7 +42,7 @@ from crow.compact.request import (
 )
 from crow.config import CompactionConfig
 from crow.errors import ContextLengthError, ProviderError, StoreError
-from crow.events import Emit, UsageUpdated
+from crow.events import CompactionFinished, CompactionStarted, Emit, Event, UsageUpdated
 from crow.llm.base import ModelRequest, Provider, complete
 from crow.messages import InvalidMessages, Message, close_dangling_tool_calls, validate
 
@@ -61,6 +64,7 @@ class CompactResult:
     summary: str = ""
     prefix_share: float | None = None
     error: str | None = None
+    id: str = ""  # the compaction's (its CompactionStarted/Finished events)
 
     def to_dict(self) -> dict[str, Any]:
         """The ACP `crow.compact` answer (camelCase)."""
@@ -74,6 +78,8 @@ class CompactResult:
         }
         if self.error is not None:
             d["error"] = self.error
+        if self.id:
+            d["compactionId"] = self.id
         return d
 
 
@@ -106,8 +112,23 @@ class CompactService:
         instructions: str | None = None,
         emit: Emit | None = None,
     ) -> CompactResult:
-        async with session.compaction.lock:
-            result = await self._compact(session, provider, instructions)
+        """Compact now. Told through `emit` as it goes: `CompactionStarted`, then one
+        `CompactionFinished` (completed, failed, or cancelled: a cancel before the new
+        context is stored leaves the session exactly as it was)."""
+        report = emit if emit is not None else _unreported
+        compaction = uuid.uuid4().hex
+        try:
+            await report(CompactionStarted(compaction))
+            async with session.compaction.lock:
+                result = await self._compact(session, provider, instructions)
+        except anyio.get_cancelled_exc_class():
+            with anyio.move_on_after(REPORT_GRACE, shield=True):
+                await report(CompactionFinished(compaction, "cancelled"))
+            raise
+        result.id = compaction
+        with anyio.move_on_after(REPORT_GRACE, shield=True):  # it happened, even if a cancel came
+            status = "completed" if result.compacted else "failed"
+            await report(CompactionFinished(compaction, status, result.summary, result.error))
         if result.compacted and emit is not None and provider is not None:
             await emit(UsageUpdated(result.tokens_after, provider.context_window))
         return result
@@ -149,7 +170,8 @@ class CompactService:
             log.error("compaction of session %s built an invalid context: %s; unchanged", session.id, exc)
             return dataclasses.replace(before, prefix_share=share, error=f"invalid compacted context: {exc}")
         try:
-            await session.set_messages(new)
+            with anyio.CancelScope(shield=True):  # a cancel now would leave memory ahead of the store
+                await session.set_messages(new)
         except StoreError as exc:  # the session is left as it was (`set_messages`)
             log.warning("compaction of session %s not stored: %s; context unchanged", session.id, exc)
             session.compaction.failed_at = len(messages)  # the summary call is not repeated at once
@@ -211,6 +233,13 @@ class CompactService:
             return await _call(provider, request), share, None
         except Exception as exc:
             return "", share, _describe(exc)
+
+
+REPORT_GRACE = 5.0  # seconds a cancelled compaction has to say so
+
+
+async def _unreported(event: Event) -> None:
+    return None
 
 
 async def _call(provider: Provider, request: ModelRequest) -> str:
