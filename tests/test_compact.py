@@ -504,6 +504,16 @@ async def test_hook_compacts_only_when_the_loop_goes_on() -> None:
     assert list(small.session.messages) == history(2)
 
 
+def test_not_due_when_everything_is_in_the_kept_part(tmp_path: Path) -> None:
+    """Two huge messages over the threshold: a compaction could only fail (each turn, as a
+    failed compaction_update); automatic triggers wait until there is an older part."""
+    service = CompactService()
+    session = Session(id="s", cwd=tmp_path, messages=Messages([human("x" * 4000), ai("y" * 4000)]))
+    assert not service.due(session, window=1000)
+    session.messages.extend([human("z"), ai("w")])  # the first exchange is now older
+    assert service.due(session, window=1000)
+
+
 def test_due_backs_off_after_a_failure_until_the_history_grows(tmp_path: Path) -> None:
     service = CompactService(CompactionConfig(backoff_messages=4, backoff_ratio=0.25))
     session = Session(id="s", cwd=tmp_path, messages=Messages(history(5)))  # 30 messages

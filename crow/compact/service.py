@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -102,7 +103,9 @@ class CompactService:
             wait = max(settings.backoff_messages, int(failed_at * settings.backoff_ratio))
             if length < failed_at + wait:
                 return False
-        return should_compact(session.context_tokens(), window, settings.threshold)
+        if not should_compact(session.context_tokens(), window, settings.threshold):
+            return False
+        return _old_part(session.messages, settings)[0] > 0  # else it would only fail, each turn
 
     async def compact(
         self,
@@ -141,10 +144,8 @@ class CompactService:
         if provider is None:
             return dataclasses.replace(before, error="no model is configured to write the summary")
         settings = self.settings_for(session)
-        cut = cut_point(messages, settings.keep_ratio, settings.min_keep)
-        first = next((i for i, m in enumerate(messages) if m.role == "user"), None)
-        keep_first = first is not None and first < cut
-        if cut == 0 or (keep_first and cut == 1):
+        cut, first = _old_part(messages, settings)
+        if cut == 0:
             return dataclasses.replace(
                 before, error=f"nothing to compact: {len(messages)} messages, all in the kept recent part"
             )
@@ -160,7 +161,7 @@ class CompactService:
         session.compaction.failed_at = None
 
         new = [
-            *([messages[first]] if keep_first and first is not None else []),
+            *([messages[first]] if first is not None else []),
             summary_message(summary),
             *tail,
         ]
@@ -236,6 +237,17 @@ class CompactService:
 
 
 REPORT_GRACE = 5.0  # seconds a cancelled compaction has to say so
+
+
+def _old_part(messages: Sequence[Message], settings: CompactionConfig) -> tuple[int, int | None]:
+    """Where the kept recent tail starts (0: nothing to compact), and the first user
+    message, kept verbatim before the summary (None when it is in the tail or absent)."""
+    cut = cut_point(messages, settings.keep_ratio, settings.min_keep)
+    first = next((i for i, m in enumerate(messages) if m.role == "user"), None)
+    kept = first if first is not None and first < cut else None
+    if cut == 0 or (kept is not None and cut == 1):
+        return 0, None
+    return cut, kept
 
 
 async def _unreported(event: Event) -> None:
