@@ -8,6 +8,8 @@ Through the Python client and the TypeScript SDK client."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +74,17 @@ async def history(conn: Any, sid: str, llm: ScriptedLLM, *, big: bool = False) -
         await conn.prompt(session_id=sid, prompt=[acp.text_block(f"q{i}")])
 
 
+@contextlib.asynccontextmanager
+async def after_history(
+    llm: ScriptedLLM, home: Path, workspace: Path, capable: bool
+) -> AsyncIterator[tuple[Any, str, Any, int]]:
+    """crow, a session with three exchanges, and how many agent chunks they took."""
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
+        sid = await start(conn, workspace, capable)
+        await history(conn, sid, llm)
+        yield conn, sid, client, len(sent(client, "agent_message_chunk"))
+
+
 async def stored(home: Path, session_id: str) -> list[Message]:
     async with SQLiteStore(home / "crow.db") as store:
         return await store.load_transcript(session_id)
@@ -108,11 +121,7 @@ async def test_automatic_compaction(llm: ScriptedLLM, home: Path, workspace: Pat
 
 @CAPABLE
 async def test_slash_compact(llm: ScriptedLLM, home: Path, workspace: Path, capable: bool) -> None:
-    env = crow_env(llm, home)
-    async with spawn_crow(env) as (conn, _proc, client):
-        sid = await start(conn, workspace, capable)
-        await history(conn, sid, llm)
-        answered = len(sent(client, "agent_message_chunk"))
+    async with after_history(llm, home, workspace, capable) as (conn, sid, client, answered):
         llm.push(Reply(text="SUMMARY-SLASH"))
         response = await conn.prompt(session_id=sid, prompt=[acp.text_block("/compact keep numbers")])
         told = said(sent(client, "agent_message_chunk")[answered:])
@@ -132,7 +141,7 @@ async def test_slash_compact(llm: ScriptedLLM, home: Path, workspace: Path, capa
     if capable:
         assert record.meta["notice"]["compaction"] == cid
     for replay_capable in (True, False):
-        async with spawn_crow(env) as (conn, _proc, client):
+        async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
             await (initialize_125(conn) if replay_capable else conn.initialize(protocol_version=1))
             await conn.load_session(cwd=str(workspace), session_id=sid, mcp_servers=[])
         replayed = said(sent(client, "agent_message_chunk"))
@@ -141,10 +150,7 @@ async def test_slash_compact(llm: ScriptedLLM, home: Path, workspace: Path, capa
 
 @CAPABLE
 async def test_crow_compact_ext_method(llm: ScriptedLLM, home: Path, workspace: Path, capable: bool) -> None:
-    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
-        sid = await start(conn, workspace, capable)
-        await history(conn, sid, llm)
-        answered = len(sent(client, "agent_message_chunk"))
+    async with after_history(llm, home, workspace, capable) as (conn, sid, client, answered):
         llm.push(Reply(text="SUMMARY-EXT"))
         result = await conn.ext_method("crow.compact", {"sessionId": sid})
         told = said(sent(client, "agent_message_chunk")[answered:])
@@ -159,10 +165,7 @@ async def test_crow_compact_ext_method(llm: ScriptedLLM, home: Path, workspace: 
 
 @CAPABLE
 async def test_overflow_compaction(llm: ScriptedLLM, home: Path, workspace: Path, capable: bool) -> None:
-    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
-        sid = await start(conn, workspace, capable)
-        await history(conn, sid, llm)
-        answered = len(sent(client, "agent_message_chunk"))
+    async with after_history(llm, home, workspace, capable) as (conn, sid, client, answered):
         llm.push(Fault(status=400, message=OVERFLOW), Reply(text="SUMMARY-OVERFLOW"), Reply(text="fits now"))
         response = await conn.prompt(session_id=sid, prompt=[acp.text_block("last")])
         told = said(sent(client, "agent_message_chunk")[answered:])
@@ -175,9 +178,7 @@ async def test_overflow_compaction(llm: ScriptedLLM, home: Path, workspace: Path
 
 
 async def test_a_failed_compaction_says_why(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
-    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
-        sid = await start(conn, workspace, True)
-        await history(conn, sid, llm)
+    async with after_history(llm, home, workspace, True) as (conn, sid, client, _):
         llm.push(Fault(status=400, message="no summaries today"))
         result = await conn.ext_method("crow.compact", {"sessionId": sid})
     assert result["compacted"] is False
