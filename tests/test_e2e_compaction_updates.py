@@ -315,3 +315,29 @@ def test_ts_client_cancel_request_during_compaction(llm: ScriptedLLM, home: Path
         ("assistant", "a1"),
         ("user", "next"),
     ]
+
+
+async def test_a_cancel_during_automatic_compaction_cancels_the_turn_and_leaves_the_context(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
+        sid = await start(conn, workspace, True)
+        await history(conn, sid, llm, big=True)  # the next prompt compacts first
+        context = llm.requests[-1].messages
+        asked = len(llm.requests)
+        llm.push(Stall(seconds=30))
+        task = asyncio.create_task(conn.prompt(session_id=sid, prompt=[acp.text_block("next")]))
+        await until(lambda: len(llm.requests) > asked and sent(client, "compaction_update"))
+        await conn.cancel(session_id=sid)
+        assert (await task).stop_reason == "cancelled"
+        # the next prompt compacts again; that summary fails, so the context is the model's to see
+        llm.push(Fault(status=400, message="no summaries today"), Reply(text="after"))
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("again")])
+    statuses = [u["status"] for u in sent(client, "compaction_update")]
+    assert statuses == ["in_progress", "cancelled", "in_progress", "failed"]
+    assert llm.requests[-1].messages == [
+        *context,
+        {"role": "assistant", "content": "a2"},
+        {"role": "user", "content": "next"},
+        {"role": "user", "content": "again"},
+    ]
