@@ -16,7 +16,9 @@ The new context is
 written with `session.set_messages` (the store rewrites the context; the transcript stays
 whole). A failed or empty summary leaves the session untouched: compaction never raises
 into a turn, it reports `compacted=False` with the reason in `error`, and records the
-failure in `session.compaction` for `due` to back off from.
+failure in `session.compaction` for `due` to back off from. Each compaction is told to
+the caller's sink as `CompactionStarted` then `CompactionFinished` (one fresh id); a
+cancel ends it `cancelled` and propagates, the session as it was.
 
 Settings come from the session's config (`compaction:`, a trusted project's crow.yaml
 merged over the user's); the service's own are for a session without one.
