@@ -165,7 +165,9 @@ class FilesystemHook(Hook):
             self._untold.discard(ctx.session.id)
             await ctx.notify(
                 f"Commands run without a sandbox: `sandbox: workspace` is set but {self._no_sandbox}. "
-                "Install bubblewrap to confine them, or set `sandbox: off` to run unsandboxed knowingly."
+                "Install bubblewrap to confine them, or set `sandbox: off` to run unsandboxed knowingly.",
+                "warning",
+                "Commands run without a sandbox",
             )
 
     async def wrap_tool_call(self, ctx: HookContext, call: ToolCall, call_next: Any) -> ToolResult:

@@ -41,6 +41,8 @@ _EXPORTS = {
     "Usage": "crow.llm.base",
     "ServerSpec": "crow.tools",
     "Notice": "crow.events",
+    "CompactionStarted": "crow.events",
+    "CompactionFinished": "crow.events",
     "ModeChanged": "crow.events",
     "PlanUpdated": "crow.events",
     "UsageUpdated": "crow.events",

@@ -434,7 +434,7 @@ class Agent:
     async def _run_turn(self, session: Session, prompt: Message, emit: Emit) -> TurnResult:
         if session.tools is not None and session.tools.failures:
             for failure in session.tools.failures:  # told once, at the first prompt
-                await emit(Notice(failure))
+                await emit(Notice(failure, "warning"))
             session.tools.failures.clear()
         config_error = session.state.get(CONFIG_ERROR)
         try:

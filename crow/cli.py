@@ -207,7 +207,7 @@ async def _run(args: argparse.Namespace) -> int:
             first = (event.result.text.splitlines() or [""])[0][:120]
             print(f"  {mark} {printable(first)}", file=sys.stderr)
         elif isinstance(event, Notice):
-            print(event.text, file=sys.stderr)
+            print(event.full_text, file=sys.stderr)
         elif isinstance(event, ModeChanged):
             print(f"  mode: {event.mode}", file=sys.stderr)
 

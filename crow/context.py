@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from crow.events import Emit, Event, Notice
+from crow.events import Emit, Event, Notice, Severity
 from crow.llm.base import ModelRequest, ModelResponse, Provider, Usage, complete
 from crow.messages import Messages
 
@@ -83,9 +83,10 @@ class HookContext:
             raise RuntimeError("no model is configured")
         return await complete(self.provider, request)
 
-    async def notify(self, text: str) -> None:
-        """Tell the user something; it shows as agent text."""
-        await self.emit(Notice(text))
+    async def notify(self, text: str, severity: Severity = "info", title: str = "") -> None:
+        """Tell the user something (a `Notice`: shown apart from the answer where the front
+        end can, else as agent text; never part of the model context)."""
+        await self.emit(Notice(text, severity, title))
 
     async def send(self, event: Event) -> None:
         await self.emit(event)

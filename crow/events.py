@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from crow.llm.base import TextDelta, ThoughtDelta, ToolSpec
 from crow.messages import ToolCall, ToolResult
 
 __all__ = [
+    "CompactionFinished",
+    "CompactionStarted",
     "Emit",
     "Event",
     "ModeChanged",
@@ -64,11 +66,66 @@ class UsageUpdated:
     size: int  # the model's context window
 
 
+Severity = Literal["info", "warning", "error"]
+
+
 @dataclass(frozen=True, slots=True)
 class Notice:
-    """Something crow or a hook tells the user (shown as agent text)."""
+    """Something crow or a hook tells the user while a turn runs: live information, never
+    model context. A front end that can show notices apart shows `title` (default: the
+    text's first line) with `text`; the others show `full_text` in the transcript. Each is
+    also stored as a system message outside the context (`crow.prompting`), for a replay
+    to a front end of the second kind. `compaction` names the compaction this one reports
+    (`/compact`'s answer): a front end that shows `CompactionFinished` drops it."""
 
     text: str
+    severity: Severity = "info"
+    title: str = ""
+    compaction: str | None = None
+
+    @property
+    def headline(self) -> str:
+        """The title, or the text's first line (at most 80 characters)."""
+        line = self.title or next((ln for ln in self.text.splitlines() if ln.strip()), "")
+        return line.strip()[:80] or "Notice"
+
+    @property
+    def full_text(self) -> str:
+        """The notice as one text: the title first when the text does not start with it."""
+        if self.title and not self.text.startswith(self.title):
+            return f"{self.title}: {self.text}" if self.text else self.title
+        return self.text
+
+    @property
+    def detail(self) -> str | None:
+        """What the text adds to `headline` (None when nothing)."""
+        rest = self.text.strip()
+        head = self.headline
+        if rest.startswith(head):
+            rest = rest[len(head) :].lstrip(" :.\n")
+        return rest or None
+
+
+CompactionStatus = Literal["completed", "failed", "cancelled"]
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionStarted:
+    """A compaction of the session's context began (automatic, requested or after the model
+    refused an over-long context); `id` is fresh for each one."""
+
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionFinished:
+    """How compaction `id` ended: completed (with the model's `summary`), failed (`error`
+    says why; the context is unchanged) or cancelled (the context is unchanged)."""
+
+    id: str
+    status: CompactionStatus
+    summary: str = ""
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +151,8 @@ Event = (
     | PlanUpdated
     | UsageUpdated
     | Notice
+    | CompactionStarted
+    | CompactionFinished
     | ModeChanged
     | TitleChanged
 )

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from crow import notices
 from crow.actions import (
     Action,
     ActionPicker,
@@ -55,7 +56,6 @@ from crow.errors import (
 )
 from crow.events import (
     Emit,
-    Notice,
     TextDelta,
     ThoughtDelta,
     ToolCallEnd,
@@ -64,7 +64,7 @@ from crow.events import (
     UsageUpdated,
 )
 from crow.hooks import HookRegistry, build_chain
-from crow.llm.base import ModelRequest, ModelResponse, Provider, ToolSpec
+from crow.llm.base import ModelRequest, ModelResponse, Provider, Retrying, ToolSpec
 from crow.messages import Message, ToolCall, ToolResult, close_dangling_tool_calls, human, system
 from crow.rules import FILE_TOOLS
 from crow.tool_kinds import presented
@@ -83,6 +83,7 @@ FAILED = "Not finished: the turn failed before this tool finished."
 class TurnResult:
     stop_reason: TurnStopReason
     error: str | None = None  # a model failure the user was told about
+    cause: str | None = None  # its kind (`crow.notices.cause_of`), for front ends to pass on
 
 
 @dataclass
@@ -166,8 +167,9 @@ class Turn:
         for iteration in range(self.settings.max_iterations):
             ctx.iteration = iteration
             if self.provider is None:
-                await self.emit(Notice(self.no_model_message))
-                return TurnResult("end_turn", self.no_model_message)
+                await self.emit(notices.no_model(self.no_model_message))
+                cause = notices.no_model_cause(self.no_model_message)
+                return TurnResult("end_turn", self.no_model_message, cause)
             try:
                 response = await self._call_model(ctx)
             except ContextLengthError as exc:
@@ -273,7 +275,7 @@ class Turn:
         assert self.provider is not None
         if self._partial:
             # A wrap hook retries after the user already saw text: say so, never replay silently.
-            await self.emit(Notice("\n[retrying the model call; the partial answer above is discarded]"))
+            await self.emit(notices.RETRY_DISCARDS_PARTIAL)
             self._partial = []
         response: ModelResponse | None = None
         # Read the stream to its end even after the response: leaving early closes the
@@ -296,6 +298,8 @@ class Turn:
                 await self.emit(event)
             elif isinstance(event, ThoughtDelta):
                 await self.emit(event)
+            elif isinstance(event, Retrying):
+                await self.emit(notices.retrying(event))
             elif isinstance(event, ModelResponse):
                 response = event
         if response is None:
@@ -316,18 +320,15 @@ class Turn:
             await self._keep_partial("answer cut off: the connection to the model broke")
         self._partial = []
         await self._observe("on_error", ctx, error=exc)
+        notice = notices.model_failed(exc)
         if isinstance(exc, ConfigError):  # the user's to fix: no traceback
             log.warning("cannot call the model: %s", exc)
-            text = f"Cannot call the model: {exc}"
         elif isinstance(exc, HookBlocked):  # a decision: the model reads it at its next call
-            text = f"Model call {exc}"
-            await self.session.add(Message("assistant", f"[{text}]"))
-        else:
-            text = f"Model call failed: {exc}"
-        await self.emit(Notice(text))
+            await self.session.add(Message("assistant", f"[{notice.text}]"))
+        await self.emit(notice)
         if isinstance(exc, AuthError | MissingKeyError):  # the front end can have the user log in
             raise AuthRequired(exc)
-        return TurnResult("end_turn", str(exc))
+        return TurnResult("end_turn", str(exc), notices.cause_of(exc))
 
     # ------------------------------------------------------------ tool calls
     async def _run_tools(self, ctx: HookContext, calls: Sequence[ToolCall]) -> None:

@@ -6,14 +6,14 @@ a `Message` and shows the events it is handed; everything else is decided here, 
 - a slash command (`/compact [instructions]`) runs instead of a turn; the line is kept in
   the transcript (shown on replay) but never sent to the model;
 - the first prompt names the session (`TitleChanged`);
-- every `Notice` is stored as a system message outside the model context, so a replay
-  shows what the user was told.
+- every `Notice` is stored as a system message outside the model context, so a replay to
+  a front end that shows notices as text shows what the user was told (`notice_record`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from crow.errors import CrowError
 from crow.events import Emit, Event, ModeChanged, Notice, TitleChanged
@@ -57,12 +57,21 @@ def title_of(text: str) -> str:
     return " ".join(text.split())[:TITLE_LENGTH] or "Untitled"
 
 
+def notice_record(notice: Notice) -> Message:
+    """How a notice is stored: a system message outside the model context, its text the
+    one a front end without notices shows; `meta.notice` keeps the rest for a replay."""
+    meta: dict[str, Any] = {"severity": notice.severity, "title": notice.headline}
+    if notice.compaction is not None:
+        meta["compaction"] = notice.compaction
+    return Message("system", notice.full_text, meta={"notice": meta})
+
+
 def keeping_notices(session: Session, emit: Emit) -> Emit:
-    """`emit`, storing each `Notice` first (a system message outside the model context)."""
+    """`emit`, storing each `Notice` first (`notice_record`)."""
 
     async def sink(event: Event) -> None:
         if isinstance(event, Notice):
-            await session.add(Message("system", event.text, meta={"notice": True}), in_context=False)
+            await session.add(notice_record(event), in_context=False)
         await emit(event)
 
     return sink
@@ -90,12 +99,18 @@ async def handle(agent: Agent, session: Session, message: Message, emit: Emit) -
 
 
 async def _compact(agent: Agent, session: Session, instructions: str | None, emit: Emit) -> None:
+    """`/compact`: the compaction reports itself (`CompactionStarted`/`Finished`); the
+    notice after it says the same in words, for front ends that do not show those."""
     try:
         result = await agent.compact(session, instructions, emit=emit)
-    except CrowError as exc:
-        await emit(Notice(f"compaction failed: {exc}"))
+    except CrowError as exc:  # no model: no compaction began
+        await emit(Notice(f"Compaction failed: {exc}", "error", "Compaction failed"))
         return
-    await emit(Notice(describe_compaction(result)))
+    if result.compacted:
+        title, severity = "Compacted the conversation", "info"
+    else:
+        title, severity = "Nothing compacted", "warning"
+    await emit(Notice(describe_compaction(result), severity, title, result.id))
 
 
 def describe_compaction(result: CompactResult) -> str:

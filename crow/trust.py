@@ -348,7 +348,8 @@ async def settle(
         if answer is not None:
             projects.declined.add((file.path, file.digest))
         log.warning("ignored untrusted %s (run `crow trust %s` to apply it)", file.path, file.folder)
-        await emit(Notice(untrusted_notice(file, projects.trust.changed(file))))
+        text = untrusted_notice(file, projects.trust.changed(file))
+        await emit(Notice(text, "warning", "Project configuration ignored"))
         return False
     try:
         config = projects.apply(file)
@@ -360,7 +361,8 @@ async def settle(
             projects.trust.trust(file)
             log.info("trusted %s (sha256 %s)", file.path, file.digest[:12])
         except (ConfigError, OSError) as exc:
-            await emit(Notice(f"Applied {file.path} for this session, but could not remember it: {exc}"))
+            text = f"Applied {file.path} for this session, but could not remember it: {exc}"
+            await emit(Notice(text, "warning"))
     before = session.config or projects.user
     session.config = config
     changes: dict[str, Any] = {}

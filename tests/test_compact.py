@@ -25,7 +25,7 @@ from crow.compact import (
 )
 from crow.config import CompactionConfig, Config
 from crow.errors import ContextLengthError, ProviderError
-from crow.events import UsageUpdated
+from crow.events import CompactionFinished, CompactionStarted, UsageUpdated
 from crow.llm.base import ModelRequest, ModelResponse, ScriptedProvider, ToolSpec, Usage
 from crow.messages import Message, Messages, ToolCall, ai, human, system, tool_msg, validate
 from crow.session import Session
@@ -245,7 +245,11 @@ async def test_new_context_structure(tmp_path: Path) -> None:
     assert (result.messages_before, result.messages_after) == (60, 8)
     assert result.tokens_after == session.context_tokens() < result.tokens_before
     assert result.summary == "THE SUMMARY"
-    assert events == [UsageUpdated(result.tokens_after, 10_000)]
+    assert events == [
+        CompactionStarted(result.id),
+        CompactionFinished(result.id, "completed", "THE SUMMARY"),
+        UsageUpdated(result.tokens_after, 10_000),
+    ]
 
 
 async def test_tail_starting_with_an_exchange_keeps_the_call(tmp_path: Path) -> None:
@@ -498,6 +502,16 @@ async def test_hook_compacts_only_when_the_loop_goes_on() -> None:
     await hook.before_agent(small)
     assert big.session.messages[1].meta == {"crow": "summary"}  # compacted
     assert list(small.session.messages) == history(2)
+
+
+def test_not_due_when_everything_is_in_the_kept_part(tmp_path: Path) -> None:
+    """Two huge messages over the threshold: a compaction could only fail (each turn, as a
+    failed compaction_update); automatic triggers wait until there is an older part."""
+    service = CompactService()
+    session = Session(id="s", cwd=tmp_path, messages=Messages([human("x" * 4000), ai("y" * 4000)]))
+    assert not service.due(session, window=1000)
+    session.messages.extend([human("z"), ai("w")])  # the first exchange is now older
+    assert service.due(session, window=1000)
 
 
 def test_due_backs_off_after_a_failure_until_the_history_grows(tmp_path: Path) -> None:

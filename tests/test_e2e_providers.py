@@ -101,8 +101,9 @@ async def test_cut_after_output_keeps_what_was_shown(llm: ScriptedLLM, home: Pat
     llm.push(Cut(after_chunks=3, text="one two three four five six"), Reply(text="recovered"))
     async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
         sid = await start(conn, workspace)
-        first = await conn.prompt(session_id=sid, prompt=[acp.text_block("count")])
-        assert first.field_meta["crow"]["error"]
+        with pytest.raises(acp.RequestError) as first:
+            await conn.prompt(session_id=sid, prompt=[acp.text_block("count")])
+        assert first.value.data["cause"] == "stream_cut"
         assert client.text() == (
             "one two three Model call failed: openai: connection lost mid-response: peer closed "
             "connection without sending complete message body (incomplete chunked read) (after partial output)\n"
@@ -120,10 +121,10 @@ async def test_auth_error_names_the_variable_and_hides_the_key(
     llm.push(Fault(status=401, message="invalid api key"))
     async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
         sid = await start(conn, workspace)
-        with pytest.raises(acp.RequestError) as info:
+        with pytest.raises(acp.RequestError) as failed:
             await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
-    assert info.value.code == -32000  # auth_required (tests/test_e2e_auth.py)
-    error = str(info.value)
+    assert failed.value.code == -32000 and failed.value.data["cause"] == "auth"  # auth_required
+    error = failed.value.data["error"]
     assert "OPENAI_API_KEY" in error and "test-key" not in error and "test-key" not in client.text()
     assert "test-key" not in (home / "stderr.log").read_text()
 
@@ -135,7 +136,9 @@ async def test_stall_past_read_timeout_is_retried(llm: ScriptedLLM, home: Path, 
     async with spawn_crow(crow_env(llm, home), "--config", str(config)) as (conn, _proc, client):
         sid = await start(conn, workspace)
         response = await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
-    assert response.stop_reason == "end_turn" and client.text() == "after the stall"
+    # told in text to a client without `session.notices`
+    assert response.stop_reason == "end_turn"
+    assert client.text().startswith("Retrying the model call in ") and client.text().endswith("\nafter the stall")
     assert len(llm.requests) == 2
 
 

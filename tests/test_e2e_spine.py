@@ -129,7 +129,9 @@ async def test_rate_limit_then_success(llm: ScriptedLLM, home: Path, workspace: 
         started = time.monotonic()
         response = await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
         elapsed = time.monotonic() - started
-    assert response.stop_reason == "end_turn" and client.text() == "finally"
+    # a client without `session.notices` is told of the retry in text (tests/test_e2e_notices.py)
+    assert response.stop_reason == "end_turn" and client.text().endswith("rate_limit_error]\nfinally")
+    assert client.text().startswith("Retrying the model call in 0.2 s (attempt 2 of 3): ")
     assert len(llm.requests) == 2 and elapsed >= 0.2
 
 
@@ -139,9 +141,10 @@ async def test_model_failure_is_reported_and_session_stays_usable(
     llm.push(Fault(status=400, message="bad model name"), Reply(text="works now"))
     async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
         sid = await new_session(conn, workspace)
-        failed = await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
+        with pytest.raises(acp.RequestError) as failed:
+            await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
         assert "bad model name" in client.text()
-        assert "bad model name" in failed.field_meta["crow"]["error"]
+        assert failed.value.code == FAILED and "bad model name" in failed.value.data["error"]
         ok = await conn.prompt(session_id=sid, prompt=[acp.text_block("again")])
     assert ok.stop_reason == "end_turn" and client.text().endswith("works now")
 
@@ -225,9 +228,10 @@ async def test_iteration_limit(llm: ScriptedLLM, home: Path, workspace: Path) ->
 async def test_no_model_configured(home: Path, workspace: Path) -> None:
     async with spawn_crow(crow_env(None, home)) as (conn, _proc, client):
         sid = await new_session(conn, workspace)
-        response = await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
-    assert response.stop_reason == "end_turn"
-    assert "CROW_MODEL" in client.text()
+        with pytest.raises(acp.RequestError) as failed:
+            await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
+    assert failed.value.code == FAILED and failed.value.data["cause"] == "no_model"
+    assert "CROW_MODEL" in client.text() and "CROW_MODEL" in str(failed.value)
 
 
 async def test_many_sessions_in_one_process(llm: ScriptedLLM, home: Path, workspace: Path) -> None:

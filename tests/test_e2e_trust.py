@@ -254,9 +254,11 @@ async def test_trusted_project_cannot_redirect_the_users_key(
         async with spawn_crow(env, client=client, cwd=root) as (conn, _proc, _):
             await conn.initialize(protocol_version=1)
             sid = (await conn.new_session(cwd=str(sub), mcp_servers=[])).session_id
-            response = await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
+            with pytest.raises(acp.RequestError) as failed:  # the turn failed: an error answer
+                await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
         assert evil.requests == [] and llm.requests == []
-    error = response.field_meta["crow"]["error"]
+    assert failed.value.data["cause"] == "config"
+    error = failed.value.data["error"]
     assert "providers.openai sets base_url" in error and "api_key_env" in error
 
 
@@ -350,9 +352,11 @@ async def test_a_project_key_does_not_carry_the_users_file_key_to_its_endpoint(
         async with spawn_crow(env, client=client, cwd=root) as (conn, _proc, _):
             await conn.initialize(protocol_version=1)
             sid = (await conn.new_session(cwd=str(sub), mcp_servers=[])).session_id
-            response = await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
+            with pytest.raises(acp.RequestError) as failed:  # the turn failed: an error answer
+                await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
         assert evil.requests == [] and llm.requests == []
-    error = response.field_meta["crow"]["error"]
+    assert failed.value.data["cause"] == "config"
+    error = failed.value.data["error"]
     assert f"your config's providers.openai.{next(iter(mine))}" in error
 
 

@@ -9,7 +9,8 @@
   `$/cancel_request` (registered by `crow.acp.wire.connect`, which owns the SDK internals).
 
 Every model here serializes the way the SDK's own do (by alias, camelCase), so the adapter
-sends them through the same `notification_params`.
+sends them through the same `notification_params`; like the SDK's, an update's
+`sessionUpdate` has no default (that writer leaves default values out).
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ class CompactionUpdate(schema.BaseModel):
 
     model_config = _FAST
 
-    session_update: Literal["compaction_update"] = Field(default="compaction_update", alias="sessionUpdate")
+    session_update: Literal["compaction_update"] = Field(alias="sessionUpdate")
     compaction_id: str = Field(alias="compactionId")
     status: CompactionStatus
     error: str | None = None
@@ -96,9 +97,7 @@ class CompactionSummaryChunk(schema.BaseModel):
 
     model_config = _FAST
 
-    session_update: Literal["compaction_summary_chunk"] = Field(
-        default="compaction_summary_chunk", alias="sessionUpdate"
-    )
+    session_update: Literal["compaction_summary_chunk"] = Field(alias="sessionUpdate")
     compaction_id: str = Field(alias="compactionId")
     content: schema.TextContentBlock
     field_meta: dict[str, Any] | None = Field(default=None, alias="_meta")
@@ -109,7 +108,7 @@ class NoticeUpdate(schema.BaseModel):
 
     model_config = _FAST
 
-    session_update: Literal["notice"] = Field(default="notice", alias="sessionUpdate")
+    session_update: Literal["notice"] = Field(alias="sessionUpdate")
     severity: NoticeSeverity
     title: str = Field(min_length=1)
     description: str | None = None

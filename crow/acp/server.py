@@ -54,12 +54,13 @@ from acp.schema import (
 from crow import __version__
 from crow.acp import auth as acp_auth
 from crow.acp import convert as acp_convert
+from crow.acp import reports as acp_reports
 from crow.acp import sessions as acp_sessions
 from crow.acp import view as acp_view
 from crow.acp.client import AcpSessionClient
 from crow.acp.protocol import ClientFeatures
 from crow.agent import Agent
-from crow.errors import CrowError, RootsError, SessionBusy, SessionError
+from crow.errors import AuthRequired, CrowError, RootsError, SessionBusy, SessionError
 from crow.events import Event, ModeChanged, TitleChanged, ToolCallEnd
 from crow.session import Session
 
@@ -213,7 +214,8 @@ class AcpServer:
             )
         except CrowError as exc:
             raise session_error(exc) from exc
-        await self._notify_many(session_id, acp_view.replay(transcript, session.cwd))
+        shown = acp_reports.replayable(transcript, self.features)
+        await self._notify_many(session_id, acp_view.replay(list(shown), session.cwd))
         if session.todos:
             await self._notify(session_id, acp_view.plan_update(session.todos))
         if session.title:
@@ -343,12 +345,15 @@ class AcpServer:
                 result = await self.agent.prompt(session, message, lambda e: self._emit(session, e))
             except SessionBusy as exc:
                 raise RequestError(BUSY, str(exc)) from exc
+            except AuthRequired as exc:
+                raise acp_reports.auth_required(exc) from exc
             except CrowError as exc:  # e.g. a broken plugin failed the warm-up: say which
                 raise RequestError(FAILED, str(exc)) from exc
         if scope.cancelled_caught:
             return PromptResponse(stop_reason="cancelled")
-        meta = {"crow": {"error": result.error}} if result.error else None
-        return PromptResponse(stop_reason=result.stop_reason, field_meta=meta)
+        if result.error:  # told already (a notice); the history is stored and usable
+            raise acp_reports.turn_failed(result)
+        return PromptResponse(stop_reason=result.stop_reason)
 
     async def cancel(self, session_id: str, **kwargs: Any) -> None:
         scope = self._running.get(session_id)
@@ -387,6 +392,10 @@ class AcpServer:
     # ------------------------------------------------------------ events -> updates
     async def _emit(self, session: Session, event: Event) -> None:
         """The loop's sink: each event as the editor shows it."""
+        if isinstance(event, acp_reports.REPORTS):  # as the client's capabilities allow
+            for shown in acp_reports.updates(event, self.features):
+                await self._notify(session.id, shown)
+            return
         update = acp_convert.event_update(event, session.cwd)
         if update is None:
             return

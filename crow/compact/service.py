@@ -16,7 +16,9 @@ The new context is
 written with `session.set_messages` (the store rewrites the context; the transcript stays
 whole). A failed or empty summary leaves the session untouched: compaction never raises
 into a turn, it reports `compacted=False` with the reason in `error`, and records the
-failure in `session.compaction` for `due` to back off from.
+failure in `session.compaction` for `due` to back off from. Each compaction is told to
+the caller's sink as `CompactionStarted` then `CompactionFinished` (one fresh id); a
+cancel ends it `cancelled` and propagates, the session as it was.
 
 Settings come from the session's config (`compaction:`, a trusted project's crow.yaml
 merged over the user's); the service's own are for a session without one.
@@ -26,8 +28,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import anyio
 
 from crow.compact.cut import cut_point, should_compact
 from crow.compact.request import (
@@ -39,7 +45,7 @@ from crow.compact.request import (
 )
 from crow.config import CompactionConfig
 from crow.errors import ContextLengthError, ProviderError, StoreError
-from crow.events import Emit, UsageUpdated
+from crow.events import CompactionFinished, CompactionStarted, Emit, Event, UsageUpdated
 from crow.llm.base import ModelRequest, Provider, complete
 from crow.messages import InvalidMessages, Message, close_dangling_tool_calls, validate
 
@@ -61,6 +67,7 @@ class CompactResult:
     summary: str = ""
     prefix_share: float | None = None
     error: str | None = None
+    id: str = ""  # the compaction's (its CompactionStarted/Finished events)
 
     def to_dict(self) -> dict[str, Any]:
         """The ACP `crow.compact` answer (camelCase)."""
@@ -74,6 +81,8 @@ class CompactResult:
         }
         if self.error is not None:
             d["error"] = self.error
+        if self.id:
+            d["compactionId"] = self.id
         return d
 
 
@@ -96,7 +105,9 @@ class CompactService:
             wait = max(settings.backoff_messages, int(failed_at * settings.backoff_ratio))
             if length < failed_at + wait:
                 return False
-        return should_compact(session.context_tokens(), window, settings.threshold)
+        if not should_compact(session.context_tokens(), window, settings.threshold):
+            return False
+        return _old_part(session.messages, settings)[0] > 0  # else it would only fail, each turn
 
     async def compact(
         self,
@@ -106,8 +117,23 @@ class CompactService:
         instructions: str | None = None,
         emit: Emit | None = None,
     ) -> CompactResult:
-        async with session.compaction.lock:
-            result = await self._compact(session, provider, instructions)
+        """Compact now. Told through `emit` as it goes: `CompactionStarted`, then one
+        `CompactionFinished` (completed, failed, or cancelled: a cancel before the new
+        context is stored leaves the session exactly as it was)."""
+        report = emit if emit is not None else _unreported
+        compaction = uuid.uuid4().hex
+        try:
+            await report(CompactionStarted(compaction))
+            async with session.compaction.lock:
+                result = await self._compact(session, provider, instructions)
+        except anyio.get_cancelled_exc_class():
+            with anyio.move_on_after(REPORT_GRACE, shield=True):
+                await report(CompactionFinished(compaction, "cancelled"))
+            raise
+        result.id = compaction
+        with anyio.move_on_after(REPORT_GRACE, shield=True):  # it happened, even if a cancel came
+            status = "completed" if result.compacted else "failed"
+            await report(CompactionFinished(compaction, status, result.summary, result.error))
         if result.compacted and emit is not None and provider is not None:
             await emit(UsageUpdated(result.tokens_after, provider.context_window))
         return result
@@ -120,10 +146,8 @@ class CompactService:
         if provider is None:
             return dataclasses.replace(before, error="no model is configured to write the summary")
         settings = self.settings_for(session)
-        cut = cut_point(messages, settings.keep_ratio, settings.min_keep)
-        first = next((i for i, m in enumerate(messages) if m.role == "user"), None)
-        keep_first = first is not None and first < cut
-        if cut == 0 or (keep_first and cut == 1):
+        cut, first = _old_part(messages, settings)
+        if cut == 0:
             return dataclasses.replace(
                 before, error=f"nothing to compact: {len(messages)} messages, all in the kept recent part"
             )
@@ -139,7 +163,7 @@ class CompactService:
         session.compaction.failed_at = None
 
         new = [
-            *([messages[first]] if keep_first and first is not None else []),
+            *([messages[first]] if first is not None else []),
             summary_message(summary),
             *tail,
         ]
@@ -149,7 +173,8 @@ class CompactService:
             log.error("compaction of session %s built an invalid context: %s; unchanged", session.id, exc)
             return dataclasses.replace(before, prefix_share=share, error=f"invalid compacted context: {exc}")
         try:
-            await session.set_messages(new)
+            with anyio.CancelScope(shield=True):  # a cancel now would leave memory ahead of the store
+                await session.set_messages(new)
         except StoreError as exc:  # the session is left as it was (`set_messages`)
             log.warning("compaction of session %s not stored: %s; context unchanged", session.id, exc)
             session.compaction.failed_at = len(messages)  # the summary call is not repeated at once
@@ -211,6 +236,24 @@ class CompactService:
             return await _call(provider, request), share, None
         except Exception as exc:
             return "", share, _describe(exc)
+
+
+REPORT_GRACE = 5.0  # seconds a cancelled compaction has to say so
+
+
+def _old_part(messages: Sequence[Message], settings: CompactionConfig) -> tuple[int, int | None]:
+    """Where the kept recent tail starts (0: nothing to compact), and the first user
+    message, kept verbatim before the summary (None when it is in the tail or absent)."""
+    cut = cut_point(messages, settings.keep_ratio, settings.min_keep)
+    first = next((i for i, m in enumerate(messages) if m.role == "user"), None)
+    kept = first if first is not None and first < cut else None
+    if cut == 0 or (kept is not None and cut == 1):
+        return 0, None
+    return cut, kept
+
+
+async def _unreported(event: Event) -> None:
+    return None
 
 
 async def _call(provider: Provider, request: ModelRequest) -> str:

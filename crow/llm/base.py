@@ -1,8 +1,9 @@
 """The provider interface: one method, `stream(request) -> AsyncIterator[ModelEvent]`.
 
-A stream yields `TextDelta`, `ThoughtDelta` and `ToolCallDelta` while the model talks and
-ends with exactly one `ModelResponse` holding the whole assistant message, usage and stop
-reason. The loop never imports httpx; tests can drive it with a `ScriptedProvider`.
+A stream yields `TextDelta`, `ThoughtDelta` and `ToolCallDelta` while the model talks (and
+`Retrying` when a failed attempt is tried again) and ends with exactly one `ModelResponse`
+holding the whole assistant message, usage and stop reason. The loop never imports httpx;
+tests can drive it with a `ScriptedProvider`.
 """
 
 from __future__ import annotations
@@ -106,7 +107,18 @@ class ModelResponse:
     model: str = ""
 
 
-ModelEvent = TextDelta | ThoughtDelta | ToolCallDelta | ModelResponse
+@dataclass(frozen=True, slots=True)
+class Retrying:
+    """The call failed before any output and is tried again after `delay` seconds:
+    attempt `attempt` of `attempts` comes next. Not output: `complete` skips it."""
+
+    error: str
+    attempt: int
+    attempts: int
+    delay: float
+
+
+ModelEvent = TextDelta | ThoughtDelta | ToolCallDelta | Retrying | ModelResponse
 
 
 @runtime_checkable

@@ -33,7 +33,7 @@ from crow.errors import (
     RateLimitError,
     StreamCutError,
 )
-from crow.llm.base import ModelEvent, ModelRequest, ModelResponse
+from crow.llm.base import ModelEvent, ModelRequest, ModelResponse, Retrying
 from crow.llm.registry import PUBLIC_HOSTS
 from crow.llm.sse import SSEDecoder
 from crow.messages import valid_value
@@ -159,8 +159,9 @@ async def stream_with_retries(
     policy: RetryPolicy,
     *,
     provider: str,
-) -> AsyncIterator[T]:
-    """Yield from `attempt()`, starting it again on retryable errors before any output.
+) -> AsyncIterator[T | Retrying]:
+    """Yield from `attempt()`, starting it again on retryable errors before any output
+    (saying so first: `Retrying`, which is not output).
 
     Once an item has been yielded a failure is final: a transient one (a cut, a timeout)
     becomes `StreamCutError(partial=True)`, so the caller decides instead of us replaying.
@@ -182,7 +183,7 @@ async def stream_with_retries(
                 raise
             if not exc.retryable or number >= policy.max_retries:
                 raise
-            delay = policy.delay(number, exc.retry_after)
+            delay, why = policy.delay(number, exc.retry_after), str(exc)
             logger.warning(
                 "%s; retrying in %.2fs (attempt %d of %d)",
                 exc,
@@ -190,7 +191,8 @@ async def stream_with_retries(
                 number + 1,
                 policy.max_retries,
             )
-            await anyio.sleep(delay)
+        yield Retrying(why, number + 1, policy.max_retries, delay)
+        await anyio.sleep(delay)
 
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
