@@ -69,6 +69,7 @@ class Notice:
     """Something crow or a hook tells the user (shown as agent text)."""
 
     text: str
+    message_id: str = ""  # the stored notice's `Message.id` (crow.prompting keeps notices)
 
 
 @dataclass(frozen=True, slots=True)

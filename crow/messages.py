@@ -174,6 +174,9 @@ class Message:
     images: tuple[Image, ...] = ()
     is_error: bool = False
     meta: Mapping[str, Any] | None = None
+    # Unique in its session, what an editor knows the message by (Session.add gives one);
+    # not content, so equal messages compare equal whatever their ids.
+    id: str = field(default="", compare=False)
     chars: int = field(default=0, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -197,7 +200,9 @@ class Message:
     def valid(self) -> Message:
         """This message with every string valid Unicode (`valid_text`); itself when it is.
         `Session.add` stores only valid messages, so none can poison the history."""
-        changes = _changed_texts(self, ("content", "tool_call_id", "name", "thinking", "thinking_signature"))
+        changes = _changed_texts(
+            self, ("content", "tool_call_id", "name", "thinking", "thinking_signature", "id")
+        )
         calls = tuple(c.valid() for c in self.tool_calls)
         if any(a is not b for a, b in zip(calls, self.tool_calls, strict=True)):
             changes["tool_calls"] = calls
@@ -212,7 +217,7 @@ class Message:
         d: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.tool_calls:
             d["tool_calls"] = [c.to_dict() for c in self.tool_calls]
-        for key in ("tool_call_id", "name", "thinking", "thinking_signature"):
+        for key in ("tool_call_id", "name", "thinking", "thinking_signature", "id"):
             if value := getattr(self, key):
                 d[key] = value
         if self.images:
@@ -236,6 +241,7 @@ class Message:
             tuple(Image(i["mime_type"], i["data"]) for i in d.get("images") or ()),
             bool(d.get("is_error", False)),
             d.get("meta"),
+            str(d.get("id") or ""),
         )
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from crow.errors import CrowError
 from crow.events import Emit, Event, ModeChanged, Notice, TitleChanged
 from crow.messages import Message
+from crow.session import new_message_id
 
 if TYPE_CHECKING:
     from crow.agent import Agent
@@ -61,8 +62,10 @@ def keeping_notices(session: Session, emit: Emit) -> Emit:
     """`emit`, storing each `Notice` first (a system message outside the model context)."""
 
     async def sink(event: Event) -> None:
-        if isinstance(event, Notice):
-            await session.add(Message("system", event.text, meta={"notice": True}), in_context=False)
+        if isinstance(event, Notice):  # shown under the id it is stored with
+            event = Notice(event.text, event.message_id or new_message_id())
+            notice = Message("system", event.text, meta={"notice": True}, id=event.message_id)
+            await session.add(notice, in_context=False)
         await emit(event)
 
     return sink

@@ -23,6 +23,12 @@ if TYPE_CHECKING:
     from crow.tools import ToolHub
 
 
+def new_message_id() -> str:
+    """A message's id (ACP `messageId`): unique, and given before the message is complete,
+    so a streamed answer's chunks carry the id its stored message will have."""
+    return str(uuid.uuid4())
+
+
 @dataclass(eq=False)
 class CompactionState:
     """What compaction keeps per session (crow/compact/): one compaction at a time, and
@@ -151,8 +157,9 @@ class Session:
     async def add(self, *messages: Message, in_context: bool = True) -> None:
         """Append and persist at once: every message is durable when it is produced. Text is
         made valid Unicode first (`Message.valid`): a lone surrogate from a model, a tool or
-        a hook must not make every later store write and model request fail."""
-        messages = tuple(m.valid() for m in messages)
+        a hook must not make every later store write and model request fail. A message
+        without an id gets one (`new_message_id`)."""
+        messages = tuple((m if m.id else m.replace(id=new_message_id())).valid() for m in messages)
         if in_context:
             self.messages.extend(messages)
         if self.store is None:

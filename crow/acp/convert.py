@@ -8,7 +8,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import acp
 from acp import RequestError
 from acp.helpers import update_current_mode
 from acp.schema import (
@@ -36,6 +35,7 @@ from crow.events import (
 )
 from crow.messages import Image, Message, valid_text, valid_value
 from crow.prompting import COMMANDS
+from crow.session import new_message_id
 from crow.tools import ServerSpec
 
 log = logging.getLogger("crow.acp")
@@ -43,10 +43,10 @@ log = logging.getLogger("crow.acp")
 
 def event_update(event: Event, cwd: Path) -> Any:
     """The session/update for a loop event (None for events the editor does not see)."""
-    if isinstance(event, TextDelta):
-        return acp.update_agent_message_text(event.text)
+    if isinstance(event, TextDelta):  # a delta no message claims (a hook's) is a message of its own
+        return acp_view.chunk("agent_message_chunk", event.text, event.message_id or new_message_id())
     if isinstance(event, ThoughtDelta):
-        return acp.update_agent_thought_text(event.text)
+        return acp_view.chunk("agent_thought_chunk", event.text, event.message_id or new_message_id())
     if isinstance(event, ToolCallStart):
         return acp_view.start_update(event.call, cwd, event.spec)
     if isinstance(event, ToolCallRunning):
@@ -58,7 +58,7 @@ def event_update(event: Event, cwd: Path) -> Any:
     if isinstance(event, UsageUpdated):
         return UsageUpdate(session_update="usage_update", used=event.used, size=event.size)
     if isinstance(event, Notice):
-        return acp_view.notice_update(event.text)
+        return acp_view.notice_update(event.text, event.message_id or new_message_id())
     if isinstance(event, ModeChanged):  # the adapter follows it with the config options
         return update_current_mode(event.mode)
     if isinstance(event, TitleChanged):

@@ -177,7 +177,7 @@ class AcpServer:
             )
         except CrowError as exc:
             raise session_error(exc) from exc
-        await self._notify_many(session_id, acp_view.replay(transcript, session.cwd))
+        await self._notify_many(session_id, acp_view.replay(transcript, session.cwd, session_id))
         if session.todos:
             await self._notify(session_id, acp_view.plan_update(session.todos))
         if session.title:

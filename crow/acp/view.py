@@ -10,6 +10,7 @@ import json
 import os
 import shlex
 import stat
+import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -21,13 +22,10 @@ from acp import (
     tool_content,
     tool_diff_content,
     tool_terminal_ref,
-    update_agent_message_text,
-    update_agent_thought_text,
     update_plan,
     update_tool_call,
-    update_user_message_text,
 )
-from acp.schema import ToolCallLocation
+from acp.schema import AgentMessageChunk, AgentThoughtChunk, ToolCallLocation, UserMessageChunk
 
 from crow.llm.base import ToolSpec
 from crow.messages import Message, ToolCall, ToolResult
@@ -212,14 +210,32 @@ def plan_update(todos: list[Mapping[str, Any]]) -> Any:
     )
 
 
-def notice_update(text: str) -> Any:
+_CHUNKS = {
+    "user_message_chunk": UserMessageChunk,
+    "agent_message_chunk": AgentMessageChunk,
+    "agent_thought_chunk": AgentThoughtChunk,
+}
+
+
+def chunk(kind: str, text: str, message_id: str) -> Any:
+    """A text chunk of the message `message_id` (`Message.id`, ACP's `messageId`)."""
+    return _CHUNKS[kind](session_update=kind, content=text_block(text), message_id=message_id)
+
+
+def notice_update(text: str, message_id: str) -> Any:
     """A `Notice`, live or replayed: agent text on a line of its own."""
-    return update_agent_message_text(text + "\n")
+    return chunk("agent_message_chunk", text + "\n", message_id)
 
 
-def replay(messages: list[Message], cwd: Path) -> Iterator[Any]:
-    """The updates that show a stored transcript again, in order. A finished tool call is
-    one notification carrying its final state, not a start and an update."""
+def stored_id(message: Message, session_id: str, seq: int) -> str:
+    """A stored message's id; one stored before messages had ids gets one from its place in
+    the transcript (which is never rewritten), the same at every load."""
+    return message.id or str(uuid.uuid5(uuid.NAMESPACE_URL, f"crow:session/{session_id}/{seq}"))
+
+
+def replay(messages: list[Message], cwd: Path, session_id: str) -> Iterator[Any]:
+    """The updates that show a stored transcript again, in order, each message's chunks
+    under its id. A finished tool call is one notification carrying its final state."""
     pending: dict[str, ToolCall] = {}  # calls whose result has not come yet
 
     def unanswered() -> Iterator[Any]:
@@ -227,7 +243,7 @@ def replay(messages: list[Message], cwd: Path) -> Iterator[Any]:
             yield start_update(call, cwd)
         pending.clear()
 
-    for m in messages:
+    for seq, m in enumerate(messages):
         if m.role == "tool":
             call = pending.pop(m.tool_call_id, None) or ToolCall(m.tool_call_id, m.name)
             result = ToolResult(
@@ -240,19 +256,20 @@ def replay(messages: list[Message], cwd: Path) -> Iterator[Any]:
             yield finished_update(call, result, cwd)
             continue
         yield from unanswered()
+        message_id = stored_id(m, session_id, seq)
         if m.role == "user":
             text = m.content
             if m.images:
                 text += "".join("\n[image]" for _ in m.images)
-            yield update_user_message_text(text)
+            yield chunk("user_message_chunk", text, message_id)
         elif m.role == "assistant":
             if m.thinking:
-                yield update_agent_thought_text(m.thinking)
+                yield chunk("agent_thought_chunk", m.thinking, message_id)
             if m.content:
-                yield update_agent_message_text(m.content)
+                yield chunk("agent_message_chunk", m.content, message_id)
             pending.update((call.id, call) for call in m.tool_calls)
         elif m.role == "system" and (m.meta or {}).get("notice"):
-            yield notice_update(m.content)
+            yield notice_update(m.content, message_id)
     yield from unanswered()
 
 
