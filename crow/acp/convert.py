@@ -52,7 +52,7 @@ def event_update(event: Event, cwd: Path) -> Any:
     if isinstance(event, ToolCallRunning):
         return acp_view.running_update(event.call)
     if isinstance(event, ToolCallEnd):
-        return acp_view.end_update(event.call, event.result)
+        return acp_view.end_update(event.call, event.result, cwd)
     if isinstance(event, PlanUpdated):
         return acp_view.plan_update(list(event.todos))
     if isinstance(event, UsageUpdated):

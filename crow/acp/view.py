@@ -17,7 +17,6 @@ from typing import Any
 
 from acp import (
     plan_entry,
-    start_tool_call,
     text_block,
     tool_content,
     tool_diff_content,
@@ -27,6 +26,7 @@ from acp import (
 )
 from acp.schema import AgentMessageChunk, AgentThoughtChunk, ToolCallLocation, UserMessageChunk
 
+from crow.acp.protocol import ToolCallStart
 from crow.llm.base import ToolSpec
 from crow.messages import Message, ToolCall, ToolResult
 from crow.tool_kinds import PRESENTATION, render_title
@@ -58,26 +58,37 @@ def tool_title(call: ToolCall, spec: ToolSpec | None = None) -> str:
     return f"{call.name} {path}" if path else call.name
 
 
+def absolute(path: str, cwd: Path | str) -> str:
+    """`path` as ACP wants every path shown (absolute), a relative one taken from `cwd`."""
+    return os.path.normpath(os.path.join(cwd, path))
+
+
 def tool_locations(call: ToolCall, cwd: Path, spec: ToolSpec | None = None) -> list[ToolCallLocation] | None:
     """Where the editor can follow a read or an edit: its path (a search or a command
     names a starting point, not a place it works on)."""
     path = _path_arg(call.args)
     if path is None or (spec is not None and spec.kind not in _PLACE_KINDS and spec.kind != "other"):
         return None
-    full = Path(path) if Path(path).is_absolute() else cwd / path
     line = call.args.get("offset")
-    return [ToolCallLocation(path=str(full), line=int(line) + 1 if isinstance(line, int) else None)]
+    return [ToolCallLocation(path=absolute(path, cwd), line=int(line) + 1 if isinstance(line, int) else None)]
+
+
+def _tool_call(call: ToolCall, title: str, kind: Any, cwd: Path, spec: ToolSpec | None, **fields: Any) -> Any:
+    """A `tool_call` update naming the tool as the model called it."""
+    return ToolCallStart(
+        session_update="tool_call",
+        tool_call_id=call.id,
+        title=title,
+        kind=kind,
+        name=call.name,
+        locations=tool_locations(call, cwd, spec),
+        raw_input=dict(call.args) if call.parse_error is None else call.raw_args,
+        **fields,
+    )
 
 
 def start_update(call: ToolCall, cwd: Path, spec: ToolSpec | None = None) -> Any:
-    return start_tool_call(
-        call.id,
-        tool_title(call, spec),
-        kind=tool_kind(spec),
-        status="pending",
-        locations=tool_locations(call, cwd, spec),
-        raw_input=dict(call.args) if call.parse_error is None else call.raw_args,
-    )
+    return _tool_call(call, tool_title(call, spec), tool_kind(spec), cwd, spec, status="pending")
 
 
 def running_update(call: ToolCall) -> Any:
@@ -98,16 +109,16 @@ def preview(call: ToolCall, cwd: Path | str = ".", spec: ToolSpec | None = None)
     `content`, or its `old_text`/`new_text`), or the command. A write over an existing
     file shows what it replaces, never a "new file"."""
     path, a, kind = _path_arg(call.args), call.args, tool_kind(spec)
-    if kind == "edit" and path and isinstance(a.get("content"), str):
-        full = os.path.join(cwd, path)
+    full = absolute(path, cwd) if path else ""
+    if kind == "edit" and full and isinstance(a.get("content"), str):
         old = current_text(full)
-        shown = [tool_diff_content(path, a["content"], old)]
+        shown = [tool_diff_content(full, a["content"], old)]
         if old is None and os.path.lexists(full):
             note = "This overwrites an existing file whose content cannot be shown (binary, or over 1 MB)."
             shown.append(tool_content(text_block(note)))
         return shown
-    if kind == "edit" and path and isinstance(a.get("new_text"), str):
-        return [tool_diff_content(path, a["new_text"], str(a.get("old_text") or ""))]
+    if kind == "edit" and full and isinstance(a.get("new_text"), str):
+        return [tool_diff_content(full, a["new_text"], str(a.get("old_text") or ""))]
     if kind == "execute" and a.get("command"):
         return [tool_content(text_block(f"$ {a['command']}"))]
     return None
@@ -145,12 +156,13 @@ def terminal_id(result: ToolResult) -> str | None:
     return str(tid) if tid else None
 
 
-def _outcome(result: ToolResult) -> dict[str, Any]:
+def _outcome(result: ToolResult, cwd: Path) -> dict[str, Any]:
     """Final status, content and raw output of a finished tool call."""
     content: list[Any] = []
     diff = _diff(result.meta)
     if diff is not None and not result.is_error:
-        content.append(tool_diff_content(str(diff["path"]), str(diff["new_text"]), diff.get("old_text")))
+        path = absolute(str(diff["path"]), cwd)
+        content.append(tool_diff_content(path, str(diff["new_text"]), diff.get("old_text")))
     text = result.text
     if text and diff is None:
         shown = text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN] + "\n… (truncated)"
@@ -165,8 +177,8 @@ def _outcome(result: ToolResult) -> dict[str, Any]:
     }
 
 
-def end_update(call: ToolCall, result: ToolResult) -> Any:
-    return update_tool_call(call.id, **_outcome(result))
+def end_update(call: ToolCall, result: ToolResult, cwd: Path) -> Any:
+    return update_tool_call(call.id, **_outcome(result, cwd))
 
 
 def finished_update(call: ToolCall, result: ToolResult, cwd: Path) -> Any:
@@ -175,14 +187,9 @@ def finished_update(call: ToolCall, result: ToolResult, cwd: Path) -> Any:
     shown = (result.meta or {}).get(PRESENTATION)
     shown = shown if isinstance(shown, Mapping) else {}
     kind = str(shown.get("kind") or "other")
-    return start_tool_call(
-        call.id,
-        str(shown.get("title") or tool_title(call)),
-        kind=kind,  # type: ignore[arg-type]
-        locations=tool_locations(call, cwd, ToolSpec(call.name, "", {}, kind=kind)),
-        raw_input=dict(call.args) if call.parse_error is None else call.raw_args,
-        **_outcome(result),
-    )
+    spec = ToolSpec(call.name, "", {}, kind=kind)
+    title = str(shown.get("title") or tool_title(call))
+    return _tool_call(call, title, kind, cwd, spec, **_outcome(result, cwd))
 
 
 def _raw_output(result: ToolResult) -> Any:
