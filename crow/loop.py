@@ -338,7 +338,6 @@ class Turn:
 
         async def one(call: ToolCall) -> None:
             spec = self._tool_specs.get(call.name)
-            await self.emit(ToolCallRunning(call))  # its turn has come: it really starts now
             try:
                 result = await chain(call)
             except HookError as exc:  # a hook failed or blocked: this call's error, not the turn's
@@ -361,6 +360,8 @@ class Turn:
         await run_batch(calls, waits_for(calls, read_only, str(self.session.cwd), paths_of), one)
 
     async def _execute(self, call: ToolCall) -> ToolResult:
+        # Past every wrap hook (a permission question among them): it really starts now.
+        await self.emit(ToolCallRunning(self._open.get(call.id, call)))
         if call.parse_error:
             why = f"{call.parse_error}. Send the arguments again as one valid JSON object."
             return ToolResult(call.id, call.name, error=why)
