@@ -283,6 +283,9 @@ class AcpServer:
                 raise RequestError(BUSY, str(exc)) from exc
             except CrowError as exc:  # e.g. a broken plugin failed the warm-up: say which
                 raise RequestError(FAILED, str(exc)) from exc
+            finally:
+                if isinstance(session.client, AcpSessionClient):
+                    await session.client.release_terminals()
         if scope.cancelled_caught:
             return PromptResponse(stop_reason="cancelled")
         meta = {"crow": {"error": result.error}} if result.error else None
@@ -331,11 +334,9 @@ class AcpServer:
                 session_update="config_option_update", config_options=self._options(session)
             )
             await self._notify(session.id, options)
-        if isinstance(event, ToolCallEnd) and (tid := acp_view.terminal_id(event.result)):
-            try:  # the editor keeps showing an embedded terminal after release
-                await self.conn.release_terminal(session_id=session.id, terminal_id=tid)
-            except Exception:
-                log.debug("release_terminal failed", exc_info=True)
+        tid = acp_view.terminal_id(event.result) if isinstance(event, ToolCallEnd) else None
+        if tid and isinstance(session.client, AcpSessionClient):
+            await session.client.release_terminal(tid)  # shown above: the editor keeps showing it
 
     async def _notify_many(self, session_id: str, updates: Iterable[Any], batch: int = 500) -> None:
         """Send many updates in order (a replay), in batches of one write each."""

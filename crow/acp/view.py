@@ -156,8 +156,9 @@ def terminal_id(result: ToolResult) -> str | None:
     return str(tid) if tid else None
 
 
-def _outcome(result: ToolResult, cwd: Path) -> dict[str, Any]:
-    """Final status, content and raw output of a finished tool call."""
+def _outcome(result: ToolResult, cwd: Path, *, live: bool = True) -> dict[str, Any]:
+    """Final status, content and raw output of a finished tool call. Live, a command run in
+    the editor's terminal is shown in it; replayed, that terminal is gone: its text only."""
     content: list[Any] = []
     diff = _diff(result.meta)
     if diff is not None and not result.is_error:
@@ -167,7 +168,7 @@ def _outcome(result: ToolResult, cwd: Path) -> dict[str, Any]:
     if text and diff is None:
         shown = text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN] + "\n… (truncated)"
         content.append(tool_content(text_block(shown)))
-    terminal = terminal_id(result)
+    terminal = terminal_id(result) if live else None
     if terminal:
         content.insert(0, tool_terminal_ref(str(terminal)))
     return {
@@ -189,7 +190,7 @@ def finished_update(call: ToolCall, result: ToolResult, cwd: Path) -> Any:
     kind = str(shown.get("kind") or "other")
     spec = ToolSpec(call.name, "", {}, kind=kind)
     title = str(shown.get("title") or tool_title(call))
-    return _tool_call(call, title, kind, cwd, spec, **_outcome(result, cwd))
+    return _tool_call(call, title, kind, cwd, spec, **_outcome(result, cwd, live=False))
 
 
 def _raw_output(result: ToolResult) -> Any:
