@@ -241,6 +241,29 @@ async def test_a_retried_model_call_is_a_new_message(llm: ScriptedLLM, home: Pat
     assert [mid for mid, _ in shown[1:]] == [live[1][0], live[2][0]], "the discarded try is never replayed"
 
 
+async def test_a_message_added_again_gets_an_id_of_its_own(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """A hook sends the session's first message again, the same `Message` (its id too): the
+    copy is stored under a new id, so no two messages of the session share one."""
+    config = home / "test-config.yaml"
+    config.write_text(yaml.safe_dump({"hooks": {"extra": ["retry_plugin:RepeatPrompt"]}}))
+    llm.push(Reply(text="first"), Reply(text="second"))
+    env = crow_env(llm, home, PYTHONPATH=str(SUPPORT))
+    async with spawn_crow(env, "--config", str(config)) as (conn, _proc, _client):
+        sid = await start(conn, workspace)
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("say it twice")])
+    assert llm.requests[1].last_user_text == "say it twice", "the hook sent the prompt again"
+    loads = await load_twice(env, workspace, sid)  # by_id refuses an id used twice
+    assert list(loads[0].items()) == list(loads[1].items())
+    assert list(loads[0].values()) == [
+        {"user": "say it twice"},
+        {"agent": "first"},
+        {"user": "say it twice"},
+        {"agent": "second"},
+    ]
+
+
 def test_the_typescript_client_sees_the_same_ids_live_and_replayed(
     llm: ScriptedLLM, home: Path, workspace: Path
 ) -> None:

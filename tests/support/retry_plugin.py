@@ -1,11 +1,12 @@
-"""A hook for end-to-end tests: it calls the model once more when the stream is cut after
-the user already saw part of the answer (loaded with PYTHONPATH=tests/support)."""
+"""Hooks for the message-id end-to-end tests (loaded with PYTHONPATH=tests/support): one
+calls the model again when the stream is cut after the user saw part of the answer, one
+adds an earlier message to the session again."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from crow import Hook
+from crow import Continue, Hook
 from crow.errors import StreamCutError
 
 
@@ -17,3 +18,16 @@ class RetryCut(Hook):
             return await call_next(request)
         except StreamCutError:
             return await call_next(request)
+
+
+class RepeatPrompt(Hook):
+    """Once, when the model is done, sends the first message of the session again (the
+    same `Message`, id and all)."""
+
+    name = "repeat_prompt"
+
+    async def agent_stop(self, ctx: Any) -> Any:
+        if ctx.session.state.setdefault("repeated", False):
+            return None
+        ctx.session.state["repeated"] = True
+        return Continue([ctx.session.messages[0]])
