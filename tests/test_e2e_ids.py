@@ -221,7 +221,7 @@ async def test_a_retried_model_call_is_a_new_message(llm: ScriptedLLM, home: Pat
     """A hook calls the model again after a cut: the discarded partial answer and the retry
     are two messages (a new id), and the stored answer keeps the retry's id."""
     config = home / "test-config.yaml"
-    config.write_text(yaml.safe_dump({"hooks": {"extra": ["retry_plugin:RetryCut"]}}))
+    config.write_text(yaml.safe_dump({"hooks": {"extra": ["detail_plugins:RetryCut"]}}))
     llm.push(Cut(text="first try that breaks off", after_chunks=2), Reply(text="second try complete"))
     env = crow_env(llm, home, PYTHONPATH=str(SUPPORT))
     async with spawn_crow(env, "--config", str(config)) as (conn, _proc, client):
@@ -247,7 +247,7 @@ async def test_a_message_added_again_gets_an_id_of_its_own(
     """A hook sends the session's first message again, the same `Message` (its id too): the
     copy is stored under a new id, so no two messages of the session share one."""
     config = home / "test-config.yaml"
-    config.write_text(yaml.safe_dump({"hooks": {"extra": ["retry_plugin:RepeatPrompt"]}}))
+    config.write_text(yaml.safe_dump({"hooks": {"extra": ["detail_plugins:RepeatPrompt"]}}))
     llm.push(Reply(text="first"), Reply(text="second"))
     env = crow_env(llm, home, PYTHONPATH=str(SUPPORT))
     async with spawn_crow(env, "--config", str(config)) as (conn, _proc, _client):

@@ -13,6 +13,7 @@ from typing import Any
 import acp
 import anyio
 import pytest
+import yaml
 from acp.schema import ClientCapabilities
 
 from tests.conftest import RecordingClient, crow_env, spawn_crow
@@ -20,6 +21,7 @@ from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
 from tests.support.ts_client import run_script
 
 pytestmark = pytest.mark.anyio
+SUPPORT = Path(__file__).parent / "support"
 
 
 def call(name: str, id: str, **arguments: Any) -> ToolCallSpec:
@@ -186,12 +188,14 @@ async def test_a_call_stays_pending_until_it_is_approved(
 
 class TerminalLog(RecordingClient):
     """Records the terminal methods crow calls, in order, as (method, terminal id);
-    `waiting` is set once crow waits for a command to end."""
+    `waiting` is set once crow waits for a command to end, `output_read` once it read one's
+    output."""
 
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[tuple[str, str]] = []
         self.waiting = anyio.Event()
+        self.output_read = anyio.Event()
 
     async def create_terminal(self, command: str, session_id: str, **kwargs: Any) -> Any:
         created = await super().create_terminal(command, session_id, **kwargs)
@@ -201,6 +205,11 @@ class TerminalLog(RecordingClient):
     async def wait_for_terminal_exit(self, session_id: str, terminal_id: str, **kwargs: Any) -> Any:
         self.waiting.set()
         return await super().wait_for_terminal_exit(session_id, terminal_id, **kwargs)
+
+    async def terminal_output(self, session_id: str, terminal_id: str, **kwargs: Any) -> Any:
+        output = await super().terminal_output(session_id, terminal_id, **kwargs)
+        self.output_read.set()
+        return output
 
     async def kill_terminal(self, session_id: str, terminal_id: str, **kwargs: Any) -> Any:
         self.calls.append(("kill", terminal_id))
@@ -240,6 +249,30 @@ async def test_a_cancel_while_a_terminal_command_runs_kills_then_releases_it(
         assert story(as_timeline(crow_wrote(client)), "slow")[-1] == "update:failed"
         again = await conn.prompt(session_id=sid, prompt=[acp.text_block("still there?")])
     assert again.stop_reason == "end_turn" and client.text().endswith("still here")
+
+
+async def test_a_terminal_whose_result_a_cancel_kept_from_the_editor_is_released_at_the_end_of_the_prompt(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """The command ended and its output was read, but the turn was cancelled before the
+    result was shown (a hook held it): no result will name the terminal, the prompt's end
+    releases it."""
+    config = home / "test-config.yaml"
+    config.write_text(yaml.safe_dump({"hooks": {"extra": ["detail_plugins:HoldResult"]}}))
+    llm.push(Reply(tool_calls=[call("execute", "quick", command="echo quick")]))
+    client = TerminalLog()
+    env = crow_env(llm, home, PYTHONPATH=str(SUPPORT), **TERMINAL_ENV)
+    async with spawn_crow(env, "--config", str(config), client=client) as (conn, _proc, _client):
+        sid = await start(conn, workspace, ClientCapabilities(terminal=True))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(conn.prompt, sid, [acp.text_block("run it")])
+            with anyio.fail_after(20):
+                await client.output_read.wait()
+            await anyio.sleep(0.3)  # the result is held by the hook now
+            await conn.cancel(session_id=sid)
+    (tid,) = client.terminals
+    assert client.calls == [("create", tid), ("release", tid)]
+    assert story(as_timeline(crow_wrote(client)), "quick")[-1] == "update:failed"
 
 
 async def test_a_replayed_terminal_command_shows_its_output_not_a_dead_terminal(

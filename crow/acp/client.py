@@ -200,6 +200,8 @@ class AcpSessionClient:
     async def release_terminals(self) -> None:
         """Release what a turn left (a cancel after its command ended, before its result was
         shown): no terminal outlives the prompt that made it."""
+        if not self._terminals:
+            return
         with anyio.move_on_after(_RELEASE_GRACE, shield=True):
             for terminal_id in list(self._terminals):
                 await self.release_terminal(terminal_id)

@@ -1,10 +1,13 @@
-"""Hooks for the message-id end-to-end tests (loaded with PYTHONPATH=tests/support): one
-calls the model again when the stream is cut after the user saw part of the answer, one
-adds an earlier message to the session again."""
+"""Hooks for the end-to-end tests of ids and editor details (loaded with
+PYTHONPATH=tests/support): one calls the model again when the stream is cut after the user
+saw part of the answer, one adds an earlier message to the session again, one holds tool
+results back."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import anyio
 
 from crow import Continue, Hook
 from crow.errors import StreamCutError
@@ -31,3 +34,15 @@ class RepeatPrompt(Hook):
             return None
         ctx.session.state["repeated"] = True
         return Continue([ctx.session.messages[0]])
+
+
+class HoldResult(Hook):
+    """Holds every tool result for 30 s once the tool has run (a cancel then lands between
+    the tool's end and its result being shown)."""
+
+    name = "hold_result"
+
+    async def wrap_tool_call(self, ctx: Any, call: Any, call_next: Any) -> Any:
+        result = await call_next(call)
+        await anyio.sleep(30)
+        return result
