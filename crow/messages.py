@@ -174,9 +174,7 @@ class Message:
     images: tuple[Image, ...] = ()
     is_error: bool = False
     meta: Mapping[str, Any] | None = None
-    # Unique in its session, what an editor knows the message by (Session.add gives one);
-    # not content, so equal messages compare equal whatever their ids.
-    id: str = field(default="", compare=False)
+    id: str = field(default="", compare=False)  # unique in its session (Session.add); not content
     chars: int = field(default=0, compare=False, repr=False)
 
     def __post_init__(self) -> None:
