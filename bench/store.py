@@ -52,7 +52,7 @@ async def _in_process(ctx: Ctx, home: Path) -> list[Figure]:
     async with SQLiteStore(home / "crow.db") as store:
         for _ in range(n):
             t0 = time.perf_counter()
-            updates = list(acp_view.replay(await store.load_transcript("long"), home))
+            updates = list(acp_view.replay(await store.load_transcript("long"), home, "long"))
             loads.append(time.perf_counter() - t0)
         assert len(updates) >= LONG * 3 // 4, len(updates)  # a finished tool call is one update
         for i in range(ctx.reps(300, 60)):  # interleaved; the long one grows by 0.1 % per call

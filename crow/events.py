@@ -82,6 +82,7 @@ class Notice:
     severity: Severity = "info"
     title: str = ""
     compaction: str | None = None
+    message_id: str = ""  # the stored notice's `Message.id` (crow.prompting keeps notices)
 
     @property
     def headline(self) -> str:

@@ -67,6 +67,7 @@ from crow.hooks import HookRegistry, build_chain
 from crow.llm.base import ModelRequest, ModelResponse, Provider, Retrying, ToolSpec
 from crow.messages import Message, ToolCall, ToolResult, close_dangling_tool_calls, human, system
 from crow.rules import FILE_TOOLS
+from crow.session import new_message_id
 from crow.tool_kinds import presented
 
 if TYPE_CHECKING:
@@ -117,6 +118,7 @@ class Turn:
         self.no_model_message = no_model_message
         self._tool_specs: dict[str, ToolSpec] = {}
         self._partial: list[str] = []  # text of the model call in flight already shown
+        self._message_id = ""  # the id its deltas carry: a new one per model call attempt
         self._open: dict[str, ToolCall] = {}  # calls announced (ToolCallStart) and not ended
 
     async def run(self, prompt: Message) -> TurnResult:
@@ -184,6 +186,7 @@ class Turn:
                 return await self._model_failed(ctx, exc)
 
             msg = self.session.unique_tool_ids(response.message)
+            msg = msg.replace(id=self._message_id or msg.id)  # the id its streamed chunks carried
             if msg is not response.message:
                 response = ModelResponse(msg, response.usage, response.stop_reason, response.model)
             ctx.response = response
@@ -257,6 +260,7 @@ class Turn:
         )
 
     async def _call_model(self, ctx: HookContext) -> ModelResponse:
+        self._message_id = ""
         request = self.build_request(ctx)
         for impl in self.hooks.at("modify_request"):
             changed = await self._guarded(impl, ctx=ctx, request=request)
@@ -277,6 +281,7 @@ class Turn:
             # A wrap hook retries after the user already saw text: say so, never replay silently.
             await self.emit(notices.RETRY_DISCARDS_PARTIAL)
             self._partial = []
+        self._message_id = message_id = new_message_id()  # a retry is a new message
         response: ModelResponse | None = None
         # Read the stream to its end even after the response: leaving early closes the
         # HTTP connection instead of returning it to the keep-alive pool.
@@ -295,9 +300,9 @@ class Turn:
                 raise ProviderError(why) from exc
             if isinstance(event, TextDelta):
                 self._partial.append(event.text)
-                await self.emit(event)
+                await self.emit(TextDelta(event.text, message_id))
             elif isinstance(event, ThoughtDelta):
-                await self.emit(event)
+                await self.emit(ThoughtDelta(event.text, message_id))
             elif isinstance(event, Retrying):
                 await self.emit(notices.retrying(event))
             elif isinstance(event, ModelResponse):
@@ -312,7 +317,7 @@ class Turn:
         if self._partial:
             text = "".join(self._partial)
             self._partial = []
-            await self.session.add(Message("assistant", f"{text}\n\n[{note}]"))
+            await self.session.add(Message("assistant", f"{text}\n\n[{note}]", id=self._message_id))
 
     async def _model_failed(self, ctx: HookContext, exc: CrowError) -> TurnResult:
         """End the turn after a failed model call, telling the user what it was."""
@@ -339,7 +344,6 @@ class Turn:
 
         async def one(call: ToolCall) -> None:
             spec = self._tool_specs.get(call.name)
-            await self.emit(ToolCallRunning(call))  # its turn has come: it really starts now
             try:
                 result = await chain(call)
             except HookError as exc:  # a hook failed or blocked: this call's error, not the turn's
@@ -362,6 +366,8 @@ class Turn:
         await run_batch(calls, waits_for(calls, read_only, str(self.session.cwd), paths_of), one)
 
     async def _execute(self, call: ToolCall) -> ToolResult:
+        # Past every wrap hook (a permission question among them): it really starts now.
+        await self.emit(ToolCallRunning(self._open.get(call.id, call)))
         if call.parse_error:
             why = f"{call.parse_error}. Send the arguments again as one valid JSON object."
             return ToolResult(call.id, call.name, error=why)

@@ -179,6 +179,7 @@ class Message:
     images: tuple[Image, ...] = ()
     is_error: bool = False
     meta: Mapping[str, Any] | None = None
+    id: str = field(default="", compare=False)  # unique in its session (Session.add); not content
     chars: int = field(default=0, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -202,7 +203,9 @@ class Message:
     def valid(self) -> Message:
         """This message with every string valid Unicode (`valid_text`); itself when it is.
         `Session.add` stores only valid messages, so none can poison the history."""
-        changes = _changed_texts(self, ("content", "tool_call_id", "name", "thinking", "thinking_signature"))
+        changes = _changed_texts(
+            self, ("content", "tool_call_id", "name", "thinking", "thinking_signature", "id")
+        )
         calls = tuple(c.valid() for c in self.tool_calls)
         if any(a is not b for a, b in zip(calls, self.tool_calls, strict=True)):
             changes["tool_calls"] = calls
@@ -217,7 +220,7 @@ class Message:
         d: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.tool_calls:
             d["tool_calls"] = [c.to_dict() for c in self.tool_calls]
-        for key in ("tool_call_id", "name", "thinking", "thinking_signature"):
+        for key in ("tool_call_id", "name", "thinking", "thinking_signature", "id"):
             if value := getattr(self, key):
                 d[key] = value
         if self.images:
@@ -241,6 +244,7 @@ class Message:
             tuple(Image(i["mime_type"], i["data"]) for i in d.get("images") or ()),
             bool(d.get("is_error", False)),
             d.get("meta"),
+            str(d.get("id") or ""),
         )
 
 

@@ -12,12 +12,14 @@ a `Message` and shows the events it is handed; everything else is decided here, 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from crow.errors import CrowError
 from crow.events import Emit, Event, ModeChanged, Notice, TitleChanged
 from crow.messages import Message
+from crow.session import new_message_id
 
 if TYPE_CHECKING:
     from crow.agent import Agent
@@ -63,14 +65,15 @@ def notice_record(notice: Notice) -> Message:
     meta: dict[str, Any] = {"severity": notice.severity, "title": notice.headline}
     if notice.compaction is not None:
         meta["compaction"] = notice.compaction
-    return Message("system", notice.full_text, meta={"notice": meta})
+    return Message("system", notice.full_text, meta={"notice": meta}, id=notice.message_id)
 
 
 def keeping_notices(session: Session, emit: Emit) -> Emit:
     """`emit`, storing each `Notice` first (`notice_record`)."""
 
     async def sink(event: Event) -> None:
-        if isinstance(event, Notice):
+        if isinstance(event, Notice):  # shown under the id it is stored with
+            event = dataclasses.replace(event, message_id=event.message_id or new_message_id())
             await session.add(notice_record(event), in_context=False)
         await emit(event)
 

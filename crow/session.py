@@ -23,6 +23,12 @@ if TYPE_CHECKING:
     from crow.tools import ToolHub
 
 
+def new_message_id() -> str:
+    """A message's id (ACP `messageId`): unique, and given before the message is complete,
+    so a streamed answer's chunks carry the id its stored message will have."""
+    return str(uuid.uuid4())
+
+
 @dataclass(eq=False)
 class CompactionState:
     """What compaction keeps per session (crow/compact/): one compaction at a time, and
@@ -110,6 +116,7 @@ class Session:
         self.messages = Messages(stored)
         self.last_usage, self.usage_covers, self.last_request = None, 0, None
         self.state.pop("crow.tool_ids", None)
+        self.state.pop("crow.message_ids", None)
         await self.repair()
 
     async def repair(self) -> list[Message]:
@@ -150,6 +157,15 @@ class Session:
             calls.append(call)
         return message.replace(tool_calls=tuple(calls)) if calls != list(message.tool_calls) else message
 
+    def _unique_id(self, message: Message) -> Message:
+        seen: set[str] | None = self.state.get("crow.message_ids")
+        if seen is None:
+            seen = self.state["crow.message_ids"] = {m.id for m in self.messages if m.id}
+        if not message.id or message.id in seen:
+            message = message.replace(id=new_message_id())
+        seen.add(message.id)
+        return message
+
     def context_tokens(self) -> int:
         if self.last_usage is None or self.usage_covers > len(self.messages):
             return self.messages.estimate_tokens()
@@ -159,8 +175,10 @@ class Session:
     async def add(self, *messages: Message, in_context: bool = True) -> None:
         """Append and persist at once: every message is durable when it is produced. Text is
         made valid Unicode first (`Message.valid`): a lone surrogate from a model, a tool or
-        a hook must not make every later store write and model request fail."""
-        messages = tuple(m.valid() for m in messages)
+        a hook must not make every later store write and model request fail. A message
+        gets a new id (`new_message_id`) unless it has one the session has not used (a
+        hook may add an earlier message again)."""
+        messages = tuple(self._unique_id(m).valid() for m in messages)
         if in_context:
             self.messages.extend(messages)
         if self.store is None:

@@ -142,10 +142,11 @@ async def test_payload_and_compact(
     assert payload["event"] == "agent_stop"
     assert payload["session_id"] == session.id and payload["cwd"] == str(workspace)
     assert payload["prompt"] == "do it"
-    assert payload["messages"] == [
-        {"role": "user", "content": "do it"},
-        {"role": "assistant", "content": "all done"},
+    assert payload["messages"] == [  # each with its id (`Message.id`), as stored
+        {"role": "user", "content": "do it", "id": session.messages[0].id},
+        {"role": "assistant", "content": "all done", "id": session.messages[1].id},
     ]
+    assert session.messages[0].id != session.messages[1].id
     usage = payload["usage"]
     assert (usage["input_tokens"], usage["output_tokens"]) == (1000, 20)
     assert usage["context_tokens"] == session.context_tokens() and usage["context_window"] == 128_000

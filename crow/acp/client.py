@@ -29,6 +29,7 @@ DEFAULT_CHOICES: tuple[Choice, ...] = (
     Choice("reject_once", "reject_once", "Reject"),
 )
 _OUTPUT_LIMIT = 100_000
+_RELEASE_GRACE = 5.0  # seconds a cancelled command has to kill and release its terminal
 RESOURCE_NOT_FOUND = -32002  # what editors answer fs/read_text_file for a missing file
 
 
@@ -41,6 +42,7 @@ class AcpSessionClient:
         self.can_read = bool(fs and fs.read_text_file)
         self.can_write = bool(fs and fs.write_text_file)
         self.can_terminal = bool(caps and caps.terminal)
+        self._terminals: set[str] = set()  # created and not yet released
         # Made at the first question: the first anyio.Lock() imports anyio's asyncio
         # backend (~15 ms), which must not land on session/new.
         self._asking: anyio.Lock | None = None
@@ -156,6 +158,7 @@ class AcpSessionClient:
             output_byte_limit=_OUTPUT_LIMIT,
         )
         tid = terminal.terminal_id
+        self._terminals.add(tid)
         timed_out = False
         try:
             with anyio.move_on_after(timeout) as scope:
@@ -167,12 +170,13 @@ class AcpSessionClient:
                 await self.conn.kill_terminal(session_id=self.session_id, terminal_id=tid)
                 exit_status = None
             out = await self.conn.terminal_output(session_id=self.session_id, terminal_id=tid)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
+        except BaseException:  # cancelled or failed: no result will show this terminal
+            with anyio.move_on_after(_RELEASE_GRACE, shield=True):
                 try:
                     await self.conn.kill_terminal(session_id=self.session_id, terminal_id=tid)
                 except Exception:
                     log.debug("kill_terminal failed", exc_info=True)
+                await self.release_terminal(tid)
             raise
         code = getattr(exit_status, "exit_code", None) if exit_status is not None else None
         return {
@@ -182,6 +186,25 @@ class AcpSessionClient:
             "truncated": bool(out.truncated),
             "terminal_id": tid,
         }
+
+    async def release_terminal(self, terminal_id: str) -> None:
+        """`terminal/release`, once, for a terminal this client created."""
+        if terminal_id not in self._terminals:
+            return
+        self._terminals.discard(terminal_id)
+        try:
+            await self.conn.release_terminal(session_id=self.session_id, terminal_id=terminal_id)
+        except Exception:
+            log.debug("release_terminal failed", exc_info=True)
+
+    async def release_terminals(self) -> None:
+        """Release what a turn left (a cancel after its command ended, before its result was
+        shown): no terminal outlives the prompt that made it."""
+        if not self._terminals:
+            return
+        with anyio.move_on_after(_RELEASE_GRACE, shield=True):
+            for terminal_id in list(self._terminals):
+                await self.release_terminal(terminal_id)
 
 
 def _os_error(exc: RequestError, verb: str, path: Path) -> OSError:

@@ -8,7 +8,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import acp
 from acp import RequestError
 from acp.helpers import update_current_mode
 from acp.schema import (
@@ -24,7 +23,6 @@ from crow.acp import view as acp_view
 from crow.events import (
     Event,
     ModeChanged,
-    Notice,
     PlanUpdated,
     TextDelta,
     ThoughtDelta,
@@ -36,6 +34,7 @@ from crow.events import (
 )
 from crow.messages import Image, Message, valid_text, valid_value
 from crow.prompting import COMMANDS
+from crow.session import new_message_id
 from crow.tools import ServerSpec
 
 log = logging.getLogger("crow.acp")
@@ -43,22 +42,20 @@ log = logging.getLogger("crow.acp")
 
 def event_update(event: Event, cwd: Path) -> Any:
     """The session/update for a loop event (None for events the editor does not see)."""
-    if isinstance(event, TextDelta):
-        return acp.update_agent_message_text(event.text)
+    if isinstance(event, TextDelta):  # a delta no message claims (a hook's) is a message of its own
+        return acp_view.chunk("agent_message_chunk", event.text, event.message_id or new_message_id())
     if isinstance(event, ThoughtDelta):
-        return acp.update_agent_thought_text(event.text)
+        return acp_view.chunk("agent_thought_chunk", event.text, event.message_id or new_message_id())
     if isinstance(event, ToolCallStart):
         return acp_view.start_update(event.call, cwd, event.spec)
     if isinstance(event, ToolCallRunning):
         return acp_view.running_update(event.call)
     if isinstance(event, ToolCallEnd):
-        return acp_view.end_update(event.call, event.result)
+        return acp_view.end_update(event.call, event.result, cwd)
     if isinstance(event, PlanUpdated):
         return acp_view.plan_update(list(event.todos))
     if isinstance(event, UsageUpdated):
         return UsageUpdate(session_update="usage_update", used=event.used, size=event.size)
-    if isinstance(event, Notice):
-        return acp_view.notice_update(event.text)
     if isinstance(event, ModeChanged):  # the adapter follows it with the config options
         return update_current_mode(event.mode)
     if isinstance(event, TitleChanged):

@@ -27,6 +27,7 @@ from crow.errors import AuthRequired
 from crow.events import CompactionFinished, CompactionStarted, Event, Notice
 from crow.messages import Message
 from crow.notices import failure_text
+from crow.session import new_message_id
 
 if TYPE_CHECKING:
     from crow.loop import TurnResult
@@ -50,7 +51,7 @@ def updates(event: Event, features: ClientFeatures) -> list[Any]:
                 description=event.detail,
             )
             return [notice]
-        return [acp_view.notice_update(event.full_text)]
+        return [acp_view.notice_update(event.full_text, event.message_id or new_message_id())]
     if not features.compaction:
         return []
     if isinstance(event, CompactionStarted):

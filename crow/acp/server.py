@@ -215,7 +215,7 @@ class AcpServer:
         except CrowError as exc:
             raise session_error(exc) from exc
         shown = acp_reports.replayable(transcript, self.features)
-        await self._notify_many(session_id, acp_view.replay(list(shown), session.cwd))
+        await self._notify_many(session_id, acp_view.replay(list(shown), session.cwd, session_id))
         if session.todos:
             await self._notify(session_id, acp_view.plan_update(session.todos))
         if session.title:
@@ -349,6 +349,9 @@ class AcpServer:
                 raise acp_reports.auth_required(exc) from exc
             except CrowError as exc:  # e.g. a broken plugin failed the warm-up: say which
                 raise RequestError(FAILED, str(exc)) from exc
+            finally:
+                if isinstance(session.client, AcpSessionClient):
+                    await session.client.release_terminals()
         if scope.cancelled_caught:
             return PromptResponse(stop_reason="cancelled")
         if result.error:  # told already (a notice); the history is stored and usable
@@ -405,11 +408,9 @@ class AcpServer:
                 session_update="config_option_update", config_options=self._options(session)
             )
             await self._notify(session.id, options)
-        if isinstance(event, ToolCallEnd) and (tid := acp_view.terminal_id(event.result)):
-            try:  # the editor keeps showing an embedded terminal after release
-                await self.conn.release_terminal(session_id=session.id, terminal_id=tid)
-            except Exception:
-                log.debug("release_terminal failed", exc_info=True)
+        tid = acp_view.terminal_id(event.result) if isinstance(event, ToolCallEnd) else None
+        if tid and isinstance(session.client, AcpSessionClient):
+            await session.client.release_terminal(tid)  # shown above: the editor keeps showing it
 
     async def _notify_many(self, session_id: str, updates: Iterable[Any], batch: int = 500) -> None:
         """Send many updates in order (a replay), in batches of one write each."""

@@ -10,6 +10,7 @@ import json
 import os
 import shlex
 import stat
+import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,19 +18,16 @@ from typing import Any
 from acp import (
     image_block,
     plan_entry,
-    start_tool_call,
     text_block,
     tool_content,
     tool_diff_content,
     tool_terminal_ref,
-    update_agent_message_text,
-    update_agent_thought_text,
     update_plan,
     update_tool_call,
-    update_user_message_text,
 )
-from acp.schema import ToolCallLocation
+from acp.schema import AgentMessageChunk, AgentThoughtChunk, ToolCallLocation, UserMessageChunk
 
+from crow.acp.protocol import ToolCallStart
 from crow.llm.base import ToolSpec
 from crow.messages import Message, ToolCall, ToolResult
 from crow.tool_kinds import PRESENTATION, render_title
@@ -61,26 +59,37 @@ def tool_title(call: ToolCall, spec: ToolSpec | None = None) -> str:
     return f"{call.name} {path}" if path else call.name
 
 
+def absolute(path: str, cwd: Path | str) -> str:
+    """`path` as ACP wants every path shown (absolute), a relative one taken from `cwd`."""
+    return os.path.normpath(os.path.join(cwd, path))
+
+
 def tool_locations(call: ToolCall, cwd: Path, spec: ToolSpec | None = None) -> list[ToolCallLocation] | None:
     """Where the editor can follow a read or an edit: its path (a search or a command
     names a starting point, not a place it works on)."""
     path = _path_arg(call.args)
     if path is None or (spec is not None and spec.kind not in _PLACE_KINDS and spec.kind != "other"):
         return None
-    full = Path(path) if Path(path).is_absolute() else cwd / path
     line = call.args.get("offset")
-    return [ToolCallLocation(path=str(full), line=int(line) + 1 if isinstance(line, int) else None)]
+    return [ToolCallLocation(path=absolute(path, cwd), line=int(line) + 1 if isinstance(line, int) else None)]
+
+
+def _tool_call(call: ToolCall, title: str, kind: Any, cwd: Path, spec: ToolSpec | None, **fields: Any) -> Any:
+    """A `tool_call` update naming the tool as the model called it."""
+    return ToolCallStart(
+        session_update="tool_call",
+        tool_call_id=call.id,
+        title=title,
+        kind=kind,
+        name=call.name,
+        locations=tool_locations(call, cwd, spec),
+        raw_input=dict(call.args) if call.parse_error is None else call.raw_args,
+        **fields,
+    )
 
 
 def start_update(call: ToolCall, cwd: Path, spec: ToolSpec | None = None) -> Any:
-    return start_tool_call(
-        call.id,
-        tool_title(call, spec),
-        kind=tool_kind(spec),
-        status="pending",
-        locations=tool_locations(call, cwd, spec),
-        raw_input=dict(call.args) if call.parse_error is None else call.raw_args,
-    )
+    return _tool_call(call, tool_title(call, spec), tool_kind(spec), cwd, spec, status="pending")
 
 
 def running_update(call: ToolCall) -> Any:
@@ -101,16 +110,16 @@ def preview(call: ToolCall, cwd: Path | str = ".", spec: ToolSpec | None = None)
     `content`, or its `old_text`/`new_text`), or the command. A write over an existing
     file shows what it replaces, never a "new file"."""
     path, a, kind = _path_arg(call.args), call.args, tool_kind(spec)
-    if kind == "edit" and path and isinstance(a.get("content"), str):
-        full = os.path.join(cwd, path)
+    full = absolute(path, cwd) if path else ""
+    if kind == "edit" and full and isinstance(a.get("content"), str):
         old = current_text(full)
-        shown = [tool_diff_content(path, a["content"], old)]
+        shown = [tool_diff_content(full, a["content"], old)]
         if old is None and os.path.lexists(full):
             note = "This overwrites an existing file whose content cannot be shown (binary, or over 1 MB)."
             shown.append(tool_content(text_block(note)))
         return shown
-    if kind == "edit" and path and isinstance(a.get("new_text"), str):
-        return [tool_diff_content(path, a["new_text"], str(a.get("old_text") or ""))]
+    if kind == "edit" and full and isinstance(a.get("new_text"), str):
+        return [tool_diff_content(full, a["new_text"], str(a.get("old_text") or ""))]
     if kind == "execute" and a.get("command"):
         return [tool_content(text_block(f"$ {a['command']}"))]
     return None
@@ -148,18 +157,20 @@ def terminal_id(result: ToolResult) -> str | None:
     return str(tid) if tid else None
 
 
-def _outcome(result: ToolResult) -> dict[str, Any]:
-    """Final status, content and raw output of a finished tool call."""
+def _outcome(result: ToolResult, cwd: Path, *, live: bool = True) -> dict[str, Any]:
+    """Final status, content and raw output of a finished tool call. Live, a command run in
+    the editor's terminal is shown in it; replayed, that terminal is gone: its text only."""
     content: list[Any] = []
     diff = _diff(result.meta)
     if diff is not None and not result.is_error:
-        content.append(tool_diff_content(str(diff["path"]), str(diff["new_text"]), diff.get("old_text")))
+        path = absolute(str(diff["path"]), cwd)
+        content.append(tool_diff_content(path, str(diff["new_text"]), diff.get("old_text")))
     text = result.text
     if text and diff is None:
         shown = text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN] + "\n… (truncated)"
         content.append(tool_content(text_block(shown)))
     content += [tool_content(image_block(i.data, i.mime_type)) for i in result.images]
-    terminal = terminal_id(result)
+    terminal = terminal_id(result) if live else None
     if terminal:
         content.insert(0, tool_terminal_ref(str(terminal)))
     return {
@@ -169,8 +180,8 @@ def _outcome(result: ToolResult) -> dict[str, Any]:
     }
 
 
-def end_update(call: ToolCall, result: ToolResult) -> Any:
-    return update_tool_call(call.id, **_outcome(result))
+def end_update(call: ToolCall, result: ToolResult, cwd: Path) -> Any:
+    return update_tool_call(call.id, **_outcome(result, cwd))
 
 
 def finished_update(call: ToolCall, result: ToolResult, cwd: Path) -> Any:
@@ -179,14 +190,9 @@ def finished_update(call: ToolCall, result: ToolResult, cwd: Path) -> Any:
     shown = (result.meta or {}).get(PRESENTATION)
     shown = shown if isinstance(shown, Mapping) else {}
     kind = str(shown.get("kind") or "other")
-    return start_tool_call(
-        call.id,
-        str(shown.get("title") or tool_title(call)),
-        kind=kind,  # type: ignore[arg-type]
-        locations=tool_locations(call, cwd, ToolSpec(call.name, "", {}, kind=kind)),
-        raw_input=dict(call.args) if call.parse_error is None else call.raw_args,
-        **_outcome(result),
-    )
+    spec = ToolSpec(call.name, "", {}, kind=kind)
+    title = str(shown.get("title") or tool_title(call))
+    return _tool_call(call, title, kind, cwd, spec, **_outcome(result, cwd, live=False))
 
 
 def _raw_output(result: ToolResult) -> Any:
@@ -214,14 +220,32 @@ def plan_update(todos: list[Mapping[str, Any]]) -> Any:
     )
 
 
-def notice_update(text: str) -> Any:
+_CHUNKS = {
+    "user_message_chunk": UserMessageChunk,
+    "agent_message_chunk": AgentMessageChunk,
+    "agent_thought_chunk": AgentThoughtChunk,
+}
+
+
+def chunk(kind: str, text: str, message_id: str) -> Any:
+    """A text chunk of the message `message_id` (`Message.id`, ACP's `messageId`)."""
+    return _CHUNKS[kind](session_update=kind, content=text_block(text), message_id=message_id)
+
+
+def notice_update(text: str, message_id: str) -> Any:
     """A `Notice`, live or replayed: agent text on a line of its own."""
-    return update_agent_message_text(text + "\n")
+    return chunk("agent_message_chunk", text + "\n", message_id)
 
 
-def replay(messages: list[Message], cwd: Path) -> Iterator[Any]:
-    """The updates that show a stored transcript again, in order. A finished tool call is
-    one notification carrying its final state, not a start and an update."""
+def stored_id(message: Message, session_id: str, seq: int) -> str:
+    """A stored message's id; one stored before messages had ids gets one from its place in
+    the transcript (which is never rewritten), the same at every load."""
+    return message.id or str(uuid.uuid5(uuid.NAMESPACE_URL, f"crow:session/{session_id}/{seq}"))
+
+
+def replay(messages: list[Message], cwd: Path, session_id: str) -> Iterator[Any]:
+    """The updates that show a stored transcript again, in order, each message's chunks
+    under its id. A finished tool call is one notification carrying its final state."""
     pending: dict[str, ToolCall] = {}  # calls whose result has not come yet
 
     def unanswered() -> Iterator[Any]:
@@ -229,7 +253,7 @@ def replay(messages: list[Message], cwd: Path) -> Iterator[Any]:
             yield start_update(call, cwd)
         pending.clear()
 
-    for m in messages:
+    for seq, m in enumerate(messages):
         if m.role == "tool":
             call = pending.pop(m.tool_call_id, None) or ToolCall(m.tool_call_id, m.name)
             result = ToolResult(
@@ -243,19 +267,20 @@ def replay(messages: list[Message], cwd: Path) -> Iterator[Any]:
             yield finished_update(call, result, cwd)
             continue
         yield from unanswered()
+        message_id = stored_id(m, session_id, seq)
         if m.role == "user":
             text = m.content
             if m.images:
                 text += "".join("\n[image]" for _ in m.images)
-            yield update_user_message_text(text)
+            yield chunk("user_message_chunk", text, message_id)
         elif m.role == "assistant":
             if m.thinking:
-                yield update_agent_thought_text(m.thinking)
+                yield chunk("agent_thought_chunk", m.thinking, message_id)
             if m.content:
-                yield update_agent_message_text(m.content)
+                yield chunk("agent_message_chunk", m.content, message_id)
             pending.update((call.id, call) for call in m.tool_calls)
         elif m.role == "system" and (m.meta or {}).get("notice"):
-            yield notice_update(m.content)
+            yield notice_update(m.content, message_id)
     yield from unanswered()
 
 

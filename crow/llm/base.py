@@ -83,11 +83,13 @@ class Usage:
 @dataclass(frozen=True, slots=True)
 class TextDelta:
     text: str
+    message_id: str = ""  # the `Message.id` the answer will be stored under (the loop sets it)
 
 
 @dataclass(frozen=True, slots=True)
 class ThoughtDelta:
     text: str
+    message_id: str = ""  # as TextDelta's
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,17 +5,24 @@
 //   node acp_script.mjs SCRIPT.json -- AGENT_CMD [ARGS...]
 //
 // SCRIPT: {"capabilities": {...clientCapabilities}, "permission": "allow_once" | "reject_once"
-//   | "cancel", "elicitation": {"action": "accept", "content": {...}} | {"action": "decline"},
+//   | "cancel", "permissions": [one of those per request, in order; then "permission"],
+//   "elicitation": {"action": "accept", "content": {...}} | {"action": "decline"},
 //   "steps": [STEP, ...]}
 // STEP: {"request": METHOD, "params": {...}, "as": NAME, "wait": false}   (wait defaults true)
 //       {"notify": METHOD, "params": {...}}
 //       {"await": NAME}            (a request started with "wait": false)
 //       {"sleep": MS}
 //       {"until": UPDATE_KIND}     (wait, up to 10 s, for a session/update of that kind)
+//       {"untilRequest": METHOD}   (wait, up to 10 s, for a request of crow's, e.g. terminal/create)
 // Strings "${NAME.path.to.field}" in params are replaced by earlier results ("${NAME.id}" is
 // the JSON-RPC id of request NAME, for $/cancel_request).
 // Prints one JSON line: {sdkVersion, results: {NAME: {result} | {error}}, updates: [...],
-// requests: [{method, params}], handlerErrors: [...]}.
+// requests: [{method, params}], timeline: [{method, params}] (crow's requests and
+// notifications as they came off the wire, in order: the SDK may run handlers out of it),
+// handlerErrors: [...]}.
+// Terminals (when "capabilities" advertise `terminal`): /bin/sh runs what terminal/create
+// names, in a process group of its own that terminal/kill ends; every terminal/* request is
+// recorded in `requests`.
 // ACP_SDK_NODE_MODULES names the node_modules folder holding the SDK.
 
 import { spawn } from "node:child_process";
@@ -41,7 +48,14 @@ const raw = acp.ndJsonStream(Writable.toWeb(child.stdin), Readable.toWeb(child.s
 // request ids as written, by method and order, so "${NAME.id}" can name one
 let nextOutgoingId = [];
 const stream = {
-  readable: raw.readable,
+  readable: raw.readable.pipeThrough(
+    new TransformStream({
+      transform(msg, controller) {
+        if (msg.method) out.timeline.push({ method: msg.method, params: msg.params });
+        controller.enqueue(msg);
+      },
+    }),
+  ),
   writable: new WritableStream({
     async write(msg) {
       if (msg.method && msg.id !== undefined) nextOutgoingId.push(msg.id);
@@ -58,22 +72,89 @@ const stream = {
   }),
 };
 
-const out = { sdkVersion: pkg.version, results: {}, updates: [], requests: [], handlerErrors: [] };
+const out = { sdkVersion: pkg.version, results: {}, updates: [], requests: [], timeline: [], handlerErrors: [] };
+const answers = [...(script.permissions ?? [])];
 const ids = {};
 const waiters = [];
+const requestWaiters = [];
+const terminals = new Map();
+let terminalsMade = 0;
+
+function record(method, params) {
+  out.requests.push({ method, params });
+  for (const w of requestWaiters.splice(0)) w(method);
+}
+
+function terminal(params) {
+  const t = terminals.get(params.terminalId);
+  if (!t) throw new Error(`unknown terminal ${params.terminalId}`);
+  return t;
+}
+
+function createTerminal(params) {
+  const env = { ...process.env };
+  for (const e of params.env ?? []) env[e.name] = e.value;
+  const proc = spawn(params.command, params.args ?? [], {
+    cwd: params.cwd ?? undefined,
+    env,
+    detached: true,
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  const t = { proc, output: "", exit: null };
+  proc.stdout.on("data", (d) => (t.output += d));
+  proc.stderr.on("data", (d) => (t.output += d));
+  t.exited = new Promise((resolve) =>
+    proc.on("close", (code, signal) => resolve((t.exit = { exitCode: code, signal: signal ?? null }))),
+  );
+  const terminalId = `term-${++terminalsMade}`;
+  terminals.set(terminalId, t);
+  return { terminalId };
+}
+
+function killTerminal(t) {
+  if (t.exit === null) {
+    try {
+      process.kill(-t.proc.pid, "SIGKILL");
+    } catch {}
+  }
+}
 
 const app = acp
   .client({ name: "crow-script" })
   .onRequest(acp.methods.client.session.requestPermission, ({ params }) => {
-    out.requests.push({ method: "session/request_permission", params });
-    const want = script.permission ?? "allow_once";
+    record("session/request_permission", params);
+    const want = answers.shift() ?? script.permission ?? "allow_once";
     const option = params.options.find((o) => o.kind === want);
     if (want === "cancel" || !option) return { outcome: { outcome: "cancelled" } };
     return { outcome: { outcome: "selected", optionId: option.optionId } };
   })
   .onRequest(acp.methods.client.elicitation.create, ({ params }) => {
-    out.requests.push({ method: "elicitation/create", params });
+    record("elicitation/create", params);
     return script.elicitation ?? { action: "cancel" };
+  })
+  .onRequest(acp.methods.client.terminal.create, ({ params }) => {
+    record("terminal/create", params);
+    return createTerminal(params);
+  })
+  .onRequest(acp.methods.client.terminal.waitForExit, async ({ params }) => {
+    record("terminal/wait_for_exit", params);
+    return await terminal(params).exited;
+  })
+  .onRequest(acp.methods.client.terminal.output, ({ params }) => {
+    record("terminal/output", params);
+    const t = terminal(params);
+    return { output: t.output, truncated: false, ...(t.exit ? { exitStatus: t.exit } : {}) };
+  })
+  .onRequest(acp.methods.client.terminal.kill, ({ params }) => {
+    record("terminal/kill", params);
+    killTerminal(terminal(params));
+    return {};
+  })
+  .onRequest(acp.methods.client.terminal.release, ({ params }) => {
+    record("terminal/release", params);
+    killTerminal(terminal(params));
+    terminals.delete(params.terminalId);
+    return {};
   })
   .onNotification(acp.methods.client.session.update, ({ params }) => {
     out.updates.push(params);
@@ -97,19 +178,24 @@ function fill(value, results) {
   return value;
 }
 
-function untilKind(kind, ms = 10000) {
-  if (out.updates.some((u) => u.update.sessionUpdate === kind)) return Promise.resolve(true);
+// Resolves true once `wanted` is pushed through `queue` (false after `ms`); at once when
+// `already` says it came before.
+function waitFor(queue, wanted, already, ms = 10000) {
+  if (already) return Promise.resolve(true);
   return new Promise((resolve) => {
     const timer = setTimeout(() => resolve(false), ms);
-    const check = (k) => {
-      if (k === kind) {
+    const check = (got) => {
+      if (got === wanted) {
         clearTimeout(timer);
         resolve(true);
-      } else waiters.push(check);
+      } else queue.push(check);
     };
-    waiters.push(check);
+    queue.push(check);
   });
 }
+
+const untilKind = (kind) => waitFor(waiters, kind, out.updates.some((u) => u.update.sessionUpdate === kind));
+const untilRequest = (method) => waitFor(requestWaiters, method, out.requests.some((r) => r.method === method));
 
 let exitCode = 0;
 try {
@@ -145,6 +231,8 @@ try {
         await new Promise((r) => setTimeout(r, step.sleep));
       } else if (step.until) {
         if (!(await untilKind(step.until))) out.handlerErrors.push(`no ${step.until} update within 10 s`);
+      } else if (step.untilRequest) {
+        if (!(await untilRequest(step.untilRequest))) out.handlerErrors.push(`no ${step.untilRequest} within 10 s`);
       }
     }
     await Promise.all(Object.values(pending));
