@@ -211,8 +211,8 @@ def image_contents(update: object) -> list[tuple[str, str]]:
 
 def test_the_editor_sees_the_image_live_and_on_replay_once() -> None:
     result = read_result()
-    assert image_contents(view.end_update(CALL, result)) == [("image/png", PNG64)]
-    replayed = list(view.replay(history(result), Path("/ws")))
+    assert image_contents(view.end_update(CALL, result, Path("/ws"))) == [("image/png", PNG64)]
+    replayed = list(view.replay(history(result), Path("/ws"), "s1"))
     shown = [u for u in replayed if image_contents(u)]
     assert len(shown) == 1 and image_contents(shown[0]) == [("image/png", PNG64)]
     raw = json.dumps(shown[0].model_dump(mode="json", by_alias=True))
