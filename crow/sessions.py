@@ -63,6 +63,8 @@ async def read_session(
         mode=record.mode or project.config.mode,
         model=record.model or "",
         title=record.title or "",
+        cost=record.cost,
+        thought_level=record.thought_level or "",
         todos=list(record.todos or []),
         files=dict(record.files or {}),
         messages=Messages(stored),

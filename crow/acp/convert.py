@@ -14,6 +14,7 @@ from acp.helpers import update_current_mode
 from acp.schema import (
     AvailableCommand,
     AvailableCommandInput,
+    Cost,
     SessionInfoUpdate,
     UnstructuredCommandInput,
     UsageUpdate,
@@ -56,7 +57,8 @@ def event_update(event: Event, cwd: Path) -> Any:
     if isinstance(event, PlanUpdated):
         return acp_view.plan_update(list(event.todos))
     if isinstance(event, UsageUpdated):
-        return UsageUpdate(session_update="usage_update", used=event.used, size=event.size)
+        cost = None if event.cost is None else Cost(amount=event.cost, currency="USD")
+        return UsageUpdate(session_update="usage_update", used=event.used, size=event.size, cost=cost)
     if isinstance(event, Notice):
         return acp_view.notice_update(event.text)
     if isinstance(event, ModeChanged):  # the adapter follows it with the config options

@@ -27,7 +27,10 @@ from crow.store.record import SessionRecord
 if TYPE_CHECKING:
     from crow.messages import Message
 
-_COLUMNS = "id, cwd, title, created_at, updated_at, model, mode, todos, files, config, message_count"
+_COLUMNS = (
+    "id, cwd, title, created_at, updated_at, model, mode, todos, files, config, message_count,"
+    " cost, thought_level"
+)
 _JSON_FIELDS = frozenset({"todos", "files", "config"})
 
 
@@ -41,9 +44,9 @@ def get_row(c: sqlite3.Connection, columns: str, session_id: str) -> tuple[Any, 
 def _to_record(row: Sequence[Any]) -> SessionRecord:
     import json  # see the module docstring
 
-    sid, cwd, title, created, updated, model, mode, todos, files, config, count = row
+    sid, cwd, title, created, updated, model, mode, todos, files, config, count, cost, level = row
     return SessionRecord(sid, cwd, title, iso(created), iso(updated), model, mode,
-                         *map(json.loads, (todos, files, config)), count)  # fmt: skip
+                         *map(json.loads, (todos, files, config)), count, cost, level)  # fmt: skip
 
 
 def record(c: sqlite3.Connection, session_id: str) -> SessionRecord:
@@ -59,9 +62,9 @@ def create(c: sqlite3.Connection, r: SessionRecord) -> SessionRecord:
             raise StoreError(f"session {r.id!r} already exists")
         c.execute(
             "INSERT INTO sessions (id, cwd, title, created_at, updated_at, model, mode,"
-            " todos, files, config) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " todos, files, config, cost, thought_level) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (r.id, r.cwd, r.title, created, updated, r.model, r.mode,
-             *map(to_json, (r.todos, r.files, r.config))),
+             *map(to_json, (r.todos, r.files, r.config)), r.cost, r.thought_level),
         )  # fmt: skip
         return record(c, r.id)
 
@@ -123,8 +126,10 @@ def fork(c: sqlite3.Connection, source_id: str, new_id: str) -> SessionRecord:
         if c.execute("SELECT 1 FROM sessions WHERE id = ?", (new_id,)).fetchone():
             raise StoreError(f"session {new_id!r} already exists")
         copied = c.execute(
-            "INSERT INTO sessions SELECT ?, cwd, title, ?, ?, model, mode, todos, files,"
-            " config, message_count, context_from, context_head FROM sessions WHERE id = ?",
+            "INSERT INTO sessions (id, cwd, title, created_at, updated_at, model, mode, todos, files,"
+            " config, message_count, context_from, context_head, cost, thought_level)"
+            " SELECT ?, cwd, title, ?, ?, model, mode, todos, files, config, message_count,"
+            " context_from, context_head, cost, thought_level FROM sessions WHERE id = ?",
             (new_id, now, now, source_id),
         ).rowcount
         if copied == 0:

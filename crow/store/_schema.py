@@ -1,7 +1,8 @@
 """The SQLite file: its tables, its pragmas, and opening it (on the worker thread).
 
 sessions  one row per session: metadata, `message_count` (the next seq),
-          `context_head` (JSON list of messages) and `context_from` (a seq)
+          `context_head` (JSON list of messages) and `context_from` (a seq), `cost` (USD,
+          NULL when a call's price was unknown) and `thought_level`
 entries   (session_id, seq) -> message JSON, in_context flag; append-only
 session_locks  (crow.store.locks) who runs a turn in a session, and a generation
 """
@@ -19,14 +20,15 @@ from crow.private import secure_store
 from crow.store import locks
 
 T = TypeVar("T")
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _SCHEMA = """
 CREATE TABLE sessions (
   id TEXT PRIMARY KEY, cwd TEXT NOT NULL, title TEXT NOT NULL DEFAULT '',
   created_at REAL NOT NULL, updated_at REAL NOT NULL, model TEXT, mode TEXT,
   todos TEXT NOT NULL DEFAULT '[]', files TEXT NOT NULL DEFAULT '{}',
   config TEXT NOT NULL DEFAULT '{}', message_count INTEGER NOT NULL DEFAULT 0,
-  context_from INTEGER NOT NULL DEFAULT 0, context_head TEXT NOT NULL DEFAULT '[]'
+  context_from INTEGER NOT NULL DEFAULT 0, context_head TEXT NOT NULL DEFAULT '[]',
+  cost REAL DEFAULT 0, thought_level TEXT
 );
 CREATE INDEX sessions_by_time ON sessions (updated_at DESC, id);
 CREATE INDEX sessions_by_cwd ON sessions (cwd, updated_at DESC, id);
@@ -35,6 +37,16 @@ CREATE TABLE entries (
   message TEXT NOT NULL, in_context INTEGER NOT NULL DEFAULT 1, PRIMARY KEY (session_id, seq)
 ) WITHOUT ROWID;
 """
+# Each version's steps bring a store of the version before up to it, in one transaction.
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    # 2: the session's cost in USD (NULL: unknown, as for every session with messages an
+    # older crow stored: their calls were not priced) and its chosen thought level.
+    2: (
+        "ALTER TABLE sessions ADD COLUMN cost REAL DEFAULT 0",
+        "UPDATE sessions SET cost = NULL WHERE message_count > 0",
+        "ALTER TABLE sessions ADD COLUMN thought_level TEXT",
+    ),
+}
 
 
 def call(fn: Callable[..., T], conn: sqlite3.Connection, *args: Any) -> T:
@@ -71,6 +83,10 @@ def connect(path: str, home: str | os.PathLike[str] | None) -> sqlite3.Connectio
                     if statement.strip():
                         c.execute(statement)
                 c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            for step in range(version + 1, SCHEMA_VERSION + 1) if version else ():  # an older crow's
+                for statement in _MIGRATIONS[step]:
+                    c.execute(statement)
+                c.execute(f"PRAGMA user_version = {step}")
             c.execute(locks.TABLE)
     except BaseException:
         conn.close()

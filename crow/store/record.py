@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 # The fields `update_session` may change; the rest are the store's to keep.
-UPDATABLE = frozenset({"title", "model", "mode", "todos", "files", "config"})
+UPDATABLE = frozenset({"title", "model", "mode", "todos", "files", "config", "cost", "thought_level"})
 
 
 class SessionRecord:
@@ -16,7 +16,7 @@ class SessionRecord:
 
     __slots__ = _FIELDS = (
         "id", "cwd", "title", "created_at", "updated_at", "model", "mode", "todos", "files", "config",
-        "message_count",
+        "message_count", "cost", "thought_level",
     )  # fmt: skip
     id: str
     cwd: str
@@ -29,6 +29,8 @@ class SessionRecord:
     files: dict[str, str]
     config: dict[str, Any]
     message_count: int
+    cost: float | None  # USD over the session's model calls; None once a price was unknown
+    thought_level: str | None  # the level chosen for models that take one (crow.reasoning)
 
     def __init__(
         self,
@@ -43,10 +45,13 @@ class SessionRecord:
         files: dict[str, str] | None = None,
         config: dict[str, Any] | None = None,
         message_count: int = 0,
+        cost: float | None = 0.0,
+        thought_level: str | None = None,
     ) -> None:
         todos, files = todos if todos is not None else [], files if files is not None else {}
         config = config if config is not None else {}
-        values = (id, cwd, title, created_at, updated_at, model, mode, todos, files, config, message_count)
+        values = (id, cwd, title, created_at, updated_at, model, mode, todos, files, config, message_count,
+                  cost, thought_level)  # fmt: skip
         for name, value in zip(self._FIELDS, values, strict=True):
             object.__setattr__(self, name, value)
 
