@@ -32,8 +32,9 @@ LEVEL_BUDGETS = {"off": 0, "none": 0, "minimal": 1024, "low": 2048, "medium": 81
 # Anthropic's extended-thinking models.
 _BUILTIN: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("openai", r"o1|o1-pro|o3|o3-mini|o3-pro|o4-mini", ("low", "medium", "high"), "medium"),
-    ("openai", r"gpt-5(-mini|-nano|-codex)?", ("minimal", "low", "medium", "high"), "medium"),
-    ("openai", r"gpt-5\.\d+(-codex|-mini)?", ("none", "low", "medium", "high"), "none"),
+    ("openai", r"gpt-5(-mini|-nano)?", ("minimal", "low", "medium", "high"), "medium"),
+    ("openai", r"gpt-5(\.\d+)?-codex(-mini)?", ("low", "medium", "high"), "medium"),
+    ("openai", r"gpt-5\.\d+", ("none", "low", "medium", "high"), "none"),
     (
         "anthropic",
         r"claude-(3-7-sonnet|sonnet-4|sonnet-4-\d|opus-4|opus-4-\d|haiku-4-5)",

@@ -30,6 +30,7 @@ pytestmark = pytest.mark.anyio
         ("openai:o4-mini-2025-04-16", ["low", "medium", "high"]),
         ("openai:gpt-5-mini", ["minimal", "low", "medium", "high"]),
         ("openai:gpt-5.1", ["none", "low", "medium", "high"]),
+        ("openai:gpt-5.1-codex", ["low", "medium", "high"]),
         ("anthropic:claude-sonnet-4-5-20250929", ["off", "low", "medium", "high"]),
         ("anthropic:claude-3-7-sonnet-latest", ["off", "low", "medium", "high"]),
         ("openai:gpt-4o", None),
