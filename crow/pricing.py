@@ -24,7 +24,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("crow.pricing")
 
-__all__ = ["PRICES_CHECKED", "add_cost", "call_ref", "cost_of", "list_price", "price_for", "record_usage"]
+__all__ = [
+    "PRICES_CHECKED",
+    "add_cost",
+    "call_ref",
+    "cost_of",
+    "known_cost",
+    "list_price",
+    "price_for",
+    "record_usage",
+]
 
 # List prices of the vendors' own APIs (standard tier, prompts under any long-context
 # surcharge), as (input, output, cache read, cache write). OpenAI does not charge cache
@@ -113,6 +122,14 @@ def cost_of(usage: Usage, price: Pricing) -> float:
         + usage.cache_read_tokens * read
         + usage.cache_write_tokens * write
     ) / 1_000_000
+
+
+def known_cost(stored: object) -> float | None:
+    """A stored total as crow wrote it, else None (unknown): a store edited by hand or
+    damaged must not put NaN, a negative or a string on the wire."""
+    if isinstance(stored, bool) or not isinstance(stored, (int, float)):
+        return None
+    return float(stored) if 0 <= stored < float("inf") else None
 
 
 async def record_usage(session: Session, ref: str, usage: Usage | None) -> None:

@@ -15,6 +15,7 @@ from crow import images
 from crow.errors import StoreError
 from crow.llm.base import ModelRequest, Usage
 from crow.messages import Message, Messages, close_dangling_tool_calls, valid_value
+from crow.pricing import known_cost
 
 if TYPE_CHECKING:
     from crow.config import Config
@@ -101,7 +102,7 @@ class Session:
         stored = await self.store.load_context(self.id)
         if record is not None:
             self.todos, self.files, self.title = list(record.todos), dict(record.files), record.title
-            self.cost = record.cost
+            self.cost = known_cost(record.cost)
         self.messages = Messages(stored)
         self.last_usage, self.usage_covers, self.last_request = None, 0, None
         self.state.pop("crow.tool_ids", None)

@@ -5,8 +5,10 @@ a clear error. The Python client here; the TypeScript SDK client at the end."""
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +136,28 @@ async def test_cost_survives_restart_and_load(llm: ScriptedLLM, home: Path, work
         assert costs(client.wire) == [pytest.approx(CONFIGURED[1])]
         await conn.prompt(session_id=sid, prompt=[acp.text_block("and now?")])
     assert costs(client.wire) == pytest.approx([CONFIGURED[1], CONFIGURED[1] + (3000 * 2 + 10 * 10) / 1e6])
+
+
+@pytest.mark.parametrize("stored", ["'NaN'", "-1", "'a lot'", "9e999"])
+async def test_a_damaged_stored_cost_shows_none_and_the_session_goes_on(
+    llm: ScriptedLLM, home: Path, workspace: Path, stored: str
+) -> None:
+    """A total that is not one crow writes (a store edited by hand, or damaged) is unknown:
+    no NaN, negative or string on the wire; the session loads and answers."""
+    (home / "config.yaml").write_text(PRICED)
+    llm.push(Reply(text="one", usage=(1000, 100)), Reply(text="two", usage=(1000, 100)))
+    env = crow_env(llm, home)
+    async with spawn_crow(env) as (conn, _proc, _client):
+        sid = await prompt_once(conn, workspace, "one")
+    with closing(sqlite3.connect(home / "crow.db")) as raw:
+        raw.execute(f"UPDATE sessions SET cost = {stored} WHERE id = ?", (sid,))
+        raw.commit()
+    async with spawn_crow(env) as (conn, _proc, client):
+        await conn.initialize(protocol_version=1)
+        await conn.load_session(cwd=str(workspace), session_id=sid, mcp_servers=[])
+        response = await conn.prompt(session_id=sid, prompt=[acp.text_block("two")])
+    assert response.stop_reason == "end_turn" and "two" in client.text()
+    assert costs(client.wire) == [None]
 
 
 async def test_a_summary_call_is_counted_too(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
