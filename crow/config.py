@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -63,6 +64,51 @@ class ProviderSettings(_Model):
         return self.model_copy(update=override.model_dump(exclude_unset=True))
 
 
+# A price above this (USD per million tokens) is a typo, and a huge one would make the
+# cost overflow to inf, which JSON cannot carry.
+MAX_PRICE = 10_000.0
+
+
+class Pricing(_Model):
+    """`model_settings.REF.pricing`: USD per million tokens, shown as the session's cost.
+    Cache reads and writes cost the input price unless given."""
+
+    input: float = Field(ge=0, le=MAX_PRICE, allow_inf_nan=False)
+    output: float = Field(ge=0, le=MAX_PRICE, allow_inf_nan=False)
+    cache_read: float | None = Field(None, ge=0, le=MAX_PRICE, allow_inf_nan=False)
+    cache_write: float | None = Field(None, ge=0, le=MAX_PRICE, allow_inf_nan=False)
+
+
+_LEVEL_PATTERN = r"^[a-z][a-z0-9_-]{0,31}$"
+
+
+class ReasoningSettings(_Model):
+    """`model_settings.REF.reasoning`: the thought levels a model takes (crow/reasoning.py).
+    OpenAI-style models get the level as `reasoning_effort`; Anthropic ones a thinking
+    budget (`budgets`, else crow's own; "off"/"none" or a budget of 0: no thinking).
+    `levels: []` says the model takes none."""
+
+    levels: list[str]
+    default: str | None = None  # shown while the session chose none; else the model's own
+    budgets: dict[str, int] = Field(default_factory=dict)  # Anthropic budget_tokens per level
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ReasoningSettings:
+        for level in self.levels:
+            if not re.match(_LEVEL_PATTERN, level):
+                raise ValueError(f"level {level!r}: lower-case letters, digits, '-' and '_' only")
+        if len(set(self.levels)) != len(self.levels):
+            raise ValueError(f"levels repeat a name: {self.levels}")
+        if self.default is not None and self.default not in self.levels:
+            raise ValueError(f"default {self.default!r} is not one of the levels {self.levels}")
+        for level, budget in self.budgets.items():
+            if level not in self.levels:
+                raise ValueError(f"budgets.{level}: not one of the levels {self.levels}")
+            if budget != 0 and not 1024 <= budget <= 1_000_000:
+                raise ValueError(f"budgets.{level}: {budget} (0 = no thinking, else 1024 to 1000000 tokens)")
+        return self
+
+
 class ModelSettings(_Model):
     """Per-model settings (`model_settings.REF`), by `provider:model` or model name."""
 
@@ -72,6 +118,8 @@ class ModelSettings(_Model):
     reasoning_effort: str | None = None
     thinking_budget: int | None = None
     images: bool | None = None  # whether the model accepts images (None: crow's known list)
+    pricing: Pricing | None = None  # the user's config only (crow/project_config.py)
+    reasoning: ReasoningSettings | None = None
 
 
 class CommandHookEntry(_Model):

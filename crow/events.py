@@ -64,6 +64,7 @@ class PlanUpdated:
 class UsageUpdated:
     used: int  # tokens the context occupies now
     size: int  # the model's context window
+    cost: float | None = None  # the session's USD total so far, when known (crow.pricing)
 
 
 Severity = Literal["info", "warning", "error"]

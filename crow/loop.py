@@ -64,8 +64,10 @@ from crow.events import (
     UsageUpdated,
 )
 from crow.hooks import HookRegistry, build_chain
-from crow.llm.base import ModelRequest, ModelResponse, Provider, Retrying, ToolSpec
+from crow.llm.base import ModelRequest, ModelResponse, Provider, Retrying, ToolSpec, Usage
 from crow.messages import Message, ToolCall, ToolResult, close_dangling_tool_calls, human, system
+from crow.pricing import call_ref, record_usage
+from crow.reasoning import request_effort
 from crow.rules import FILE_TOOLS
 from crow.session import new_message_id
 from crow.tool_kinds import presented
@@ -192,11 +194,10 @@ class Turn:
             ctx.response = response
             if msg.content or msg.tool_calls or msg.thinking:
                 await self.session.add(msg)
-            if response.usage is not None:
-                self.session.last_usage = response.usage
-                self.session.usage_covers = len(self.session.messages)
-                ctx.usage = ctx.usage + response.usage
-            await self.emit(UsageUpdated(self.session.context_tokens(), ctx.context_window))
+            ctx.usage = ctx.usage + (response.usage or Usage())
+            await record_usage(self.session, call_ref(self.provider, ctx.request), response.usage)
+            used, cost = self.session.context_tokens(), self.session.cost
+            await self.emit(UsageUpdated(used, ctx.context_window, cost))
 
             state = LoopState("after_model_call", pending=msg.tool_calls, can_compact=can_compact)
             action, by = await self._choose(state, ctx, response=response)
@@ -255,9 +256,9 @@ class Turn:
         prompt = "\n\n".join(p for p in (self.settings.system_prompt, *ctx.injected) if p)
         messages: list[Message] = [system(prompt)] if prompt else []
         messages.extend(self.session.messages)
-        return ModelRequest(
-            messages=messages, tools=specs, model=self.provider.model if self.provider else ""
-        )
+        model = self.provider.model if self.provider else ""
+        effort = request_effort(self.session, call_ref(self.provider, None))
+        return ModelRequest(messages=messages, tools=specs, model=model, reasoning_effort=effort)
 
     async def _call_model(self, ctx: HookContext) -> ModelResponse:
         self._message_id = ""

@@ -79,12 +79,29 @@ def compose(user: Config, project: Mapping[str, Any], path: Path) -> Config:
                 f"({why}); set it in your own config ({user.home / 'config.yaml'}) instead"
             )
     check_credentials(user, project, where)
+    _check_prices(project, where, user.home)
     _check_commands(project, where)
     base = user.model_dump(exclude_unset=True)
     project = fold_old_compaction_keys(project)  # before the merge: a project's old key beats the user's
     config = validate_config({**merge(base, project), **user._top, "home": user.home}, where)
     config._top, config._source = user._top, user._source
     return config
+
+
+def _check_prices(project: Mapping[str, Any], where: str, home: Path) -> None:
+    """Prices are display-only, yet a project could show a cost far below what the user's
+    account is charged (a price of 0 for an expensive model): what a model costs the user
+    is the user's to say, in their own config or crow's list prices."""
+    models = project.get("model_settings")
+    if not isinstance(models, Mapping):
+        return
+    for ref, entry in models.items():
+        if isinstance(entry, Mapping) and "pricing" in entry:
+            raise ConfigError(
+                f"invalid configuration{where}: model_settings.{ref}.pricing cannot be set by a "
+                f"project's {PROJECT_FILE} (the cost shown is what your account pays); set it in "
+                f"your own config ({home / 'config.yaml'}) instead"
+            )
 
 
 def _check_commands(project: Mapping[str, Any], where: str) -> None:

@@ -15,6 +15,7 @@ from crow import images
 from crow.errors import StoreError
 from crow.llm.base import ModelRequest, Usage
 from crow.messages import Message, Messages, close_dangling_tool_calls, valid_value
+from crow.pricing import known_cost
 
 if TYPE_CHECKING:
     from crow.config import Config
@@ -57,6 +58,8 @@ class Session:
     mode: str = "ask"
     model: str = ""
     title: str = ""
+    cost: float | None = 0.0  # USD so far; None once a call's price was unknown (crow.pricing)
+    thought_level: str = ""  # chosen for models that take one; "" = the model's default
     store: Store | None = None
     tools: ToolHub | None = None
     # Provider-reported usage of the last model call and the history length it covered:
@@ -113,6 +116,7 @@ class Session:
         stored = await self.store.load_context(self.id)
         if record is not None:
             self.todos, self.files, self.title = list(record.todos), dict(record.files), record.title
+            self.cost = known_cost(record.cost)
         self.messages = Messages(stored)
         self.last_usage, self.usage_covers, self.last_request = None, 0, None
         self.state.pop("crow.tool_ids", None)
@@ -210,7 +214,7 @@ class Session:
             raise
 
     async def save(self, **fields: Any) -> None:
-        """Persist metadata fields (todos, files, title, mode, model) that changed."""
+        """Persist metadata fields (todos, files, title, mode, model, cost, thought_level)."""
         fields = {key: valid_value(value) for key, value in fields.items()}
         for key, value in fields.items():
             setattr(self, key, value)

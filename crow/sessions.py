@@ -15,6 +15,7 @@ import anyio
 
 from crow.errors import SessionBusy, SessionError
 from crow.messages import Message, Messages, valid_text
+from crow.pricing import known_cost
 from crow.roots import beside, checked_directories
 from crow.session import Session
 from crow.trust import PROJECT, SessionProject
@@ -70,6 +71,8 @@ async def read_session(
         mode=record.mode or project.config.mode,
         model=record.model or "",
         title=record.title or "",
+        cost=known_cost(record.cost),
+        thought_level=record.thought_level or "",
         todos=list(record.todos or []),
         files=dict(record.files or {}),
         messages=Messages(stored),

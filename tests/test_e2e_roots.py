@@ -20,6 +20,7 @@ import pytest
 from acp.schema import ClientCapabilities, FileSystemCapabilities
 
 from crow.private import DB_FILE
+from crow.store import SCHEMA_VERSION
 from tests.conftest import RecordingClient, crow_env, initialize_125, spawn_crow
 from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
 from tests.support.ts_client import run_script
@@ -281,7 +282,8 @@ async def test_sessions_of_a_store_from_before_roots_stay_loadable(
         await conn.prompt(session_id=sid, prompt=[acp.text_block("from the old days")])
     # Make the store what crow wrote before this column existed (schema version 1).
     db = sqlite3.connect(home / DB_FILE)
-    db.execute("ALTER TABLE sessions DROP COLUMN additional_directories")
+    for later in ("additional_directories", "cost", "thought_level"):  # versions 2 and 3
+        db.execute(f"ALTER TABLE sessions DROP COLUMN {later}")
     db.execute("PRAGMA user_version = 1")
     db.commit()
     db.close()
@@ -300,7 +302,7 @@ async def test_sessions_of_a_store_from_before_roots_stay_loadable(
             fork.session_id: None,
         }
     db = sqlite3.connect(home / DB_FILE)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     db.close()
 
 

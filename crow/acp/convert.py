@@ -13,6 +13,7 @@ from acp.helpers import update_current_mode
 from acp.schema import (
     AvailableCommand,
     AvailableCommandInput,
+    Cost,
     SessionInfoUpdate,
     UnstructuredCommandInput,
     UsageUpdate,
@@ -55,7 +56,8 @@ def event_update(event: Event, cwd: Path) -> Any:
     if isinstance(event, PlanUpdated):
         return acp_view.plan_update(list(event.todos))
     if isinstance(event, UsageUpdated):
-        return UsageUpdate(session_update="usage_update", used=event.used, size=event.size)
+        cost = None if event.cost is None else Cost(amount=event.cost, currency="USD")
+        return UsageUpdate(session_update="usage_update", used=event.used, size=event.size, cost=cost)
     if isinstance(event, ModeChanged):  # the adapter follows it with the config options
         return update_current_mode(event.mode)
     if isinstance(event, TitleChanged):

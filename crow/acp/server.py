@@ -220,6 +220,8 @@ class AcpServer:
             await self._notify(session_id, acp_view.plan_update(session.todos))
         if session.title:
             await self._emit(session, TitleChanged(session.title))
+        if usage := acp_sessions.stored_usage(self.agent, session):
+            await self._emit(session, usage)
         self._advertise_commands(session_id)
         return LoadSessionResponse(
             modes=acp_sessions.mode_state(session), config_options=self._options(session)
@@ -318,6 +320,10 @@ class AcpServer:
                 raise RequestError.invalid_params({"value": f"unknown model {value!r}; one of {choices}"})
             await self._ready(session)
             await session.save(model=str(value))
+        elif config_id == "thought_level":
+            level = acp_sessions.checked_level(session, self.agent.model_ref(session), value)
+            await self._ready(session)
+            await session.save(thought_level=level)
         else:
             raise RequestError.invalid_params({"configId": f"unknown config option {config_id!r}"})
         return SetSessionConfigOptionResponse(config_options=self._options(session))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from acp import RequestError
 from acp.schema import (
     SessionConfigOptionSelect,
     SessionConfigSelectOption,
@@ -12,6 +13,9 @@ from acp.schema import (
     SessionModeState,
 )
 
+from crow import reasoning
+from crow.errors import CrowError
+from crow.events import UsageUpdated
 from crow.session import Session
 
 MODES = [
@@ -52,6 +56,8 @@ def config_options(session: Session, configured_models: list[str]) -> list[Any]:
                 options=[SessionConfigSelectOption(value=m, name=m) for m in models],
             )
         )
+    if thought := thought_level_option(session, models[0] if models else ""):
+        options.append(thought)
     options.append(
         SessionConfigOptionSelect(
             id="mode",
@@ -65,6 +71,49 @@ def config_options(session: Session, configured_models: list[str]) -> list[Any]:
         )
     )
     return options
+
+
+def thought_level_option(session: Session, ref: str) -> SessionConfigOptionSelect | None:
+    """The `thought_level` select, offered only while the session's model takes a level."""
+    settings = reasoning.levels_for(ref, session.config)
+    if settings is None:
+        return None
+    return SessionConfigOptionSelect(
+        id="thought_level",
+        name="Thinking",
+        category="thought_level",
+        type="select",
+        current_value=reasoning.shown_level(session, ref) or settings.levels[0],
+        options=[SessionConfigSelectOption(value=v, name=v.capitalize()) for v in settings.levels],
+    )
+
+
+def checked_level(session: Session, ref: str | None, value: object) -> str:
+    """`value` as a thought level for the session's model `ref`, or -32602 saying why not."""
+    settings = reasoning.levels_for(ref or "", session.config)
+    if settings is None:
+        raise RequestError.invalid_params(
+            {"configId": f"the model {ref or '(none)'} takes no thought level"}
+        )
+    if value not in settings.levels:
+        raise RequestError.invalid_params(
+            {"value": f"unknown thought level {value!r} for {ref}; one of {settings.levels}"}
+        )
+    return str(value)
+
+
+def stored_usage(agent: Any, session: Session) -> UsageUpdated | None:
+    """What a loaded session has cost so far, for the editor to show before its next call
+    (None when nothing is known to show)."""
+    if not session.cost:
+        return None
+    try:
+        provider = agent.provider_for(agent.model_ref(session), session.config)
+    except CrowError:
+        return None
+    if provider is None:
+        return None
+    return UsageUpdated(session.context_tokens(), provider.context_window, session.cost)
 
 
 def session_info(record: Any) -> SessionInfo:

@@ -48,6 +48,7 @@ from crow.errors import ContextLengthError, ProviderError, StoreError
 from crow.events import CompactionFinished, CompactionStarted, Emit, Event, UsageUpdated
 from crow.llm.base import ModelRequest, Provider, complete
 from crow.messages import InvalidMessages, Message, close_dangling_tool_calls, validate
+from crow.pricing import add_cost, call_ref
 
 if TYPE_CHECKING:
     from crow.session import Session
@@ -135,7 +136,7 @@ class CompactService:
             status = "completed" if result.compacted else "failed"
             await report(CompactionFinished(compaction, status, result.summary, result.error))
         if result.compacted and emit is not None and provider is not None:
-            await emit(UsageUpdated(result.tokens_after, provider.context_window))
+            await emit(UsageUpdated(result.tokens_after, provider.context_window, session.cost))
         return result
 
     async def _compact(
@@ -218,7 +219,7 @@ class CompactService:
             request = cached_request(previous, messages, kept, settings.summary_words, instructions)
             share = prefix_share(request, previous)
             try:
-                return await _call(provider, request), share, None
+                return await _call(session, provider, request), share, None
             except ContextLengthError as exc:
                 log.info("cache-preserving summary request is over the window (%s); retrying standalone", exc)
             except Exception as exc:
@@ -233,7 +234,7 @@ class CompactService:
         )
         share = prefix_share(request, previous)
         try:
-            return await _call(provider, request), share, None
+            return await _call(session, provider, request), share, None
         except Exception as exc:
             return "", share, _describe(exc)
 
@@ -256,8 +257,9 @@ async def _unreported(event: Event) -> None:
     return None
 
 
-async def _call(provider: Provider, request: ModelRequest) -> str:
+async def _call(session: Session, provider: Provider, request: ModelRequest) -> str:
     response = await complete(provider, request)
+    await add_cost(session, call_ref(provider, request), response.usage)
     text = summary_text(response.message.content)
     if not text:
         raise _EmptySummary("the model returned an empty summary")

@@ -19,6 +19,7 @@ from crow.llm.base import (
 )
 from crow.llm.http import HTTPProvider, parse_event
 from crow.messages import Message, ToolCall
+from crow.reasoning import LEVEL_BUDGETS
 
 __all__ = ["AnthropicProvider", "convert_messages", "convert_tools", "sanitize_tool_id"]
 
@@ -32,8 +33,6 @@ _STOP: dict[str, ModelStopReason] = {
     "max_tokens": "max_tokens",
     "refusal": "refusal",
 }
-# budget_tokens for a reasoning_effort when no thinking_budget is configured
-_EFFORT_BUDGET = {"minimal": 1024, "low": 2048, "medium": 8192, "high": 16384}
 _BAD_ID_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
 
 
@@ -253,10 +252,18 @@ class AnthropicProvider(HTTPProvider):
     default_name = "anthropic"
     default_context_window = 200_000
 
-    def __init__(self, model: str, *, thinking_budget: int | None = None, **settings: Any) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        thinking_budget: int | None = None,
+        level_budgets: Mapping[str, int] | None = None,
+        **settings: Any,
+    ) -> None:
         super().__init__(model, **settings)
         self.max_tokens = self.max_tokens or 8192  # required by the API
         self.thinking_budget = thinking_budget
+        self.level_budgets = {**LEVEL_BUDGETS, **(level_budgets or {})}  # a level -> budget_tokens
 
     def build_body(self, request: ModelRequest) -> dict[str, Any]:
         system, messages = convert_messages(request.messages)
@@ -274,10 +281,12 @@ class AnthropicProvider(HTTPProvider):
             body["tools"] = tools
             if request.tool_choice == "none":
                 body["tool_choice"] = {"type": "none"}
-        budget = self.thinking_budget
-        effort = request.reasoning_effort or self.reasoning_effort
-        if budget is None and effort:
-            budget = _EFFORT_BUDGET.get(effort)
+        # The request's level (the session's choice) wins over the configured budget, which
+        # wins over the configured level; a level without a budget thinks not at all.
+        effort = request.reasoning_effort
+        if effort is None and self.thinking_budget is None:
+            effort = self.reasoning_effort
+        budget = self.level_budgets.get(effort, 0) if effort else self.thinking_budget
         if budget:
             body["thinking"] = {"type": "enabled", "budget_tokens": budget}
             # the API wants max_tokens above the budget and no custom temperature

@@ -198,7 +198,13 @@ def create_provider(
     if kind == "anthropic":
         from crow.llm.anthropic import AnthropicProvider
 
-        return AnthropicProvider(model, thinking_budget=model_settings.thinking_budget, **kwargs)
+        reasoning = model_settings.reasoning
+        return AnthropicProvider(
+            model,
+            thinking_budget=model_settings.thinking_budget,
+            level_budgets=reasoning.budgets if reasoning is not None else None,
+            **kwargs,
+        )
     from crow.llm.openai import OpenAIProvider
 
     return OpenAIProvider(model, **kwargs)

@@ -2,7 +2,8 @@
 
 sessions  one row per session: metadata, `message_count` (the next seq),
           `context_head` (JSON list of messages) and `context_from` (a seq),
-          `additional_directories` (JSON list: the session's other workspace roots)
+          `additional_directories` (JSON list: the session's other workspace roots), `cost`
+          (USD, NULL when a call's price was unknown) and `thought_level`
 entries   (session_id, seq) -> message JSON, in_context flag; append-only
 session_locks  (crow.store.locks) who runs a turn in a session, and a generation
 """
@@ -20,7 +21,7 @@ from crow.private import secure_store
 from crow.store import locks
 
 T = TypeVar("T")
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _SCHEMA = """
 CREATE TABLE sessions (
   id TEXT PRIMARY KEY, cwd TEXT NOT NULL, title TEXT NOT NULL DEFAULT '',
@@ -28,7 +29,7 @@ CREATE TABLE sessions (
   todos TEXT NOT NULL DEFAULT '[]', files TEXT NOT NULL DEFAULT '{}',
   config TEXT NOT NULL DEFAULT '{}', message_count INTEGER NOT NULL DEFAULT 0,
   context_from INTEGER NOT NULL DEFAULT 0, context_head TEXT NOT NULL DEFAULT '[]',
-  additional_directories TEXT NOT NULL DEFAULT '[]'
+  additional_directories TEXT NOT NULL DEFAULT '[]', cost REAL DEFAULT 0, thought_level TEXT
 );
 CREATE INDEX sessions_by_time ON sessions (updated_at DESC, id);
 CREATE INDEX sessions_by_cwd ON sessions (cwd, updated_at DESC, id);
@@ -37,10 +38,19 @@ CREATE TABLE entries (
   message TEXT NOT NULL, in_context INTEGER NOT NULL DEFAULT 1, PRIMARY KEY (session_id, seq)
 ) WITHOUT ROWID;
 """
-# From version N to N + 1, run in the transaction that opens an older store: its sessions
-# stay loadable (a column added with a default), and an older crow then refuses the file.
-_MIGRATIONS = {
-    1: "ALTER TABLE sessions ADD COLUMN additional_directories TEXT NOT NULL DEFAULT '[]'",
+# Each version's steps bring a store of the version before up to it, in one transaction:
+# its sessions stay loadable (columns added with defaults), and an older crow then refuses
+# the file.
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    # 2: the session's other workspace roots.
+    2: ("ALTER TABLE sessions ADD COLUMN additional_directories TEXT NOT NULL DEFAULT '[]'",),
+    # 3: the session's cost in USD (NULL: unknown, as for every session with messages an
+    # older crow stored: their calls were not priced) and its chosen thought level.
+    3: (
+        "ALTER TABLE sessions ADD COLUMN cost REAL DEFAULT 0",
+        "UPDATE sessions SET cost = NULL WHERE message_count > 0",
+        "ALTER TABLE sessions ADD COLUMN thought_level TEXT",
+    ),
 }
 
 
@@ -77,11 +87,11 @@ def connect(path: str, home: str | os.PathLike[str] | None) -> sqlite3.Connectio
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         c.execute(statement)
-            else:
-                for step in range(version, SCHEMA_VERSION):
-                    c.execute(_MIGRATIONS[step])
-            if version != SCHEMA_VERSION:
                 c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            for step in range(version + 1, SCHEMA_VERSION + 1) if version else ():  # an older crow's
+                for statement in _MIGRATIONS[step]:
+                    c.execute(statement)
+                c.execute(f"PRAGMA user_version = {step}")
             c.execute(locks.TABLE)
     except BaseException:
         conn.close()

@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 # The fields `update_session` may change; the rest are the store's to keep.
-UPDATABLE = frozenset({"title", "model", "mode", "todos", "files", "config", "additional_directories"})
+UPDATABLE = frozenset(
+    {"title", "model", "mode", "todos", "files", "config", "additional_directories", "cost", "thought_level"}
+)
 
 
 class SessionRecord:
@@ -16,7 +18,7 @@ class SessionRecord:
 
     __slots__ = _FIELDS = (
         "id", "cwd", "title", "created_at", "updated_at", "model", "mode", "todos", "files", "config",
-        "message_count", "additional_directories",
+        "message_count", "additional_directories", "cost", "thought_level",
     )  # fmt: skip
     id: str
     cwd: str
@@ -30,6 +32,8 @@ class SessionRecord:
     config: dict[str, Any]
     message_count: int
     additional_directories: list[str]  # the session's other workspace roots (absolute)
+    cost: float | None  # USD over the session's model calls; None once a price was unknown
+    thought_level: str | None  # the level chosen for models that take one (crow.reasoning)
 
     def __init__(
         self,
@@ -45,13 +49,14 @@ class SessionRecord:
         config: dict[str, Any] | None = None,
         message_count: int = 0,
         additional_directories: list[str] | None = None,
+        cost: float | None = 0.0,
+        thought_level: str | None = None,
     ) -> None:
         todos, files = todos if todos is not None else [], files if files is not None else {}
         config = config if config is not None else {}
         dirs = additional_directories if additional_directories is not None else []
-        values = (
-            id, cwd, title, created_at, updated_at, model, mode, todos, files, config, message_count, dirs
-        )  # fmt: skip
+        values = (id, cwd, title, created_at, updated_at, model, mode, todos, files, config, message_count,
+                  dirs, cost, thought_level)  # fmt: skip
         for name, value in zip(self._FIELDS, values, strict=True):
             object.__setattr__(self, name, value)
 
