@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from crow import credentials
 from crow.background import Background, Once
 from crow.config import NO_MODEL_MESSAGE, Config, load_config
 from crow.environment import child_environment
@@ -28,6 +27,7 @@ from crow.events import Emit, Notice
 from crow.hooks import HookRegistry
 from crow.inprocess import function_server
 from crow.llm.base import Provider
+from crow.llm.cache import ProviderCache
 from crow.messages import Message
 from crow.roots import beside, checked_directories, reroot, system_prompt
 from crow.session import Session
@@ -68,9 +68,7 @@ class Agent:
         self._functions: list[tuple[Callable[..., Any], bool]] = []
         self._function_server: Any = None
         self._provider = provider
-        self._providers: dict[str, Provider] = {}
-        self._retired: list[Provider] = []  # built before the stored keys changed; closed at the end
-        self._credentials = credentials.stamp(self.config.home)
+        self._providers = ProviderCache(self.config)
         self._builtin_hooks = builtin_hooks
         self._store = store
         self._store_given = store is not None
@@ -152,10 +150,7 @@ class Agent:
         await self._tasks.aclose()
         for session_id in list(self.sessions):
             await self.close_session(session_id)
-        providers, self._providers = [*self._retired, *self._providers.values()], {}
-        self._retired = []
-        for provider in providers:
-            await provider.aclose()
+        await self._providers.aclose()
         store, self._store_given = (None if self._store_given else self._store), True  # closed once
         if store is not None:
             await store.aclose()
@@ -172,20 +167,7 @@ class Agent:
             return self._provider
         if not ref:
             return None
-        config = config or self.config
-        if (seen := credentials.stamp(self.config.home)) != self._credentials:  # `crow login` ran
-            self._credentials, self._retired = seen, [*self._retired, *self._providers.values()]
-            self._providers = {}  # rebuilt with the keys as stored now; in-flight turns keep theirs
-        key = ref
-        if config is not self.config:  # a project's providers: its own provider objects
-            key += " " + config.model_dump_json(include={"providers", "model_settings"})
-        if key not in self._providers:
-            from crow.llm.registry import create_provider
-
-            self._providers[key] = create_provider(
-                ref, providers=config.providers, models=config.model_settings, home=self.config.home
-            )
-        return self._providers[key]
+        return self._providers.get(ref, config or self.config)
 
     # ------------------------------------------------------------ sessions
     def create_session(

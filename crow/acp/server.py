@@ -15,13 +15,10 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-import acp
 import anyio
 from acp import RequestError
 from acp.helpers import update_available_commands
 from acp.schema import (
-    AgentAuthCapabilities,
-    AgentCapabilities,
     AuthenticateResponse,
     ClientCapabilities,
     CloseSessionResponse,
@@ -32,28 +29,18 @@ from acp.schema import (
     InitializeResponse,
     ListSessionsResponse,
     LoadSessionResponse,
-    LogoutCapabilities,
     LogoutResponse,
-    McpCapabilities,
     NewSessionRequest,
     NewSessionResponse,
-    PromptCapabilities,
     PromptResponse,
     ResumeSessionResponse,
-    SessionAdditionalDirectoriesCapabilities,
-    SessionCapabilities,
-    SessionCloseCapabilities,
-    SessionDeleteCapabilities,
-    SessionForkCapabilities,
-    SessionListCapabilities,
-    SessionResumeCapabilities,
     SetSessionConfigOptionResponse,
     SetSessionModeResponse,
 )
 
-from crow import __version__
 from crow.acp import auth as acp_auth
 from crow.acp import convert as acp_convert
+from crow.acp import handshake
 from crow.acp import reports as acp_reports
 from crow.acp import sessions as acp_sessions
 from crow.acp import view as acp_view
@@ -72,21 +59,8 @@ log = logging.getLogger("crow.acp")
 FAILED = -32000  # crow could not do what was asked; the message says why (not "Internal error")
 BUSY = -32001  # a prompt is already running in this session (here or in another crow process)
 CANCELLED = -32800  # ACP's "request cancelled": session/cancel stopped a crow.compact
-UNKNOWN_SESSION = -32002
 
 COMMANDS = acp_convert.available_commands()
-
-
-def session_error(exc: CrowError) -> RequestError:
-    if isinstance(exc, RootsError):
-        return RequestError(-32602, f"Invalid params: {exc}", {"additionalDirectories": str(exc)})
-    code = UNKNOWN_SESSION if "unknown session" in str(exc) else -32602
-    return RequestError(code, str(exc))
-
-
-def roots(given: list[str] | None) -> list[str]:
-    """ACP: the list a load/resume/fork sends is the session's roots; none sent, none."""
-    return list(given or [])
 
 
 class AcpServer:
@@ -125,26 +99,7 @@ class AcpServer:
         # crow.startup) here, ~6 ms, so that answer does not wait for them.
         for model in (NewSessionRequest, NewSessionResponse):
             model.model_rebuild()
-        return InitializeResponse(
-            protocol_version=acp.PROTOCOL_VERSION,
-            agent_info=Implementation(name="crow", title="crow", version=__version__),
-            agent_capabilities=AgentCapabilities(
-                load_session=True,
-                prompt_capabilities=PromptCapabilities(image=True, embedded_context=True),
-                mcp_capabilities=McpCapabilities(http=True, sse=True),
-                session_capabilities=SessionCapabilities(
-                    list=SessionListCapabilities(),
-                    resume=SessionResumeCapabilities(),
-                    fork=SessionForkCapabilities(),
-                    close=SessionCloseCapabilities(),
-                    delete=SessionDeleteCapabilities(),
-                    additional_directories=SessionAdditionalDirectoriesCapabilities(),
-                ),
-                auth=AgentAuthCapabilities(logout=LogoutCapabilities()),
-                field_meta={"crow": {"version": __version__, "extensions": ["crow.compact"]}},
-            ),
-            auth_methods=acp_auth.methods(terminal=self.features.auth_terminal),
-        )
+        return handshake.initialize_response(self.features)
 
     async def authenticate(self, method_id: str, **kwargs: Any) -> AuthenticateResponse:
         acp_auth.authenticate(self.agent.config, method_id)
@@ -160,11 +115,11 @@ class AcpServer:
         self, cwd: str, mcp_servers: list[Any] | None = None,
         additional_directories: list[str] | None = None, **kwargs: Any,
     ) -> NewSessionResponse:  # fmt: skip
-        specs, dirs = acp_convert.server_specs(mcp_servers), roots(additional_directories)
+        specs, dirs = acp_convert.server_specs(mcp_servers), acp_sessions.roots(additional_directories)
         try:
             session = self.agent.create_session(cwd, specs, additional_directories=dirs)
         except RootsError as exc:
-            raise session_error(exc) from exc
+            raise acp_sessions.session_error(exc) from exc
         except CrowError as exc:
             raise RequestError.invalid_params({"cwd": str(exc)}) from exc
         self._bind(session)
@@ -200,7 +155,7 @@ class AcpServer:
                 session_id, acp_convert.server_specs(mcp_servers), cwd, self._bind, dirs
             )
         except CrowError as exc:
-            raise session_error(exc) from exc
+            raise acp_sessions.session_error(exc) from exc
         return session
 
     async def load_session(
@@ -210,10 +165,10 @@ class AcpServer:
         specs = acp_convert.server_specs(mcp_servers)
         try:
             session, transcript = await self.agent.load_session(
-                session_id, specs, cwd, self._bind, roots(additional_directories)
+                session_id, specs, cwd, self._bind, acp_sessions.roots(additional_directories)
             )
         except CrowError as exc:
-            raise session_error(exc) from exc
+            raise acp_sessions.session_error(exc) from exc
         shown = acp_reports.replayable(transcript, self.features)
         await self._notify_many(session_id, acp_view.replay(list(shown), session.cwd, session_id))
         if session.todos:
@@ -231,7 +186,7 @@ class AcpServer:
         self, session_id: str, cwd: str, mcp_servers: list[Any] | None = None,
         additional_directories: list[str] | None = None, **kwargs: Any,
     ) -> ResumeSessionResponse:  # fmt: skip
-        session = await self._resume(session_id, cwd, mcp_servers, roots(additional_directories))
+        session = await self._resume(session_id, cwd, mcp_servers, acp_sessions.roots(additional_directories))
         self._advertise_commands(session_id)
         return ResumeSessionResponse(
             modes=acp_sessions.mode_state(session), config_options=self._options(session)
@@ -242,11 +197,11 @@ class AcpServer:
         additional_directories: list[str] | None = None, **kwargs: Any,
     ) -> ForkSessionResponse:  # fmt: skip
         await self._ready()
-        dirs = roots(additional_directories)
+        dirs = acp_sessions.roots(additional_directories)
         try:
             new_id = await self.agent.fork_session(session_id, dirs)
         except CrowError as exc:
-            raise session_error(exc) from exc
+            raise acp_sessions.session_error(exc) from exc
         session = await self._resume(new_id, cwd, mcp_servers, dirs)
         self._advertise_commands(new_id)
         return ForkSessionResponse(
@@ -274,7 +229,7 @@ class AcpServer:
         except SessionBusy as exc:
             raise RequestError(BUSY, str(exc)) from exc
         except SessionError as exc:
-            raise session_error(exc) from exc
+            raise acp_sessions.session_error(exc) from exc
         except CrowError as exc:
             raise RequestError(FAILED, str(exc)) from exc
         finally:
@@ -340,7 +295,7 @@ class AcpServer:
         try:
             return self.agent.get(session_id)
         except SessionError as exc:
-            raise session_error(exc) from exc
+            raise acp_sessions.session_error(exc) from exc
 
     # ------------------------------------------------------------ prompts
     async def prompt(self, session_id: str, prompt: list[Any], **kwargs: Any) -> PromptResponse:

@@ -14,7 +14,7 @@ from acp.schema import (
 )
 
 from crow import reasoning
-from crow.errors import CrowError
+from crow.errors import CrowError, RootsError
 from crow.events import UsageUpdated
 from crow.session import Session
 
@@ -124,3 +124,18 @@ def session_info(record: Any) -> SessionInfo:
         updated_at=record.updated_at or None,
         additional_directories=list(record.additional_directories) or None,
     )
+
+
+UNKNOWN_SESSION = -32002  # ACP's resource-not-found, for a session id crow does not know
+
+
+def session_error(exc: CrowError) -> RequestError:
+    if isinstance(exc, RootsError):
+        return RequestError(-32602, f"Invalid params: {exc}", {"additionalDirectories": str(exc)})
+    code = UNKNOWN_SESSION if "unknown session" in str(exc) else -32602
+    return RequestError(code, str(exc))
+
+
+def roots(given: list[str] | None) -> list[str]:
+    """ACP: the list a load/resume/fork sends is the session's roots; none sent, none."""
+    return list(given or [])
