@@ -22,6 +22,7 @@ MAX_BASE64 = 5 * 1024 * 1024  # Anthropic's limit per image, on the base64 text
 MAX_BYTES = MAX_BASE64 // 4 * 3  # the largest file whose base64 stays within MAX_BASE64
 MAX_PER_PROMPT = 20
 DROPPED = "[an image was removed here: {problem}]"
+OVER_PER_RESULT = "[{count} more images were removed here: a tool result keeps at most {limit}]"
 NOT_SHOWN = "[an image ({mime}) was left out here: the model in use does not accept images]"
 # What a file's name says it is; its content decides (`sniff`).
 EXTENSIONS: dict[str, str] = {
