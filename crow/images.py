@@ -21,8 +21,16 @@ TYPES: dict[str, tuple[bytes, ...]] = {  # mime type -> the file's possible firs
 MAX_BASE64 = 5 * 1024 * 1024  # Anthropic's limit per image, on the base64 text
 MAX_BYTES = MAX_BASE64 // 4 * 3  # the largest file whose base64 stays within MAX_BASE64
 MAX_PER_PROMPT = 20
+# What one request may carry, all messages together (a history's images are re-sent with
+# every request): Anthropic refuses more than 100 images, and bodies over 32 MB.
+MAX_PER_REQUEST = 100
+MAX_REQUEST_BASE64 = 20 * 1024 * 1024
 DROPPED = "[an image was removed here: {problem}]"
 OVER_PER_RESULT = "[{count} more images were removed here: a tool result keeps at most {limit}]"
+LEFT_OUT = (
+    "[an older image was left out here: a request carries at most {count} images and "
+    "{mb} MB of them, the newest first]"
+)
 NOT_SHOWN = "[an image ({mime}) was left out here: the model in use does not accept images]"
 # What a file's name says it is; its content decides (`sniff`).
 EXTENSIONS: dict[str, str] = {
@@ -138,3 +146,26 @@ def without_images(messages: Sequence[Message]) -> Sequence[Message]:
 def _noted(m: Message) -> Message:
     notes = (NOT_SHOWN.format(mime=i.mime_type) for i in m.images)
     return m.replace(images=(), content="\n".join([m.content, *notes]).strip())
+
+
+def newest(messages: Sequence[Message]) -> Sequence[Message]:
+    """`messages` with the images one request can carry (MAX_PER_REQUEST, MAX_REQUEST_BASE64),
+    the newest first, and a note (`LEFT_OUT`) in each older one's place; the same object when
+    all fit. Else a history that outgrew them would be refused in every later request."""
+    count = size = 0
+    out: list[Message] | None = None
+    for i in range(len(messages) - 1, -1, -1):
+        m = messages[i]
+        if not m.images:
+            continue
+        kept: list[Image] = []
+        for image in reversed(m.images):
+            if count < MAX_PER_REQUEST and size + len(image.data) <= MAX_REQUEST_BASE64:
+                count, size = count + 1, size + len(image.data)
+                kept.append(image)
+        if len(kept) < len(m.images):
+            out = out if out is not None else list(messages)
+            note = LEFT_OUT.format(count=MAX_PER_REQUEST, mb=MAX_REQUEST_BASE64 // (1024 * 1024))
+            notes = [note] * (len(m.images) - len(kept))
+            out[i] = m.replace(images=tuple(reversed(kept)), content="\n".join([m.content, *notes]).strip())
+    return messages if out is None else out

@@ -30,3 +30,66 @@ def test_a_tool_result_with_hundreds_of_images_keeps_a_prompts_worth() -> None:
         "shots",
         f"[280 more images were removed here: a tool result keeps at most {images.MAX_PER_PROMPT}]",
     ]
+
+
+async def _sent_images(provider_kind: str, history: list[object]) -> tuple[list[str], str]:
+    """The base64 of each image the provider put on the wire for `history`, in order, and
+    the request body as text."""
+    import json
+
+    from tests.llm_server import Reply, ScriptedLLM
+    from tests.test_providers import anthropic_provider, ask, collect, openai_provider
+
+    with ScriptedLLM() as llm:
+        llm.push(Reply(text="ok"))
+        make = anthropic_provider if provider_kind == "anthropic" else openai_provider
+        request = ask().replace(messages=history)
+        await collect(make(llm), request)
+        body = llm.requests[-1].body
+    found: list[str] = []
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "image":
+                found.append(node["source"]["data"])
+            elif node.get("type") == "image_url":
+                found.append(node["image_url"]["url"].split(",", 1)[1])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(body)
+    return found, json.dumps(body)
+
+
+@pytest.mark.parametrize("provider_kind", ["anthropic", "openai"])
+async def test_a_history_of_images_past_a_requests_limits_sends_the_newest(provider_kind: str) -> None:
+    # Images stay in the history and are re-sent with every request: 8 screenshots of 3.5 MB
+    # (a legitimate read_file each) make a 37 MB body, over Anthropic's 32 MB request limit,
+    # and 120 small ones pass its 100 images per request: the provider then refuses every
+    # later request of the session for good. The request carries the newest that fit; the
+    # older ones become a note the model can read.
+    import base64
+
+    from crow import images
+    from crow.messages import Image, Message
+    from tests.support.images import png, png_of_size
+
+    def history(pictures: list[Image]) -> list[Message]:
+        out: list[Message] = []
+        for i, picture in enumerate(pictures):
+            out += [Message("user", f"look {i}", images=(picture,)), Message("assistant", f"seen {i}")]
+        return [*out, Message("user", "and now?")]
+
+    big = [Image("image/png", base64.b64encode(png_of_size(3_500_000)).decode()) for _ in range(8)]
+    sent, body = await _sent_images(provider_kind, history(big))
+    assert sum(map(len, sent)) <= images.MAX_REQUEST_BASE64 < sum(len(b.data) for b in big)
+    assert sent == [b.data for b in big[-len(sent) :]] and len(sent) >= 3  # the newest
+    assert body.count("an older image was left out here") == len(big) - len(sent)
+
+    small = [Image("image/png", base64.b64encode(png(2, 2 + i)).decode()) for i in range(120)]
+    sent, body = await _sent_images(provider_kind, history(small))
+    assert sent == [s.data for s in small[-images.MAX_PER_REQUEST :]]
+    assert body.count("an older image was left out here") == 120 - images.MAX_PER_REQUEST
