@@ -197,13 +197,15 @@ def _hidden(config: Config) -> list[Path | str]:
 
 def _file_tools_hidden(config: Config, roots: list[Path]) -> list[Path | str]:
     """`_hidden`, and the credential folders the sandbox hides (~/.ssh, ~/.aws, ~/.netrc...)
-    when a root of the workspace holds the user's home: read_file and grep ask no question."""
+    when a root of the workspace holds the user's home or lies in it (~/.config holds gh's
+    token): read_file and grep ask no question. `Workspace` keeps those inside a root."""
     from mcp_servers.filesystem.sandbox import CREDENTIALS
 
     hidden = _hidden(config)
-    home = os.path.realpath(os.environ.get("HOME") or Path.home())
-    if any(Path(home).is_relative_to(os.path.realpath(root)) for root in roots):
-        hidden += [os.path.join(home, c) for c in CREDENTIALS]
+    home = Path(os.path.realpath(os.environ.get("HOME") or Path.home()))
+    reals = [Path(os.path.realpath(root)) for root in roots]
+    if any(home.is_relative_to(r) or r.is_relative_to(home) for r in reals):
+        hidden += [home / c for c in CREDENTIALS]
     return hidden
 
 

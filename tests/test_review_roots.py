@@ -93,3 +93,38 @@ async def test_a_history_of_images_past_a_requests_limits_sends_the_newest(provi
     sent, body = await _sent_images(provider_kind, history(small))
     assert sent == [s.data for s in small[-images.MAX_PER_REQUEST :]]
     assert body.count("an older image was left out here") == 120 - images.MAX_PER_REQUEST
+
+
+@pytest.mark.parametrize("as_main", [False, True])
+async def test_a_root_inside_home_keeps_the_credentials_in_it_hidden_from_the_file_tools(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, as_main: bool
+) -> None:
+    # The sandbox hides the user's credential files wherever the roots are; the file tools hid
+    # them only when a root held the whole home folder. A user who opens ~/.config (their
+    # dotfiles) let read_file and grep hand the model ~/.config/gh's GitHub token.
+    from builtin_hooks.filesystem import FilesystemHook
+    from crow.config import Config
+    from crow.inprocess import DirectClient
+    from crow.session import Session
+
+    home = tmp_path / "home"
+    (home / ".config" / "gh").mkdir(parents=True)
+    (home / ".config" / "gh" / "hosts.yml").write_text("oauth_token: gho_REVIEW4921\n")
+    (home / ".config" / "app.toml").write_text("theme = 'dark'\n")
+    monkeypatch.setenv("HOME", str(home))
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    config = Config(home=tmp_path / "crowhome", sandbox="off")
+    dotfiles = home / ".config"
+    if as_main:
+        session = Session(id="s", cwd=dotfiles, config=config)
+    else:
+        session = Session(id="s", cwd=ws, config=config, additional_directories=[str(dotfiles)])
+    (spec,) = FilesystemHook().tool_servers(session)
+    client = DirectClient(spec.server)
+    ok = await client.call_tool("read_file", {"path": str(dotfiles / "app.toml")})
+    assert not ok.is_error and "dark" in ok.content[0].text
+    refused = await client.call_tool("read_file", {"path": str(dotfiles / "gh" / "hosts.yml")})
+    assert refused.is_error and "do not reach it" in refused.content[0].text
+    found = await client.call_tool("grep", {"pattern": "oauth_token", "path": str(dotfiles)})
+    assert "gho_REVIEW4921" not in found.content[0].text and "hosts.yml" not in found.content[0].text
