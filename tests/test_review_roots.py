@@ -128,3 +128,24 @@ async def test_a_root_inside_home_keeps_the_credentials_in_it_hidden_from_the_fi
     assert refused.is_error and "do not reach it" in refused.content[0].text
     found = await client.call_tool("grep", {"pattern": "oauth_token", "path": str(dotfiles)})
     assert "gho_REVIEW4921" not in found.content[0].text and "hosts.yml" not in found.content[0].text
+
+
+@pytest.mark.parametrize("name", ["shot.png", "shot.dat"])
+async def test_read_file_shows_an_image_in_another_root(tmp_path, name: str) -> None:
+    # The image was opened from the main root whatever root held it: in a second root every
+    # image came back "permission denied" (and one under another name, a binary-file error).
+    import base64
+
+    from mcp import Client
+
+    from mcp_servers.filesystem import build_server
+    from tests.support.images import png
+
+    main, second = tmp_path / "main", tmp_path / "second"
+    main.mkdir()
+    second.mkdir()
+    (second / name).write_bytes(png())
+    async with Client(build_server(main, extra_roots=[second])) as c:
+        result = await c.call_tool("read_file", {"path": str(second / name)})
+    assert not result.is_error, result.content[0].text
+    assert result.content[1].data == base64.b64encode(png()).decode()
