@@ -155,7 +155,7 @@ class FilesystemHook(Hook):
             session.cwd,
             backend=backend,
             request_state_security=direct_call_state(),
-            hidden=_file_tools_hidden(config, roots),
+            hidden=_file_tools_hidden(config),
             extra_roots=roots[1:],
         )
         return [ServerSpec("filesystem", "inprocess", server=server)]
@@ -195,18 +195,15 @@ def _hidden(config: Config) -> list[Path | str]:
     return [config.home, *(p for p in (config.source, config.trace) if p)]
 
 
-def _file_tools_hidden(config: Config, roots: list[Path]) -> list[Path | str]:
-    """`_hidden`, and the credential folders the sandbox hides (~/.ssh, ~/.aws, ~/.netrc...)
-    when a root of the workspace holds the user's home or lies in it (~/.config holds gh's
-    token): read_file and grep ask no question. `Workspace` keeps those inside a root."""
+def _file_tools_hidden(config: Config) -> list[Path | str]:
+    """`_hidden`, and the credential files the sandbox hides (~/.ssh, ~/.aws, ~/.netrc...):
+    read_file and grep ask no question. All of them, as the sandbox does: a root holding the
+    home folder, lying in it (~/.config holds gh's token) or holding where a credential
+    symlink leads. `Workspace` keeps those inside a root (a few lstats, off the request path)."""
     from mcp_servers.filesystem.sandbox import CREDENTIALS
 
-    hidden = _hidden(config)
-    home = Path(os.path.realpath(os.environ.get("HOME") or Path.home()))
-    reals = [Path(os.path.realpath(root)) for root in roots]
-    if any(home.is_relative_to(r) or r.is_relative_to(home) for r in reals):
-        hidden += [home / c for c in CREDENTIALS]
-    return hidden
+    home = os.environ.get("HOME") or str(Path.home())
+    return [*_hidden(config), *(os.path.join(home, c) for c in CREDENTIALS)]
 
 
 def _existing(roots: list[Path]) -> list[Path]:

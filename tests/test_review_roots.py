@@ -149,3 +149,25 @@ async def test_read_file_shows_an_image_in_another_root(tmp_path, name: str) -> 
         result = await c.call_tool("read_file", {"path": str(second / name)})
     assert not result.is_error, result.content[0].text
     assert result.content[1].data == base64.b64encode(png()).decode()
+
+
+async def test_a_credential_symlinked_into_a_root_outside_home_is_hidden_from_the_file_tools(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ~/.netrc kept in a folder outside home (/srv/dotfiles, say): the sandbox hides the file it
+    # leads to; the file tools must too when that folder is a root.
+    from builtin_hooks.filesystem import FilesystemHook
+    from crow.config import Config
+    from crow.inprocess import DirectClient
+    from crow.session import Session
+
+    home, kept = tmp_path / "home", tmp_path / "srv"
+    home.mkdir()
+    kept.mkdir()
+    (kept / "netrc").write_text("machine example.com password hunter2\n")
+    (home / ".netrc").symlink_to(kept / "netrc")
+    monkeypatch.setenv("HOME", str(home))
+    session = Session(id="s", cwd=kept, config=Config(home=tmp_path / "crowhome", sandbox="off"))
+    (spec,) = FilesystemHook().tool_servers(session)
+    refused = await DirectClient(spec.server).call_tool("read_file", {"path": "netrc"})
+    assert refused.is_error and "do not reach it" in refused.content[0].text
