@@ -171,3 +171,42 @@ async def test_a_credential_symlinked_into_a_root_outside_home_is_hidden_from_th
     (spec,) = FilesystemHook().tool_servers(session)
     refused = await DirectClient(spec.server).call_tool("read_file", {"path": "netrc"})
     assert refused.is_error and "do not reach it" in refused.content[0].text
+
+
+@pytest.mark.skipif(__import__("shutil").which("bwrap") is None, reason="needs bubblewrap")
+async def test_commands_still_run_after_a_root_is_removed_mid_session(tmp_path) -> None:
+    # The sandbox bound every root given at the start: once one was gone (the user deleted a
+    # build folder they had added as a root), bwrap refused to start ("Can't find source
+    # path") and every later command of the session failed.
+    import shutil
+
+    from mcp_servers.filesystem import LocalBackend
+    from mcp_servers.filesystem.sandbox import Sandbox
+
+    main, build = tmp_path / "main", tmp_path / "build"
+    main.mkdir()
+    build.mkdir()
+    backend = LocalBackend(main, Sandbox.create([main, build]), extra_roots=[build])
+    first = await backend.run(f"echo built > {build}/out && echo ok", main, 10)
+    assert first.exit_code == 0 and "ok" in first.output
+    shutil.rmtree(build)
+    later = await backend.run("echo still here > note.txt && cat note.txt", main, 10)
+    assert later.exit_code == 0 and "still here" in later.output, later.output
+    assert (main / "note.txt").read_text() == "still here\n"
+
+
+@pytest.mark.skipif(__import__("shutil").which("bwrap") is None, reason="needs bubblewrap")
+async def test_a_root_replaced_by_a_symlink_mid_session_binds_nothing_writable(tmp_path) -> None:
+    import shutil
+
+    from mcp_servers.filesystem import LocalBackend
+    from mcp_servers.filesystem.sandbox import Sandbox
+
+    main, build, elsewhere = tmp_path / "main", tmp_path / "build", tmp_path / "elsewhere"
+    for d in (main, build, elsewhere):
+        d.mkdir()
+    backend = LocalBackend(main, Sandbox.create([main, build]), extra_roots=[build])
+    shutil.rmtree(build)
+    build.symlink_to(elsewhere)
+    done = await backend.run(f"echo x > {build}/planted", main, 10)
+    assert done.exit_code != 0 and not (elsewhere / "planted").exists()
