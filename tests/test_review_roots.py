@@ -210,3 +210,29 @@ async def test_a_root_replaced_by_a_symlink_mid_session_binds_nothing_writable(t
     build.symlink_to(elsewhere)
     done = await backend.run(f"echo x > {build}/planted", main, 10)
     assert done.exit_code != 0 and not (elsewhere / "planted").exists()
+
+
+async def test_end_to_end_the_model_sees_an_image_read_in_the_second_root(llm, home, tmp_path) -> None:
+    import acp
+
+    from tests.conftest import crow_env, spawn_crow
+    from tests.llm_server import Reply, ToolCallSpec
+    from tests.test_e2e_images import DATA_URL, PNG, openai_image_urls, shown_images
+
+    main, second = tmp_path / "main", tmp_path / "second"
+    main.mkdir()
+    second.mkdir()
+    (second / "shot.png").write_bytes(PNG)
+    llm.push(
+        Reply(tool_calls=[ToolCallSpec("read_file", {"path": f"{second}/shot.png"}, id="call_img")]),
+        Reply(text="a grey square"),
+    )
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
+        await conn.initialize(protocol_version=1)
+        sid = (
+            await conn.new_session(cwd=str(main), mcp_servers=[], additional_directories=[str(second)])
+        ).session_id
+        done = await conn.prompt(session_id=sid, prompt=[acp.text_block("look")])
+    assert done.stop_reason == "end_turn"
+    assert openai_image_urls(llm.requests[1]) == [DATA_URL]
+    assert len(shown_images(client.of_type("ToolCallProgress"))["call_img"]) == 1
