@@ -236,3 +236,30 @@ async def test_end_to_end_the_model_sees_an_image_read_in_the_second_root(llm, h
     assert done.stop_reason == "end_turn"
     assert openai_image_urls(llm.requests[1]) == [DATA_URL]
     assert len(shown_images(client.of_type("ToolCallProgress"))["call_img"]) == 1
+
+
+async def test_a_store_crow_wrote_at_schema_2_opens_with_its_roots_and_no_known_cost(tmp_path) -> None:
+    # v1 -> v3 was tested; a store written at v2 (with roots, before the cost) runs only step 3.
+    import sqlite3
+    from contextlib import closing
+
+    from crow.store import SQLiteStore
+    from crow.store._schema import SCHEMA_VERSION
+    from tests.test_pricing import _V1
+
+    db = tmp_path / "crow.db"
+    v2 = _V1.replace("PRAGMA user_version = 1;", "").replace(
+        "context_head TEXT NOT NULL DEFAULT '[]'\n);",
+        "context_head TEXT NOT NULL DEFAULT '[]',\n  additional_directories TEXT NOT NULL DEFAULT '[]'\n);",
+    )
+    with closing(sqlite3.connect(db)) as raw:
+        raw.executescript(v2 + "UPDATE sessions SET additional_directories = '[\"/r\"]' WHERE id = 'used';")
+        raw.execute("PRAGMA user_version = 2")
+    async with SQLiteStore(db) as store:
+        used, empty = await store.get_session("used"), await store.get_session("empty")
+        assert used is not None and empty is not None
+        assert (used.additional_directories, used.cost, used.thought_level) == (["/r"], None, None)
+        assert (empty.additional_directories, empty.cost) == ([], 0.0)
+        assert [m.content for m in await store.load_transcript("used")] == ["hi"]
+    with closing(sqlite3.connect(db)) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
