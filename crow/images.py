@@ -10,7 +10,7 @@ import base64
 import binascii
 from collections.abc import Sequence
 
-from crow.messages import Image, Message
+from crow.messages import Image, Message, ToolResult
 
 TYPES: dict[str, tuple[bytes, ...]] = {  # mime type -> the file's possible first bytes
     "image/png": (b"\x89PNG\r\n\x1a\n",),
@@ -27,6 +27,10 @@ MAX_PER_REQUEST = 100
 MAX_REQUEST_BASE64 = 20 * 1024 * 1024
 DROPPED = "[an image was removed here: {problem}]"
 OVER_PER_RESULT = "[{count} more images were removed here: a tool result keeps at most {limit}]"
+OVER_PER_REPLY = (
+    "[{count} image(s) of this result were left out: this reply's tool results carry at most "
+    "{limit} images together; read fewer at a time]"
+)
 LEFT_OUT = (
     "[an older image was left out here: a request carries at most {count} images and "
     "{mb} MB of them, the newest first]"
@@ -169,3 +173,22 @@ def newest(messages: Sequence[Message]) -> Sequence[Message]:
             notes = [note] * (len(m.images) - len(kept))
             out[i] = m.replace(images=tuple(reversed(kept)), content="\n".join([m.content, *notes]).strip())
     return messages if out is None else out
+
+
+class ReplyBudget:
+    """The images the tool results of one model reply may add together (MAX_PER_PROMPT, as a
+    prompt): each is held in memory and re-sent with every later request, so a reply calling
+    read_file on hundreds of screenshots must not add them all. First come, first kept."""
+
+    def __init__(self) -> None:
+        self.left = MAX_PER_PROMPT
+
+    def take(self, result: ToolResult) -> ToolResult:
+        if len(result.images) <= self.left:
+            self.left -= len(result.images)
+            return result
+        kept, over, self.left = result.images[: self.left], len(result.images) - self.left, 0
+        note = OVER_PER_REPLY.format(count=over, limit=MAX_PER_PROMPT)
+        if result.is_error:
+            return result.replace(images=kept, error=f"{result.error}\n{note}")
+        return result.replace(images=kept, output="\n".join(filter(None, [result.output, note])))

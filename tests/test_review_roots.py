@@ -263,3 +263,33 @@ async def test_a_store_crow_wrote_at_schema_2_opens_with_its_roots_and_no_known_
         assert [m.content for m in await store.load_transcript("used")] == ["hi"]
     with closing(sqlite3.connect(db)) as raw:
         assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+async def test_one_reply_reading_many_images_adds_a_prompts_worth(llm, home, workspace) -> None:
+    # A model answering with 30 read_file calls on screenshots (in one reply, run side by
+    # side) added 30 images to the context, each re-sent with every later request and held in
+    # memory (a 3.9 MB file is 5.2 MB of base64): 300 calls were 1.5 GB. One reply's results
+    # add what a prompt may carry; the others say why they have none.
+    import acp
+
+    from crow import images
+    from tests.conftest import crow_env, spawn_crow
+    from tests.llm_server import Reply, ToolCallSpec
+    from tests.test_e2e_images import PNG, openai_image_urls, shown_images
+
+    (workspace / "shot.png").write_bytes(PNG)
+    calls = [ToolCallSpec("read_file", {"path": "shot.png"}, id=f"call_{i}") for i in range(30)]
+    llm.push(Reply(tool_calls=calls), Reply(text="seen"))
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
+        await conn.initialize(protocol_version=1)
+        sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+        done = await conn.prompt(session_id=sid, prompt=[acp.text_block("look")])
+    assert done.stop_reason == "end_turn"
+    assert len(openai_image_urls(llm.requests[1])) == images.MAX_PER_PROMPT
+    notes = [
+        m["content"]
+        for m in llm.requests[1].json["messages"]
+        if m["role"] == "tool" and "this reply's tool results" in m["content"]
+    ]
+    assert len(notes) == 30 - images.MAX_PER_PROMPT
+    assert sum(map(len, shown_images(client.of_type("ToolCallProgress")).values())) == images.MAX_PER_PROMPT
