@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 pytestmark = pytest.mark.anyio
@@ -293,3 +295,18 @@ async def test_one_reply_reading_many_images_adds_a_prompts_worth(llm, home, wor
     ]
     assert len(notes) == 30 - images.MAX_PER_PROMPT
     assert sum(map(len, shown_images(client.of_type("ToolCallProgress")).values())) == images.MAX_PER_PROMPT
+
+
+def test_a_root_spelled_with_dotdot_through_a_symlink_is_the_folder_that_was_checked(tmp_path) -> None:
+    # "/t/link/../data" is, for the kernel, the folder beside the one `link` leads to; a
+    # lexical normpath made it "/t/data", another folder (or none) than the one checked.
+    from crow.roots import checked_directories
+
+    real_parent = tmp_path / "real"
+    (real_parent / "target").mkdir(parents=True)
+    (real_parent / "data").mkdir()
+    (tmp_path / "data").mkdir()  # what the lexical spelling names: not what was checked
+    (tmp_path / "link").symlink_to(real_parent / "target")
+    (kept,) = checked_directories([f"{tmp_path}/link/../data"])
+    assert os.path.samefile(kept, real_parent / "data")
+    assert checked_directories([f"{tmp_path}/real/target/../data/"]) == [f"{real_parent}/data"]
