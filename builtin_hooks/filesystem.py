@@ -155,7 +155,7 @@ class FilesystemHook(Hook):
             session.cwd,
             backend=backend,
             request_state_security=direct_call_state(),
-            hidden=_file_tools_hidden(config, roots),
+            hidden=_file_tools_hidden(config),
             extra_roots=roots[1:],
         )
         return [ServerSpec("filesystem", "inprocess", server=server)]
@@ -195,16 +195,15 @@ def _hidden(config: Config) -> list[Path | str]:
     return [config.home, *(p for p in (config.source, config.trace) if p)]
 
 
-def _file_tools_hidden(config: Config, roots: list[Path]) -> list[Path | str]:
-    """`_hidden`, and the credential folders the sandbox hides (~/.ssh, ~/.aws, ~/.netrc...)
-    when a root of the workspace holds the user's home: read_file and grep ask no question."""
+def _file_tools_hidden(config: Config) -> list[Path | str]:
+    """`_hidden`, and the credential files the sandbox hides (~/.ssh, ~/.aws, ~/.netrc...):
+    read_file and grep ask no question. All of them, as the sandbox does: a root holding the
+    home folder, lying in it (~/.config holds gh's token) or holding where a credential
+    symlink leads. `Workspace` keeps those inside a root (a few lstats, off the request path)."""
     from mcp_servers.filesystem.sandbox import CREDENTIALS
 
-    hidden = _hidden(config)
-    home = os.path.realpath(os.environ.get("HOME") or Path.home())
-    if any(Path(home).is_relative_to(os.path.realpath(root)) for root in roots):
-        hidden += [os.path.join(home, c) for c in CREDENTIALS]
-    return hidden
+    home = os.environ.get("HOME") or str(Path.home())
+    return [*_hidden(config), *(os.path.join(home, c) for c in CREDENTIALS)]
 
 
 def _existing(roots: list[Path]) -> list[Path]:

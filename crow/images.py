@@ -10,7 +10,7 @@ import base64
 import binascii
 from collections.abc import Sequence
 
-from crow.messages import Image, Message
+from crow.messages import Image, Message, ToolResult
 
 TYPES: dict[str, tuple[bytes, ...]] = {  # mime type -> the file's possible first bytes
     "image/png": (b"\x89PNG\r\n\x1a\n",),
@@ -21,7 +21,20 @@ TYPES: dict[str, tuple[bytes, ...]] = {  # mime type -> the file's possible firs
 MAX_BASE64 = 5 * 1024 * 1024  # Anthropic's limit per image, on the base64 text
 MAX_BYTES = MAX_BASE64 // 4 * 3  # the largest file whose base64 stays within MAX_BASE64
 MAX_PER_PROMPT = 20
+# What one request may carry, all messages together (a history's images are re-sent with
+# every request): Anthropic refuses more than 100 images, and bodies over 32 MB.
+MAX_PER_REQUEST = 100
+MAX_REQUEST_BASE64 = 20 * 1024 * 1024
 DROPPED = "[an image was removed here: {problem}]"
+OVER_PER_RESULT = "[{count} more images were removed here: a tool result keeps at most {limit}]"
+OVER_PER_REPLY = (
+    "[{count} image(s) of this result were left out: this reply's tool results carry at most "
+    "{limit} images together; read fewer at a time]"
+)
+LEFT_OUT = (
+    "[an older image was left out here: a request carries at most {count} images and "
+    "{mb} MB of them, the newest first]"
+)
 NOT_SHOWN = "[an image ({mime}) was left out here: the model in use does not accept images]"
 # What a file's name says it is; its content decides (`sniff`).
 EXTENSIONS: dict[str, str] = {
@@ -137,3 +150,45 @@ def without_images(messages: Sequence[Message]) -> Sequence[Message]:
 def _noted(m: Message) -> Message:
     notes = (NOT_SHOWN.format(mime=i.mime_type) for i in m.images)
     return m.replace(images=(), content="\n".join([m.content, *notes]).strip())
+
+
+def newest(messages: Sequence[Message]) -> Sequence[Message]:
+    """`messages` with the images one request can carry (MAX_PER_REQUEST, MAX_REQUEST_BASE64),
+    the newest first, and a note (`LEFT_OUT`) in each older one's place; the same object when
+    all fit. Else a history that outgrew them would be refused in every later request."""
+    count = size = 0
+    out: list[Message] | None = None
+    for i in range(len(messages) - 1, -1, -1):
+        m = messages[i]
+        if not m.images:
+            continue
+        kept: list[Image] = []
+        for image in reversed(m.images):
+            if count < MAX_PER_REQUEST and size + len(image.data) <= MAX_REQUEST_BASE64:
+                count, size = count + 1, size + len(image.data)
+                kept.append(image)
+        if len(kept) < len(m.images):
+            out = out if out is not None else list(messages)
+            note = LEFT_OUT.format(count=MAX_PER_REQUEST, mb=MAX_REQUEST_BASE64 // (1024 * 1024))
+            notes = [note] * (len(m.images) - len(kept))
+            out[i] = m.replace(images=tuple(reversed(kept)), content="\n".join([m.content, *notes]).strip())
+    return messages if out is None else out
+
+
+class ReplyBudget:
+    """The images the tool results of one model reply may add together (MAX_PER_PROMPT, as a
+    prompt): each is held in memory and re-sent with every later request, so a reply calling
+    read_file on hundreds of screenshots must not add them all. First come, first kept."""
+
+    def __init__(self) -> None:
+        self.left = MAX_PER_PROMPT
+
+    def take(self, result: ToolResult) -> ToolResult:
+        if len(result.images) <= self.left:
+            self.left -= len(result.images)
+            return result
+        kept, over, self.left = result.images[: self.left], len(result.images) - self.left, 0
+        note = OVER_PER_REPLY.format(count=over, limit=MAX_PER_PROMPT)
+        if result.is_error:
+            return result.replace(images=kept, error=f"{result.error}\n{note}")
+        return result.replace(images=kept, output="\n".join(filter(None, [result.output, note])))

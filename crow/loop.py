@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from crow import notices
+from crow import images, notices
 from crow.actions import (
     Action,
     ActionPicker,
@@ -342,6 +342,7 @@ class Turn:
             self._open[call.id] = call
             await self.emit(ToolCallStart(call, self._tool_specs.get(call.name)))
         chain = build_chain(self.hooks.at("wrap_tool_call"), ctx, self._execute)
+        budget = images.ReplyBudget()
 
         async def one(call: ToolCall) -> None:
             spec = self._tool_specs.get(call.name)
@@ -352,6 +353,7 @@ class Turn:
             if not isinstance(result, ToolResult):
                 result = ToolResult(call.id, call.name, error="a hook returned no tool result")
             result = presented(result.replace(tool_call_id=call.id, name=call.name), call, spec)
+            result = budget.take(result)
             await self.session.add(result.to_message())
             await self.emit(ToolCallEnd(call, result))
             self._open.pop(call.id, None)

@@ -44,8 +44,17 @@ def checked_directories(dirs: Sequence[object]) -> list[str]:
             raise RootsError(f"{entry} is not a directory: {path!r}")
         if (st.st_dev, st.st_ino) not in seen:
             seen.add((st.st_dev, st.st_ino))
-            kept.append(os.path.normpath(path))
+            kept.append(_spelled(path, st))
     return kept
+
+
+def _spelled(path: str, st: os.stat_result) -> str:
+    """`path` normalised, still naming the folder `st` is: past a symlink, `..` climbs from
+    where the link leads, which a lexical normpath does not know (then the real path)."""
+    norm = os.path.normpath(path)
+    if ".." in path.split("/") and _identity(norm) != (st.st_dev, st.st_ino):
+        return os.path.realpath(path)
+    return norm
 
 
 def beside(cwd: Path, dirs: Sequence[str]) -> list[str]:

@@ -276,10 +276,13 @@ def to_tool_result(call: ToolCall, result: Any, schema: Mapping[str, Any] | None
     _meta go to the editor. An error's text is worded for the model (`crow.tool_errors.for_model`)."""
     parts: list[str] = []
     shown: list[Image] = []
+    over = 0  # images past what one result keeps (each is re-sent with every later request)
     for block in result.content or ():
         kind = getattr(block, "type", "")
         if kind == "text":
             parts.append(block.text)
+        elif kind == "image" and len(shown) == images.MAX_PER_PROMPT:
+            over += 1
         elif kind == "image":
             try:
                 shown.append(images.checked(block.mime_type, block.data))
@@ -292,6 +295,8 @@ def to_tool_result(call: ToolCall, result: Any, schema: Mapping[str, Any] | None
             parts.append(f"[resource {block.uri}]")
         else:
             parts.append(f"[{kind} content]")
+    if over:
+        parts.append(images.OVER_PER_RESULT.format(count=over, limit=images.MAX_PER_PROMPT))
     text = "\n".join(parts)
     meta: dict[str, Any] = {}
     if result.structured_content:

@@ -289,6 +289,8 @@ class HTTPProvider:
         self._require_key()
         if not self.accepts_images:  # a note in each image's place, whoever added it
             request = request.replace(messages=images.without_images(request.messages))
+        elif (fitting := images.newest(request.messages)) is not request.messages:
+            request = request.replace(messages=fitting)
         body = self.build_body(request)
         async for event in stream_with_retries(lambda: self._attempt(body), self.retry, provider=self.name):
             yield event

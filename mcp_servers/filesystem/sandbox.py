@@ -170,7 +170,10 @@ class Sandbox:
             ("/tmp", ["--tmpfs", "/tmp"]),
         ]
         for root in self.writable:
-            mounts.append((root, ["--bind", root, root]))
+            # One removed since (bwrap would refuse to start) or replaced by a symlink (the
+            # bind would make where it leads writable) is left out.
+            if os.path.isdir(root) and _real(root) == root:
+                mounts.append((root, ["--bind", root, root]))
         for path, is_dir in self._hidden_now():
             mounts.append((path, ["--tmpfs", path] if is_dir else ["--ro-bind", "/dev/null", path]))
             if path == "/run":

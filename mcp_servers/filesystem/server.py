@@ -243,7 +243,7 @@ class FileTools:
             try:
                 text = await self.io.read_text(target)
             except BinaryFileError:  # an image under another name is still shown
-                head, _ = await localfs.read_bytes(self.ws.root, target, 16)
+                head, _ = await localfs.read_bytes(self.ws.root_of(target), target, 16)
                 if images.sniff(head) is None:
                     raise
                 return await self._image(target, display)
@@ -253,7 +253,7 @@ class FileTools:
         """The image file as MCP image content, after a line naming it. Read from the disk
         whatever the backend: an editor serves text only."""
         with _os_errors(display):
-            data, size = await localfs.read_bytes(self.ws.root, target, images.MAX_BYTES + 1)
+            data, size = await localfs.read_bytes(self.ws.root_of(target), target, images.MAX_BYTES + 1)
         try:
             image = images.from_file(data, display, size)
         except ValueError as exc:
