@@ -6,8 +6,10 @@ only in the unstable surface (`session/fork`) `schema.unstable.json`. `WireLog` 
 observer for the Python client's connection (`tests.conftest.spawn_crow` adds one to every
 crow it spawns); `violations()` names each message that does not validate.
 
-What is checked: crow's requests to the client (params), its notifications (params) and its
-answers to the client's requests (result by the request's method, or a JSON-RPC error).
+What is checked: crow's requests to the client (params; with an id) and its notifications
+(params; without one), each a method the schema lets an agent send; its answers to the
+client's requests: each to a pending request, once, with exactly one of result (checked by
+the request's method) and error (a JSON-RPC error; id null only for what had no id).
 Extension methods (`_…`) are crow's own: only their envelope is checked.
 """
 
