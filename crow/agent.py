@@ -248,7 +248,8 @@ class Agent:
         session, transcript = await self._restore(
             session_id, mcp_servers, cwd, prepare, additional_directories, True
         )
-        if transcript is None:
+        if transcript is None:  # the session was live: the store may still be opening
+            await self.ready()
             transcript = await self._store.load_transcript(session_id)
         return session, transcript
 

@@ -90,6 +90,13 @@ class Once:
                     error = None
         except Exception as exc:  # kept for the waiters, never raised into the task group
             error = exc
+        except asyncio.CancelledError:
+            # Our own cancel can outlive its scope: anyio re-delivers it while the work winds
+            # down (asyncio.gather cancelling MCP connections), and the scope lets the extra
+            # one out. Raised here, a CancelledError ends the whole task group silently, and
+            # every later session/new fails ("task group is not active").
+            if not self._cancel:
+                raise
         finally:  # also when the whole group is cancelled: no waiter is left hanging
             self._finish(error)
 

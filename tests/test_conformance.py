@@ -125,3 +125,47 @@ async def test_client_fs_terminal_and_permission_calls_conform(
         "terminal/create",
     } <= sent
     assert client.wire.violations() == []
+
+
+def test_an_answer_must_match_one_request_once() -> None:
+    """An error is an answer too: to a request the client sent, once. A second answer, an
+    answer to a notification, or one with both result and error is a violation."""
+    asked = ("out", {"jsonrpc": "2.0", "id": 3, "method": "session/new", "params": {}})
+    told = ("out", {"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": "s"}})
+    error = {"code": -32602, "message": "Invalid params"}
+    answer = ("in", {"jsonrpc": "2.0", "id": 3, "result": {"sessionId": "a"}})
+    assert acp_schema.violations([asked, answer]) == []
+    assert acp_schema.violations([asked, ("in", {"jsonrpc": "2.0", "id": 3, "error": error})]) == []
+    # A parse error answers no id: JSON-RPC's null.
+    assert acp_schema.violations([("in", {"jsonrpc": "2.0", "id": None, "error": error})]) == []
+    broken = [
+        [asked, answer, answer],  # answered twice
+        [asked, ("in", {"jsonrpc": "2.0", "id": 3, "error": error}), answer],
+        [told, ("in", {"jsonrpc": "2.0", "id": 9, "error": error})],  # an error to a notification
+        [asked, ("in", {"jsonrpc": "2.0", "id": 3, "result": {"sessionId": "a"}, "error": error})],
+        [asked, ("in", {"jsonrpc": "2.0", "id": 3})],  # neither result nor error
+    ]
+    for messages in broken:
+        assert acp_schema.violations(messages), messages
+
+
+def test_a_request_and_a_notification_are_not_interchangeable() -> None:
+    """`session/update` is a notification and `session/request_permission` a request: the
+    same params sent the other way are a message the client cannot handle."""
+    update = {"sessionId": "s", "update": {"sessionUpdate": "usage_update", "used": 1, "size": 10}}
+    asking = {
+        "sessionId": "s",
+        "toolCall": {"toolCallId": "t"},
+        "options": [{"optionId": "a", "name": "Allow", "kind": "allow_once"}],
+    }
+    sent = [
+        {"jsonrpc": "2.0", "method": "session/update", "params": update},
+        {"jsonrpc": "2.0", "id": 0, "method": "session/request_permission", "params": asking},
+    ]
+    assert acp_schema.violations([("in", m) for m in sent]) == []
+    swapped = [
+        {"jsonrpc": "2.0", "id": 0, "method": "session/update", "params": update},
+        {"jsonrpc": "2.0", "method": "session/request_permission", "params": asking},
+    ]
+    for message in swapped:
+        assert acp_schema.violations([("in", message)]), message

@@ -203,3 +203,32 @@ def test_delete_through_the_typescript_client(llm: ScriptedLLM, home: Path, work
     assert res["del_running"] == {"result": {}}
     assert res["pb"]["result"]["stopReason"] == "cancelled"
     assert res["list_after"]["result"]["sessions"] == []
+
+
+async def test_delete_and_load_of_one_id_at_once_leave_crow_usable(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """A client deleting a session while (or just before) it loads it again: each request gets
+    an answer (the load may win or find it gone), and crow still opens sessions afterwards.
+    Sent together right after `session/new`, the load used to find the store not yet open
+    (-32603), and the background task group died: every later session/new failed."""
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, _client):
+        await initialize_125(conn)
+        for first in ("session/delete", "session/load") * 5:
+            sid = await new_session(conn, workspace)
+            calls = {
+                "session/delete": raw_request(conn, "session/delete", {"sessionId": sid}),
+                "session/load": raw_request(
+                    conn, "session/load", {"sessionId": sid, "cwd": str(workspace), "mcpServers": []}
+                ),
+            }
+            order = [first, *(m for m in calls if m != first)]
+            answers = await asyncio.gather(*(calls[m] for m in order), return_exceptions=True)
+            for method, answer in zip(order, answers, strict=True):
+                if isinstance(answer, acp.RequestError):
+                    assert method == "session/load" and answer.code == -32002, (method, answer)
+                else:
+                    assert not isinstance(answer, BaseException), (method, answer)
+            assert rows(home, sid) == {"sessions": 0, "entries": 0, "session_locks": 0}
+            later = await new_session(conn, workspace)
+            await conn.prompt(session_id=later, prompt=[acp.text_block("still here")])

@@ -6,8 +6,10 @@ only in the unstable surface (`session/fork`) `schema.unstable.json`. `WireLog` 
 observer for the Python client's connection (`tests.conftest.spawn_crow` adds one to every
 crow it spawns); `violations()` names each message that does not validate.
 
-What is checked: crow's requests to the client (params), its notifications (params) and its
-answers to the client's requests (result by the request's method, or a JSON-RPC error).
+What is checked: crow's requests to the client (params; with an id) and its notifications
+(params; without one), each a method the schema lets an agent send; its answers to the
+client's requests: each to a pending request, once, with exactly one of result (checked by
+the request's method) and error (a JSON-RPC error; id null only for what had no id).
 Extension methods (`_…`) are crow's own: only their envelope is checked.
 """
 
@@ -47,19 +49,24 @@ def _validator(definition: str) -> Draft202012Validator | None:
 
 
 @functools.cache
-def _by_method() -> dict[tuple[str, str], str]:
-    """(side, method) and ("response", method) -> definition name, from the x-method marks."""
+def _by_method() -> dict[tuple[str, str], tuple[str, str]]:
+    """(kind, method) -> (definition name, x-side), from the x-method marks; kind is
+    "request", "notification" or "response", from the definition's name."""
     docs = schemas()
     assert not isinstance(docs, str)
-    found: dict[tuple[str, str], str] = {}
+    found: dict[tuple[str, str], tuple[str, str]] = {}
     for doc in reversed(docs):  # the stable schema wins where both define a method
         for name, d in doc["$defs"].items():
             method, side = d.get("x-method"), d.get("x-side")
             if not method:
                 continue
-            role = "response" if name.endswith("Response") else side
-            found[(role, method)] = name
+            kind = next(k for k in ("request", "response", "notification") if name.endswith(k.title()))
+            found[(kind, method)] = (name, side)
     return found
+
+
+# Who handles a message crow may send: the client, or either end ($/cancel_request).
+SENDABLE = ("client", "protocol")
 
 
 def check(definition: str, value: Any) -> list[str]:
@@ -90,6 +97,9 @@ def violations(messages: Iterable[tuple[str, dict[str, Any]]]) -> list[str]:
     asked: dict[Any, str] = {}  # the client's request ids -> method
     found: list[str] = []
     for direction, msg in messages:
+        if not isinstance(msg, dict):  # the client's reader passes on any JSON value
+            found.append(f"not a JSON-RPC object: {json.dumps(msg)[:600]}")
+            continue
         method, has_id = msg.get("method"), "id" in msg
         if direction == "out":
             if method is not None and has_id:
@@ -101,25 +111,31 @@ def violations(messages: Iterable[tuple[str, dict[str, Any]]]) -> list[str]:
         if method is not None:
             if method.startswith("_"):
                 pass  # crow's own extension
-            else:
-                kind = "client" if has_id or method != "$/cancel_request" else "protocol"
-                definition = _by_method().get((kind, method))
-                if definition is None:
-                    problems.append(f"crow sent {method!r}, which the schema does not define")
+            else:  # a request needs an id and a notification must have none
+                kind = "request" if has_id else "notification"
+                definition, side = _by_method().get((kind, method), (None, None))
+                if definition is None or side not in SENDABLE:
+                    problems.append(f"crow sent {method!r} as a {kind}: not an agent's to send")
                 else:
                     problems += check(definition, msg.get("params"))
-        elif has_id:
-            answered = asked.get(msg["id"])
+        elif has_id or "result" in msg or "error" in msg:
+            if ("result" in msg) == ("error" in msg):
+                problems.append("an answer carries exactly one of result and error")
+            # Each request is answered once; null answers what had no usable id (parse error).
+            rid = msg.get("id")
+            answered = asked.pop(rid, None) if isinstance(rid, str | int) else None
+            if answered is None and (rid is not None or "result" in msg):
+                problems.append("an answer to no pending request (an unknown id, or answered already)")
             if "error" in msg:
                 problems += check("Error", msg["error"])
-            elif answered is None:
-                problems.append("an answer to no request the client sent")
-            elif not answered.startswith("_"):
-                definition = _by_method().get(("response", answered))
+            elif answered is not None and not answered.startswith("_"):
+                definition, _ = _by_method().get(("response", answered), (None, None))
                 if definition is None:
                     problems.append(f"no response definition for {answered!r}")
                 else:
                     problems += check(definition, msg.get("result"))
+        else:
+            problems.append("neither a request, a notification nor an answer")
         if problems:
             shown = json.dumps(msg)[:600]
             found.extend(f"{p}\n    in {shown}" for p in problems)
