@@ -62,6 +62,14 @@ class ModelRequest:
         return self.replace(messages=messages)
 
 
+def token_count(reported: object) -> int:
+    """A token count as a server reported it, or 0 when it is not a count (negative, a
+    fraction, text): a cost or a context size is never computed from an impossible one."""
+    if isinstance(reported, bool) or not isinstance(reported, int):
+        return 0
+    return max(0, reported)
+
+
 @dataclass(frozen=True, slots=True)
 class Usage:
     input_tokens: int = 0
