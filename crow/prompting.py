@@ -16,7 +16,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from crow.errors import CrowError
+from crow import notices
+from crow.errors import AuthError, AuthRequired, ConfigError, CrowError, MissingKeyError
 from crow.events import Emit, Event, ModeChanged, Notice, TitleChanged
 from crow.messages import Message
 from crow.session import new_message_id
@@ -83,16 +84,13 @@ def keeping_notices(session: Session, emit: Emit) -> Emit:
 async def handle(agent: Agent, session: Session, message: Message, emit: Emit) -> TurnResult:
     """Run one user prompt: a command, or a turn. Raises `SessionBusy` while another crow
     process runs a turn in the session; nothing is stored before the session is held."""
-    from crow.loop import TurnResult
-
     emit = keeping_notices(session, emit)
     await agent.session_ready(session)
     async with session.exclusive():
         command = parse_command(message.content)
         if command is not None:  # only `compact` so far
             await session.add(message, in_context=False)  # shown on replay, never sent to the model
-            await _compact(agent, session, command[1] or None, emit)
-            return TurnResult(stop_reason="end_turn")
+            return await _compact(agent, session, command[1] or None, emit)
         if not session.title:
             await session.save(title=title_of(message.content))
             await emit(TitleChanged(session.title))
@@ -101,19 +99,36 @@ async def handle(agent: Agent, session: Session, message: Message, emit: Emit) -
         return await agent.run_turn(session, message, emit)
 
 
-async def _compact(agent: Agent, session: Session, instructions: str | None, emit: Emit) -> None:
+async def _compact(agent: Agent, session: Session, instructions: str | None, emit: Emit) -> TurnResult:
     """`/compact`: the compaction reports itself (`CompactionStarted`/`Finished`); the
-    notice after it says the same in words, for front ends that do not show those."""
+    notice after it says the same in words, for front ends that do not show those. A model
+    that could not be called (no model, a refused key, a failed summary call) fails the
+    prompt as it fails a turn; nothing to compact is no failure."""
+    from crow.loop import TurnResult
+
     try:
         result = await agent.compact(session, instructions, emit=emit)
-    except CrowError as exc:  # no model: no compaction began
+    except CrowError as exc:  # no model (or no key): no compaction began
         await emit(Notice(f"Compaction failed: {exc}", "error", "Compaction failed"))
-        return
+        return _failed(exc, str(exc))
     if result.compacted:
         title, severity = "Compacted the conversation", "info"
     else:
         title, severity = "Nothing compacted", "warning"
     await emit(Notice(describe_compaction(result), severity, title, result.id))
+    if isinstance(result.failure, CrowError):
+        return _failed(result.failure, result.error or str(result.failure))
+    return TurnResult(stop_reason="end_turn")
+
+
+def _failed(exc: CrowError, error: str) -> TurnResult:
+    """The end of a `/compact` whose model could not be called, as a failed turn's."""
+    from crow.loop import TurnResult
+
+    if isinstance(exc, AuthError | MissingKeyError):  # the front end can have the user log in
+        raise AuthRequired(exc)
+    cause = notices.no_model_cause(error) if isinstance(exc, ConfigError) else notices.cause_of(exc)
+    return TurnResult("end_turn", error, cause)
 
 
 def describe_compaction(result: CompactResult) -> str:

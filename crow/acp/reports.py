@@ -16,13 +16,19 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from acp import RequestError
 from acp.schema import TextContentBlock
 
 from crow.acp import view as acp_view
-from crow.acp.protocol import ClientFeatures, CompactionSummaryChunk, CompactionUpdate, NoticeUpdate
+from crow.acp.protocol import (
+    ClientFeatures,
+    CompactionSummaryChunk,
+    CompactionUpdate,
+    NoticeSeverity,
+    NoticeUpdate,
+)
 from crow.errors import AuthRequired
 from crow.events import CompactionFinished, CompactionStarted, Event, Notice
 from crow.messages import Message
@@ -35,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = ["REPORTS", "auth_required", "replayable", "turn_failed", "updates"]
 
 REPORTS = (Notice, CompactionStarted, CompactionFinished)  # the events `updates` shows
+_SEVERITIES = frozenset(get_args(NoticeSeverity))
 TURN_FAILED = -32000  # ACP's generic failure; the message and data say what it was
 
 
@@ -46,7 +53,8 @@ def updates(event: Event, features: ClientFeatures) -> list[Any]:
         if features.notices:
             notice = NoticeUpdate(
                 session_update="notice",
-                severity=event.severity,
+                # a hook may name a severity ACP has not got: the notice still goes out
+                severity=event.severity if event.severity in _SEVERITIES else "info",
                 title=event.headline,
                 description=event.detail,
             )

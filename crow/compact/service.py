@@ -69,6 +69,7 @@ class CompactResult:
     prefix_share: float | None = None
     error: str | None = None
     id: str = ""  # the compaction's (its CompactionStarted/Finished events)
+    failure: Exception | None = None  # why the summary call failed (a front end names its cause)
 
     def to_dict(self) -> dict[str, Any]:
         """The ACP `crow.compact` answer (camelCase)."""
@@ -154,13 +155,14 @@ class CompactService:
             )
         tail = messages[cut:]
 
-        summary, share, error = await self._summarize(
+        summary, share, failure = await self._summarize(
             session, provider, settings, messages, cut, instructions
         )
-        if error is not None:
+        if failure is not None:
+            error = _describe(failure)
             log.warning("compaction of session %s failed: %s; context unchanged", session.id, error)
             session.compaction.failed_at = len(messages)  # automatic triggers back off (`due`)
-            return dataclasses.replace(before, prefix_share=share, error=error)
+            return dataclasses.replace(before, prefix_share=share, error=error, failure=failure)
         session.compaction.failed_at = None
 
         new = [
@@ -211,8 +213,8 @@ class CompactService:
         messages: list[Message],
         cut: int,
         instructions: str | None,
-    ) -> tuple[str, float | None, str | None]:
-        """(summary, prefix_share, error)."""
+    ) -> tuple[str, float | None, Exception | None]:
+        """(summary, prefix_share, what made the summary call fail)."""
         previous = session.last_request
         if settings.cache_preserving and previous is not None:
             kept = len(messages) - cut
@@ -223,7 +225,7 @@ class CompactService:
             except ContextLengthError as exc:
                 log.info("cache-preserving summary request is over the window (%s); retrying standalone", exc)
             except Exception as exc:
-                return "", share, _describe(exc)
+                return "", share, exc
         request = standalone_request(
             messages[:cut],
             model=provider.model,
@@ -236,7 +238,7 @@ class CompactService:
         try:
             return await _call(session, provider, request), share, None
         except Exception as exc:
-            return "", share, _describe(exc)
+            return "", share, exc
 
 
 REPORT_GRACE = 5.0  # seconds a cancelled compaction has to say so

@@ -16,6 +16,7 @@ from crow.llm.base import (
     ToolCallDelta,
     ToolSpec,
     Usage,
+    token_count,
 )
 from crow.llm.http import HTTPProvider, parse_event
 from crow.messages import Message, ToolCall
@@ -222,10 +223,10 @@ class _StreamState:
     def _usage(self, usage: Mapping[str, Any]) -> None:
         u = self.usage
         self.usage = Usage(
-            input_tokens=usage.get("input_tokens") or u.input_tokens,
-            output_tokens=usage.get("output_tokens") or u.output_tokens,
-            cache_read_tokens=usage.get("cache_read_input_tokens") or u.cache_read_tokens,
-            cache_write_tokens=usage.get("cache_creation_input_tokens") or u.cache_write_tokens,
+            input_tokens=token_count(usage.get("input_tokens")) or u.input_tokens,
+            output_tokens=token_count(usage.get("output_tokens")) or u.output_tokens,
+            cache_read_tokens=token_count(usage.get("cache_read_input_tokens")) or u.cache_read_tokens,
+            cache_write_tokens=token_count(usage.get("cache_creation_input_tokens")) or u.cache_write_tokens,
         )
 
     def response(self) -> ModelResponse:

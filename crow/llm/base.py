@@ -62,6 +62,18 @@ class ModelRequest:
         return self.replace(messages=messages)
 
 
+MAX_TOKEN_COUNT = 2**53  # past JSON's exact integers: no real call, and a float cost overflows
+
+
+def token_count(reported: object) -> int:
+    """A token count as a server reported it, or 0 when it is not a count (negative, a
+    fraction, text, past `MAX_TOKEN_COUNT`): a cost or a context size is never computed
+    from an impossible one."""
+    if isinstance(reported, bool) or not isinstance(reported, int):
+        return 0
+    return reported if 0 <= reported <= MAX_TOKEN_COUNT else 0
+
+
 @dataclass(frozen=True, slots=True)
 class Usage:
     input_tokens: int = 0

@@ -18,6 +18,7 @@ from crow.llm.base import (
     ToolCallDelta,
     ToolSpec,
     Usage,
+    token_count,
 )
 from crow.llm.http import HTTPProvider, parse_event
 from crow.messages import Message, ToolCall
@@ -137,10 +138,10 @@ class _StreamState:
         events: list[ModelEvent] = []
         self.model = chunk.get("model") or self.model
         if usage := chunk.get("usage"):
-            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-            self.usage = Usage(
-                input_tokens=(usage.get("prompt_tokens") or 0) - cached,
-                output_tokens=usage.get("completion_tokens") or 0,
+            cached = token_count((usage.get("prompt_tokens_details") or {}).get("cached_tokens"))
+            self.usage = Usage(  # more cached than prompt tokens: a server's error, none uncached
+                input_tokens=max(0, token_count(usage.get("prompt_tokens")) - cached),
+                output_tokens=token_count(usage.get("completion_tokens")),
                 cache_read_tokens=cached,
             )
         for choice in chunk.get("choices") or ():

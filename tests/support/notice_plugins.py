@@ -10,3 +10,12 @@ class Warner(Hook):
 
     async def before_agent(self, ctx: HookContext) -> None:
         await ctx.notify("3 files changed since the last lint run.", "warning", "Lint is stale")
+
+
+class Shouter(Hook):
+    """Tells with a severity ACP has not got (a hook's typo; hooks are not type-checked)."""
+
+    name = "shouter"
+
+    async def before_agent(self, ctx: HookContext) -> None:
+        await ctx.notify("the build is on fire", "critical", "Build")  # type: ignore[arg-type]
