@@ -27,7 +27,6 @@ cannot be installed or started.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -43,6 +42,7 @@ import acp
 import pytest
 
 from tests.conftest import crow_env, spawn_crow
+from tests.support.locking import file_lock
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -62,17 +62,6 @@ def _tail(path: Path, n: int = 2000) -> str:
         return ""
 
 
-@contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def cached_venv(name: str, requirements: list[str]) -> Path:
     """A venv under CACHE with `requirements` installed (once; reused while they are the same).
     Skips the test, with pip's own words, when they cannot be installed."""
@@ -82,7 +71,7 @@ def cached_venv(name: str, requirements: list[str]) -> Path:
     if done.exists():
         return root
     log = CACHE / f"{name}-{key}.log"
-    with _lock(CACHE / f"{name}.lock"):
+    with file_lock(CACHE / f"{name}.lock"):
         if done.exists():
             return root
         with open(log, "w") as out:

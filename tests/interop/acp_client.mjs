@@ -17,6 +17,8 @@ import path from "node:path";
 import { Readable, Writable } from "node:stream";
 import { pathToFileURL } from "node:url";
 
+import { tapped } from "./tap.mjs";
+
 function parseArgs(argv) {
   const opts = { cwd: process.cwd(), prompts: [], wire: null, agent: [] };
   for (let i = 0; i < argv.length; i++) {
@@ -56,30 +58,11 @@ const childExit = new Promise((resolve) => child.on("exit", (code, signal) => re
 
 const raw = acp.ndJsonStream(Writable.toWeb(child.stdin), Readable.toWeb(child.stdout));
 // tap both directions so the test can show the wire when something breaks
-const stream = {
-  readable: raw.readable.pipeThrough(
-    new TransformStream({
-      transform(msg, controller) {
-        wire("in", msg);
-        controller.enqueue(msg);
-      },
-    }),
-  ),
-  writable: new WritableStream({
-    async write(msg) {
-      wire("out", msg);
-      const writer = raw.writable.getWriter();
-      try {
-        await writer.write(msg);
-      } finally {
-        writer.releaseLock();
-      }
-    },
-    async close() {
-      await raw.writable.close();
-    },
-  }),
-};
+const stream = tapped(
+  raw,
+  (msg) => wire("in", msg),
+  (msg) => wire("out", msg),
+);
 
 const summary = {
   sdkVersion: null,

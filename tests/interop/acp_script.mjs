@@ -31,6 +31,8 @@ import path from "node:path";
 import { Readable, Writable } from "node:stream";
 import { pathToFileURL } from "node:url";
 
+import { tapped } from "./tap.mjs";
+
 const argv = process.argv.slice(2);
 const sep = argv.indexOf("--");
 const script = JSON.parse(readFileSync(argv[0], "utf8"));
@@ -47,30 +49,15 @@ const raw = acp.ndJsonStream(Writable.toWeb(child.stdin), Readable.toWeb(child.s
 
 // request ids as written, by method and order, so "${NAME.id}" can name one
 let nextOutgoingId = [];
-const stream = {
-  readable: raw.readable.pipeThrough(
-    new TransformStream({
-      transform(msg, controller) {
-        if (msg.method) out.timeline.push({ method: msg.method, params: msg.params });
-        controller.enqueue(msg);
-      },
-    }),
-  ),
-  writable: new WritableStream({
-    async write(msg) {
-      if (msg.method && msg.id !== undefined) nextOutgoingId.push(msg.id);
-      const writer = raw.writable.getWriter();
-      try {
-        await writer.write(msg);
-      } finally {
-        writer.releaseLock();
-      }
-    },
-    async close() {
-      await raw.writable.close();
-    },
-  }),
-};
+const stream = tapped(
+  raw,
+  (msg) => {
+    if (msg.method) out.timeline.push({ method: msg.method, params: msg.params });
+  },
+  (msg) => {
+    if (msg.method && msg.id !== undefined) nextOutgoingId.push(msg.id);
+  },
+);
 
 const out = { sdkVersion: pkg.version, results: {}, updates: [], requests: [], timeline: [], handlerErrors: [] };
 const answers = [...(script.permissions ?? [])];

@@ -8,15 +8,14 @@ node/npm, or no registry): callers skip with it.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
 import hashlib
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
+
+from tests.support.locking import file_lock
 
 INTEROP = Path(__file__).parent.parent / "interop"
 LOCK_FILES = ("package.json", "package-lock.json")
@@ -37,16 +36,6 @@ def _node_major(node: str) -> int:
         return 0
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 @functools.cache
 def node_modules() -> Path | str:
     """The installed packages, installed on first use and reused across runs; or why not."""
@@ -61,7 +50,7 @@ def node_modules() -> Path | str:
     if (target / ".installed").exists():
         return target / "node_modules"
     root.mkdir(parents=True, exist_ok=True)
-    with _file_lock(root / f"{digest}.lock"):  # parallel sessions install once
+    with file_lock(root / f"{digest}.lock"):  # parallel sessions install once
         if (target / ".installed").exists():
             return target / "node_modules"
         staging = root / f"{digest}.tmp-{os.getpid()}"
