@@ -13,6 +13,7 @@ a `Message` and shows the events it is handed; everything else is decided here, 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,21 +39,21 @@ class Command:
     name: str
     description: str
     hint: str  # what may follow the name
+    source: str = "builtin"  # where it comes from, shown with the hint
 
 
-COMMANDS = (
-    Command("compact", "Summarize older messages to free context", "optional instructions for the summary"),
-)
-_NAMES = {c.name for c in COMMANDS}
+# A builtin command runs instead of a turn: (agent, session, the rest of the line, emit).
+# The line itself is kept in the transcript (shown on replay), never sent to the model.
+Builtin = Callable[["Agent", "Session", str, Emit], Awaitable["TurnResult"]]
 
 
-def parse_command(text: str) -> tuple[str, str] | None:
-    """`/compact keep the API notes` -> ("compact", "keep the API notes"); None for text that
-    names no command (an unknown `/word` is an ordinary prompt)."""
+def parse_command(text: str, names: Iterable[str]) -> tuple[str, str] | None:
+    """`/compact keep the API notes` -> ("compact", "keep the API notes") when "compact" is
+    one of `names`; None for text that names none (an unknown `/word` is an ordinary prompt)."""
     if not text.startswith("/"):
         return None
     name, _, rest = text[1:].partition(" ")
-    return (name, rest.strip()) if name in _NAMES else None
+    return (name, rest.strip()) if name in names else None
 
 
 def title_of(text: str) -> str:
@@ -87,10 +88,10 @@ async def handle(agent: Agent, session: Session, message: Message, emit: Emit) -
     emit = keeping_notices(session, emit)
     await agent.session_ready(session)
     async with session.exclusive():
-        command = parse_command(message.content)
-        if command is not None:  # only `compact` so far
+        command = parse_command(message.content, BUILTINS)
+        if command is not None:
             await session.add(message, in_context=False)  # shown on replay, never sent to the model
-            return await _compact(agent, session, command[1] or None, emit)
+            return await BUILTINS[command[0]][1](agent, session, command[1], emit)
         if not session.title:
             await session.save(title=title_of(message.content))
             await emit(TitleChanged(session.title))
@@ -99,7 +100,7 @@ async def handle(agent: Agent, session: Session, message: Message, emit: Emit) -
         return await agent.run_turn(session, message, emit)
 
 
-async def _compact(agent: Agent, session: Session, instructions: str | None, emit: Emit) -> TurnResult:
+async def _compact(agent: Agent, session: Session, instructions: str, emit: Emit) -> TurnResult:
     """`/compact`: the compaction reports itself (`CompactionStarted`/`Finished`); the
     notice after it says the same in words, for front ends that do not show those. A model
     that could not be called (no model, a refused key, a failed summary call) fails the
@@ -107,7 +108,7 @@ async def _compact(agent: Agent, session: Session, instructions: str | None, emi
     from crow.loop import TurnResult
 
     try:
-        result = await agent.compact(session, instructions, emit=emit)
+        result = await agent.compact(session, instructions or None, emit=emit)
     except CrowError as exc:  # no model (or no key): no compaction began
         await emit(Notice(f"Compaction failed: {exc}", "error", "Compaction failed"))
         return _failed(exc, str(exc))
@@ -129,6 +130,15 @@ def _failed(exc: CrowError, error: str) -> TurnResult:
         raise AuthRequired(exc)
     cause = notices.no_model_cause(error) if isinstance(exc, ConfigError) else notices.cause_of(exc)
     return TurnResult("end_turn", error, cause)
+
+
+BUILTINS: dict[str, tuple[Command, Builtin]] = {
+    "compact": (
+        Command("compact", "Summarize older messages to free context", "optional summary instructions"),
+        _compact,
+    ),
+}
+COMMANDS = tuple(command for command, _ in BUILTINS.values())
 
 
 def describe_compaction(result: CompactResult) -> str:

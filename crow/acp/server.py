@@ -61,6 +61,8 @@ BUSY = -32001  # a prompt is already running in this session (here or in another
 CANCELLED = -32800  # ACP's "request cancelled": session/cancel stopped a crow.compact
 
 COMMANDS = acp_convert.available_commands()
+# Extension methods (wire name without its leading underscore) -> AcpServer method.
+EXT_METHODS = {"crow.compact": "_ext_compact"}
 
 
 class AcpServer:
@@ -395,8 +397,16 @@ class AcpServer:
 
     # ------------------------------------------------------------ extensions
     async def ext_method(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        if method != "crow.compact":
+        """An extension request (`_NAME` on the wire; the SDK strips the underscore): one
+        `_ext_*` method each, listed in `EXT_METHODS`."""
+        handler = EXT_METHODS.get(method)
+        if handler is None:
             raise RequestError.method_not_found(method)
+        result: dict[str, Any] = await getattr(self, handler)(params)
+        return result
+
+    async def _ext_compact(self, params: dict[str, Any]) -> dict[str, Any]:
+        """`_crow.compact {sessionId, instructions?}`: compacts now; the CompactResult."""
         session_id = params.get("sessionId")
         if not isinstance(session_id, str):
             raise RequestError.invalid_params({"sessionId": "required"})
