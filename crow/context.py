@@ -30,6 +30,9 @@ class HookContext:
     # Scratch space for hooks that lives for this prompt's turn only (each prompt gets a
     # new context); `session.state` is the one that lives as long as the session.
     turn_state: dict[str, Any] = field(default_factory=dict)
+    # The id this turn's prompt was stored under: what identifies the turn (checkpoints,
+    # rewind) in the session's transcript.
+    prompt_id: str = ""
 
     # -------- the session, as seed 004 promises
     @property

@@ -135,6 +135,7 @@ class Turn:
             compactor=self.compactor,
         )
         await session.add(prompt)
+        ctx.prompt_id = session.messages[-1].id
         cancelled = False
         try:
             await self._observe("before_agent", ctx)
