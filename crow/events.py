@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from crow.llm.base import TextDelta, ThoughtDelta, ToolSpec
-from crow.messages import ToolCall, ToolResult
+from crow.messages import Message, ToolCall, ToolResult
 
 __all__ = [
     "CompactionFinished",
@@ -29,6 +29,7 @@ __all__ = [
     "ToolCallRunning",
     "ToolCallStart",
     "UsageUpdated",
+    "UserMessageAdded",
 ]
 
 
@@ -144,6 +145,13 @@ class TitleChanged:
     title: str
 
 
+@dataclass(frozen=True, slots=True)
+class UserMessageAdded:
+    """A user message joined the running turn (steering), as stored: front ends echo it."""
+
+    message: Message
+
+
 Event = (
     TextDelta
     | ThoughtDelta
@@ -157,5 +165,6 @@ Event = (
     | CompactionFinished
     | ModeChanged
     | TitleChanged
+    | UserMessageAdded
 )
 Emit = Callable[[Event], Awaitable[None]]

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from crow import images, notices
+from crow import images, notices, steering
 from crow.actions import (
     Action,
     ActionPicker,
@@ -136,12 +136,15 @@ class Turn:
         )
         await session.add(prompt)
         ctx.prompt_id = session.messages[-1].id
+        self._steering, ended = steering.begin(session), "it failed"
         cancelled = False
         try:
             await self._observe("before_agent", ctx)
-            return await self._react(ctx)
+            result = await self._react(ctx)
+            ended = result.stop_reason
+            return result
         except anyio.get_cancelled_exc_class():
-            cancelled = True
+            cancelled, ended = True, "cancelled"
             with anyio.move_on_after(CANCEL_GRACE, shield=True):
                 await self._settle("interrupted by the user", CANCELLED)
             raise
@@ -152,6 +155,7 @@ class Turn:
                 log.exception("could not settle the history of a failed turn")
             raise
         finally:
+            steering.end(session, ended)  # what it did not take is refused, never dropped
             await self._after_agent(ctx, cancelled)
 
     async def _after_agent(self, ctx: HookContext, cancelled: bool) -> None:
@@ -171,6 +175,7 @@ class Turn:
         can_compact = self.compactor is not None
         for iteration in range(self.settings.max_iterations):
             ctx.iteration = iteration
+            await steering.deliver(self.session, self.emit)  # what the user added meanwhile
             if self.provider is None:
                 await self.emit(notices.no_model(self.no_model_message))
                 cause = notices.no_model_cause(self.no_model_message)
@@ -218,6 +223,8 @@ class Turn:
             if isinstance(action, Continue):
                 continues += 1
                 continue
+            if done is None and not self._steering.finish():
+                continue  # the user steered while the model answered: the turn goes on for it
             return done or TurnResult("end_turn")
         return TurnResult("max_turn_requests")
 

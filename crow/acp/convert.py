@@ -32,6 +32,7 @@ from crow.events import (
     ToolCallRunning,
     ToolCallStart,
     UsageUpdated,
+    UserMessageAdded,
 )
 from crow.messages import Image, Message, valid_text, valid_value
 from crow.prompting import COMMANDS
@@ -60,6 +61,8 @@ def event_update(event: Event, cwd: Path) -> Any:
         return UsageUpdate(session_update="usage_update", used=event.used, size=event.size, cost=cost)
     if isinstance(event, ModeChanged):  # the adapter follows it with the config options
         return update_current_mode(event.mode)
+    if isinstance(event, UserMessageAdded):  # steering, echoed under its stored id
+        return acp_view.user_chunk(event.message, event.message.id)
     if isinstance(event, TitleChanged):
         return SessionInfoUpdate(session_update="session_info_update", title=event.title)
     return None

@@ -24,7 +24,11 @@ from crow import __version__
 from crow.acp import auth as acp_auth
 from crow.acp.protocol import ClientFeatures
 
-EXTENSIONS = ["crow.compact"]  # advertised under agentCapabilities._meta.crow
+# advertised under agentCapabilities._meta.crow (wire names without the leading underscore)
+EXTENSIONS = ["crow.compact", "session/steering"]
+# Top-level `_meta`, where codex-acp and claude-agent-acp advertise `_session/steering`
+# (crow.acp.steering); `idlePromptRequired`: it honours `idleBehavior: "promptRequired"`.
+PEER_META = {"steering": {"supported": True, "idlePromptRequired": True}}
 
 
 def initialize_response(features: ClientFeatures) -> InitializeResponse:
@@ -49,4 +53,5 @@ def initialize_response(features: ClientFeatures) -> InitializeResponse:
             field_meta={"crow": {"version": __version__, "extensions": EXTENSIONS}},
         ),
         auth_methods=acp_auth.methods(terminal=features.auth_terminal),
+        field_meta=PEER_META,
     )

@@ -62,7 +62,7 @@ CANCELLED = -32800  # ACP's "request cancelled": session/cancel stopped a crow.c
 
 COMMANDS = acp_convert.available_commands()
 # Extension methods (wire name without its leading underscore) -> AcpServer method.
-EXT_METHODS = {"crow.compact": "_ext_compact"}
+EXT_METHODS = {"crow.compact": "_ext_compact", "session/steering": "_ext_steering"}
 
 
 class AcpServer:
@@ -428,6 +428,12 @@ class AcpServer:
         if scope.cancelled_caught:
             raise RequestError(CANCELLED, "compaction cancelled")
         return result.to_dict()
+
+    async def _ext_steering(self, params: dict[str, Any]) -> dict[str, Any]:
+        """`_session/steering {sessionId, prompt}`: into the running turn (crow.acp.steering)."""
+        from crow.acp import steering
+
+        return await steering.steer(self.agent, params)
 
     async def ext_notification(self, method: str, params: dict[str, Any]) -> None:
         log.debug("ignored extension notification %s", method)

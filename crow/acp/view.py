@@ -243,6 +243,11 @@ def stored_id(message: Message, session_id: str, seq: int) -> str:
     return message.id or str(uuid.uuid5(uuid.NAMESPACE_URL, f"crow:session/{session_id}/{seq}"))
 
 
+def user_chunk(m: Message, message_id: str) -> Any:
+    """A user message as the editor shows it (an image as a placeholder line)."""
+    return chunk("user_message_chunk", m.content + "".join("\n[image]" for _ in m.images), message_id)
+
+
 def replay(messages: list[Message], cwd: Path, session_id: str) -> Iterator[Any]:
     """The updates that show a stored transcript again, in order, each message's chunks
     under its id. A finished tool call is one notification carrying its final state."""
@@ -269,10 +274,7 @@ def replay(messages: list[Message], cwd: Path, session_id: str) -> Iterator[Any]
         yield from unanswered()
         message_id = stored_id(m, session_id, seq)
         if m.role == "user":
-            text = m.content
-            if m.images:
-                text += "".join("\n[image]" for _ in m.images)
-            yield chunk("user_message_chunk", text, message_id)
+            yield user_chunk(m, message_id)
         elif m.role == "assistant":
             if m.thinking:
                 yield chunk("agent_thought_chunk", m.thinking, message_id)

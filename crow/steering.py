@@ -1,0 +1,127 @@
+"""Steering: the user adds a message to a turn while it runs.
+
+A running turn (`crow.loop.Turn`) opens its session's queue (`begin`) and closes it when it
+ends (`end`). `steer(session, message)` queues a user message and waits until the turn has
+taken it: at its next iteration boundary (before its next model call: after the current
+model call, or after the current tool batch) the loop calls `deliver`, which stores each
+queued message (marked `meta.steering`, so rewind can tell a turn's prompt from text added
+during it), echoes it (`UserMessageAdded`) and wakes its sender with the stored id.
+
+Nothing accepted is lost. When the model answers without tool calls and the turn would
+end, the loop asks `finish`: with messages queued the turn goes on for them; otherwise the
+queue closes at once (no await in between), so a later `steer` is refused as if no turn ran.
+A turn that ends another way (a hook's Stop, max_iterations, max_tokens, a failure, a
+cancel) refuses what is still queued with `NoTurnRunning`: the sender learns it was not
+delivered, and may send it as a prompt. A sender that gives up (its request cancelled)
+takes its message back if the turn has not taken it yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import anyio
+
+from crow.errors import CrowError
+from crow.events import Emit, UserMessageAdded
+from crow.messages import Message
+
+if TYPE_CHECKING:
+    from crow.session import Session
+
+STATE_KEY = "crow.steering"  # Session.state: the running turn's queue
+META_KEY = "steering"  # Message.meta: a user message added during a turn, not a turn's prompt
+
+
+class NoTurnRunning(CrowError):
+    """No turn is running in the session (or it ended before it took the message)."""
+
+
+def is_steering(message: Message) -> bool:
+    """Whether a stored user message was added during a turn (not the prompt of one)."""
+    return bool(message.meta and message.meta.get(META_KEY))
+
+
+@dataclass(eq=False)
+class _Queued:
+    message: Message
+    done: anyio.Event = field(default_factory=anyio.Event)
+    stored_id: str = ""
+    refused: str = ""
+
+
+class Queue:
+    """The steering messages of one running turn, in the order they came."""
+
+    def __init__(self) -> None:
+        self.waiting: list[_Queued] = []
+        self.closed = False
+
+    def push(self, message: Message) -> _Queued:
+        item = _Queued(message)
+        self.waiting.append(item)
+        return item
+
+    def finish(self) -> bool:
+        """The turn would end: True (and closed to new messages) when nothing is queued,
+        False when it must go on for what is."""
+        if self.waiting:
+            return False
+        self.closed = True
+        return True
+
+    def refuse(self, why: str) -> None:
+        self.closed = True
+        for item in self.waiting:
+            item.refused = why
+            item.done.set()
+        self.waiting.clear()
+
+
+def begin(session: Session) -> Queue:
+    queue = session.state[STATE_KEY] = Queue()
+    return queue
+
+
+def end(session: Session, why: str) -> None:
+    """The turn is over: what it did not take is refused (`why`)."""
+    queue = session.state.pop(STATE_KEY, None)
+    if isinstance(queue, Queue):
+        queue.refuse(why)
+
+
+async def deliver(session: Session, emit: Emit) -> None:
+    """At an iteration boundary: store and echo what is queued, in order."""
+    queue = session.state.get(STATE_KEY)
+    if not isinstance(queue, Queue):
+        return
+    while queue.waiting:
+        item = queue.waiting[0]  # left queued until stored: a failed store refuses it at `end`
+        meta = {**(item.message.meta or {}), META_KEY: True}
+        await session.add(item.message.replace(meta=meta))
+        queue.waiting.pop(0)
+        stored = session.messages[-1]
+        item.stored_id = stored.id
+        item.done.set()
+        await emit(UserMessageAdded(stored))
+
+
+async def steer(session: Session, message: Message) -> str:
+    """Add `message` to the session's running turn; the id it is stored under once the
+    turn took it. `NoTurnRunning` when no turn runs, or it ended before taking it."""
+    queue = session.state.get(STATE_KEY)
+    if not isinstance(queue, Queue) or queue.closed:
+        raise NoTurnRunning(f"no turn is running in session {session.id}; send it as a prompt")
+    item = queue.push(message)
+    try:
+        await item.done.wait()
+    finally:
+        if not item.done.is_set() and item in queue.waiting:  # given up: taken back
+            queue.waiting.remove(item)
+    if item.refused:
+        raise NoTurnRunning(
+            f"the turn in session {session.id} ended ({item.refused}) before it took this "
+            "message; send it as a prompt"
+        )
+    return item.stored_id
