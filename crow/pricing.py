@@ -24,8 +24,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("crow.pricing")
 
+USAGE_TOTAL = "crow.usage_total"  # Session.state: the tokens of its calls since crow opened it
+
 __all__ = [
     "PRICES_CHECKED",
+    "USAGE_TOTAL",
     "add_cost",
     "call_ref",
     "cost_of",
@@ -142,7 +145,11 @@ async def record_usage(session: Session, ref: str, usage: Usage | None) -> None:
 
 async def add_cost(session: Session, ref: str, usage: Usage | None) -> None:
     """A call to `ref` (a turn's or a summary's) joins the session's stored total: None
-    from now on when its price or its usage is unknown."""
+    from now on when its price or its usage is unknown. Its tokens join the session's
+    totals in this process (`USAGE_TOTAL`, not stored)."""
+    if usage is not None:
+        total = session.state.get(USAGE_TOTAL)
+        session.state[USAGE_TOTAL] = usage if total is None else total + usage
     if session.cost is None:
         return  # unknown already: nothing to store
     price = price_for(ref, session.config)

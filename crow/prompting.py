@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from crow import notices
+from crow import notices, report_commands
 from crow.errors import AuthError, AuthRequired, ConfigError, CrowError, MissingKeyError
 from crow.events import Emit, Event, ModeChanged, Notice, TitleChanged
 from crow.messages import Message
@@ -137,6 +137,8 @@ BUILTINS: dict[str, tuple[Command, Builtin]] = {
         Command("compact", "Summarize older messages to free context", "optional summary instructions"),
         _compact,
     ),
+    "usage": (Command("usage", "Tokens, cost and context left in this session", ""), report_commands.usage),
+    "mcp": (Command("mcp", "The session's MCP servers, their state and tools", ""), report_commands.mcp),
 }
 COMMANDS = tuple(command for command, _ in BUILTINS.values())
 

@@ -84,12 +84,25 @@ class _Connection:
     # still runs; a bare task.cancel() breaks into it: the process lives on, the task hangs.
     scope: anyio.CancelScope | None = None
     error: str | None = None
+    asked_as: str = ""  # the name it was given, when that was taken (`ToolHub._unique_server`)
 
     def cancel(self) -> None:
         if self.scope is not None:
             self.scope.cancel()
         elif self.task is not None:  # not started: nothing to shut down yet
             self.task.cancel()
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """What `ToolHub.servers` says of one server."""
+
+    name: str  # as connected
+    asked_as: str  # the name it was given when that was taken, else ""
+    transport: str
+    state: str  # "connected" | "failed" | "stopped" (it exited since) | "starting"
+    error: str | None  # why it failed
+    tools: tuple[tuple[str, str], ...]  # (the name the model calls it, the server's own name)
 
 
 class ToolHub:
@@ -107,7 +120,7 @@ class ToolHub:
     async def connect(self, specs: Sequence[ServerSpec], *, connect_timeout: float = 30.0) -> None:
         """Connect servers concurrently; a server that fails, or whose name is taken, is
         reported (`failures`), never fatal."""
-        conns = [self._start(self._unique_server(spec)) for spec in specs]
+        conns = [self._start(self._unique_server(spec), spec.name) for spec in specs]
         await asyncio.gather(*(self._await_ready(c, connect_timeout) for c in conns))
         # Listed side by side, each within the timeout too (a server that starts and never
         # lists would hold the session's preparation forever); indexed in order, so crow's
@@ -126,8 +139,8 @@ class ToolHub:
         )
         return dataclasses.replace(spec, name=name)
 
-    def _start(self, spec: ServerSpec) -> _Connection:
-        conn = _Connection(spec)
+    def _start(self, spec: ServerSpec, asked_as: str) -> _Connection:
+        conn = _Connection(spec, asked_as=asked_as if asked_as != spec.name else "")
         self._conns[spec.name] = conn
         # Each connection lives in its own task: MCP clients must be exited by the task
         # that entered them.
@@ -170,12 +183,11 @@ class ToolHub:
         try:
             return list((await asyncio.wait_for(conn.client.list_tools(), timeout)).tools)
         except TimeoutError:
-            self.failures.append(
-                f"MCP server {conn.spec.name!r} did not list its tools within {timeout:.0f} s"
-            )
+            conn.error = f"did not list its tools within {timeout:.0f} s"
             conn.closing.set()  # it offers nothing: stop it
         except Exception as exc:
-            self.failures.append(f"MCP server {conn.spec.name!r} did not list its tools: {_describe(exc)}")
+            conn.error = f"did not list its tools: {_describe(exc)}"
+        self.failures.append(f"MCP server {conn.spec.name!r} {conn.error}")
         return None
 
     def _index(self, conn: _Connection, tools: list[Any]) -> None:
@@ -208,6 +220,20 @@ class ToolHub:
 
     def specs(self) -> list[ToolSpec]:
         return list(self._specs)
+
+    def servers(self) -> list[ServerState]:
+        """Each server as it stands now (in the order connected), with the tools it offers."""
+        found: list[ServerState] = []
+        for name, conn in self._conns.items():
+            if conn.error is not None:
+                state = "failed"
+            elif conn.client is not None:
+                state = "connected"
+            else:
+                state = "stopped" if conn.ready.is_set() else "starting"
+            tools = tuple((t, remote) for t, (c, remote) in self._routes.items() if c is conn)
+            found.append(ServerState(name, conn.asked_as, conn.spec.transport, state, conn.error, tools))
+        return found
 
     def has(self, name: str) -> bool:
         return name in self._routes
