@@ -211,6 +211,36 @@ async def test_a_turn_that_ends_without_taking_the_steering_refuses_it(
     assert all("never seen" not in m["content"] for r in llm.requests for m in r.messages)
 
 
+async def test_a_hook_stop_refuses_the_steering_the_turn_did_not_take(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """A hook stops the turn right after the model call the steering arrived during: no
+    model call of the turn saw it, so its answer is the no-turn error."""
+    config = home / "stop.yaml"
+    config.write_text("hooks:\n  extra: ['steer_plugins:StopOnWord']\n")
+    gate = Gate(llm, Reply(text="STOP here"))
+    llm.default = lambda r: Reply(text="ok")
+    env = crow_env(llm, home, PYTHONPATH=str(Path(__file__).parent / "support"))
+    async with spawn_crow(env, "--config", str(config)) as (conn, _proc, client):
+        sid = await start(conn, workspace)
+        results: dict[str, Any] = {}
+
+        async def refused() -> None:
+            results["steer"] = await error_of(steer(conn, sid, text("never seen")))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: _prompt_into(conn, sid, results))
+            await anyio.to_thread.run_sync(llm.wait_for_requests, 1)
+            tg.start_soon(refused)
+            await written(client, 1)
+            assert (await error_of(conn.prompt(session_id=sid, prompt=[acp.text_block("x")]))).code == -32001
+            gate.open()
+        assert results["prompt"].stop_reason == "end_turn"
+        assert "ended (end_turn) before it took this message" in str(results["steer"])
+        assert not client.of_type("UserMessageChunk", sid)
+    assert len(llm.requests) == 1
+
+
 async def test_a_cancel_refuses_the_steering_it_did_not_take(
     llm: ScriptedLLM, home: Path, workspace: Path
 ) -> None:
