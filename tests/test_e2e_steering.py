@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,27 +90,42 @@ async def error_of(call: Any) -> RequestError:
 
 
 async def steered_turn(
-    conn: Any, client: Any, sid: str, llm: ScriptedLLM, gate: Gate, *steerings: list[dict[str, Any]]
+    conn: Any,
+    client: Any,
+    sid: str,
+    llm: ScriptedLLM,
+    gate: Gate,
+    *steerings: list[dict[str, Any]],
+    end: Callable[[dict[Any, Any]], Awaitable[None]] | None = None,
 ) -> dict[Any, Any]:
-    """Prompt, steer while the model's first call is held, check a prompt is busy, release;
-    the turn's answer and each steering's."""
-    results: dict[str, Any] = {}
+    """Prompt, steer while the model's first call is held, check a prompt is busy, then
+    `end(results)` (default: release the model); the turn's answer ("prompt") and each
+    steering's (its result or its RequestError; "rid<i>": its JSON-RPC id)."""
+    results: dict[Any, Any] = {}
 
     async def prompt() -> None:
         results["prompt"] = await conn.prompt(session_id=sid, prompt=[acp.text_block("PLAN the work")])
 
     async def one(i: int, blocks: list[dict[str, Any]]) -> None:
-        results[i] = await steer(conn, sid, *blocks)
+        try:
+            results[i] = await steer(conn, sid, *blocks)
+        except RequestError as exc:
+            results[i] = exc
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(prompt)
         await anyio.to_thread.run_sync(llm.wait_for_requests, 1)
         for i, blocks in enumerate(steerings):
+            results[f"rid{i}"] = conn._conn._next_request_id
             tg.start_soon(one, i, blocks)
             await written(client, i + 1)
         busy = await error_of(conn.prompt(session_id=sid, prompt=[acp.text_block("me too")]))
         assert busy.code == -32001  # a prompt while the turn runs is still refused
-        gate.open()
+        if end is None:
+            gate.open()
+        else:
+            await end(results)
+    gate.open()
     return results
 
 
@@ -189,20 +205,9 @@ async def test_a_turn_that_ends_without_taking_the_steering_refuses_it(
     llm.default = lambda r: Reply(text="ok")
     async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
         sid = await start(conn, workspace)
-        results: dict[str, Any] = {}
-
-        async def refused() -> None:
-            results["steer"] = await error_of(steer(conn, sid, text("never seen")))
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: _prompt_into(conn, sid, results))
-            await anyio.to_thread.run_sync(llm.wait_for_requests, 1)
-            tg.start_soon(refused)
-            await written(client, 1)
-            assert (await error_of(conn.prompt(session_id=sid, prompt=[acp.text_block("x")]))).code == -32001
-            gate.open()
+        results = await steered_turn(conn, client, sid, llm, gate, [text("never seen")])
         assert results["prompt"].stop_reason == "max_turn_requests"
-        error = results["steer"]
+        error = results[0]
         assert error.code == -32600 and error.data == {"reason": "noRunningTurn"}
         assert "ended (max_turn_requests) before it took this message" in str(error)
         again = await conn.prompt(session_id=sid, prompt=[acp.text_block("next")])  # still usable
@@ -223,20 +228,9 @@ async def test_a_hook_stop_refuses_the_steering_the_turn_did_not_take(
     env = crow_env(llm, home, PYTHONPATH=str(Path(__file__).parent / "support"))
     async with spawn_crow(env, "--config", str(config)) as (conn, _proc, client):
         sid = await start(conn, workspace)
-        results: dict[str, Any] = {}
-
-        async def refused() -> None:
-            results["steer"] = await error_of(steer(conn, sid, text("never seen")))
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: _prompt_into(conn, sid, results))
-            await anyio.to_thread.run_sync(llm.wait_for_requests, 1)
-            tg.start_soon(refused)
-            await written(client, 1)
-            assert (await error_of(conn.prompt(session_id=sid, prompt=[acp.text_block("x")]))).code == -32001
-            gate.open()
+        results = await steered_turn(conn, client, sid, llm, gate, [text("never seen")])
         assert results["prompt"].stop_reason == "end_turn"
-        assert "ended (end_turn) before it took this message" in str(results["steer"])
+        assert "ended (end_turn) before it took this message" in str(results[0])
         assert not client.of_type("UserMessageChunk", sid)
     assert len(llm.requests) == 1
 
@@ -248,27 +242,15 @@ async def test_a_cancel_refuses_the_steering_it_did_not_take(
     llm.default = lambda r: Reply(text="ok")
     async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
         sid = await start(conn, workspace)
-        results: dict[str, Any] = {}
 
-        async def refused() -> None:
-            results["steer"] = await error_of(steer(conn, sid, text("never seen")))
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: _prompt_into(conn, sid, results))
-            await anyio.to_thread.run_sync(llm.wait_for_requests, 1)
-            tg.start_soon(refused)
-            await written(client, 1)
-            assert (await error_of(conn.prompt(session_id=sid, prompt=[acp.text_block("x")]))).code == -32001
+        async def cancel(_results: dict[Any, Any]) -> None:
             await conn.cancel(session_id=sid)
-        gate.open()
+
+        results = await steered_turn(conn, client, sid, llm, gate, [text("never seen")], end=cancel)
         assert results["prompt"].stop_reason == "cancelled"
-        assert "ended (cancelled)" in str(results["steer"])
+        assert "ended (cancelled)" in str(results[0])
         assert (await conn.prompt(session_id=sid, prompt=[acp.text_block("next")])).stop_reason == "end_turn"
     assert all("never seen" not in m["content"] for r in llm.requests for m in r.messages)
-
-
-async def _prompt_into(conn: Any, sid: str, results: dict[str, Any]) -> None:
-    results["prompt"] = await conn.prompt(session_id=sid, prompt=[acp.text_block("PLAN it")])
 
 
 async def test_bad_steering_requests_get_clear_errors(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
@@ -352,24 +334,16 @@ async def test_a_steering_request_cancelled_before_the_turn_took_it_is_taken_bac
     gate = Gate(llm, Reply(text="first answer"))
     async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
         sid = await start(conn, workspace)
-        results: dict[str, Any] = {}
 
-        async def cancelled() -> None:
-            results["steer"] = await error_of(steer(conn, sid, text("never mind")))
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: _prompt_into(conn, sid, results))
-            await anyio.to_thread.run_sync(llm.wait_for_requests, 1)
-            rid = conn._conn._next_request_id
-            tg.start_soon(cancelled)
-            await written(client, 1)
-            assert (await error_of(conn.prompt(session_id=sid, prompt=[acp.text_block("x")]))).code == -32001
-            await conn._conn.send_notification("$/cancel_request", {"requestId": rid})
+        async def cancel_it(results: dict[Any, Any]) -> None:
+            await conn._conn.send_notification("$/cancel_request", {"requestId": results["rid0"]})
             with anyio.fail_after(10):
-                while "steer" not in results:  # noqa: ASYNC110
+                while 0 not in results:  # noqa: ASYNC110  (answered before the model goes on)
                     await anyio.sleep(0.01)
             gate.open()
-        assert results["steer"].code == -32800
+
+        results = await steered_turn(conn, client, sid, llm, gate, [text("never mind")], end=cancel_it)
+        assert results[0].code == -32800
         assert results["prompt"].stop_reason == "end_turn"
         assert not client.of_type("UserMessageChunk", sid)
     assert len(llm.requests) == 1
