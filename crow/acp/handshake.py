@@ -24,7 +24,7 @@ from crow import __version__
 from crow.acp import auth as acp_auth
 from crow.acp.protocol import ClientFeatures
 
-EXTENSIONS = ["crow.compact"]  # advertised under agentCapabilities._meta.crow
+EXTENSIONS = ["crow.compact", "crow.rewind"]  # advertised under agentCapabilities._meta.crow
 
 
 def initialize_response(features: ClientFeatures) -> InitializeResponse:
