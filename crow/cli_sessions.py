@@ -109,7 +109,7 @@ async def _rewind(home: str, session_id: str | None, turns: str | None) -> int:
     if session_id is None:
         raise ConfigError("crow sessions rewind needs a SESSION_ID")
     try:
-        count = rewind.checked_turns(turns or 1)
+        count = rewind.turns_in(turns or "")
     except ValueError as exc:
         raise ConfigError(f"crow sessions rewind: {exc}, got {turns!r}") from exc
     async with SQLiteStore(os.path.join(home, DB_FILE), home=home) as store:

@@ -151,12 +151,18 @@ def _excerpt(text: str) -> str:
 
 
 def checked_turns(value: object) -> int:
-    """A turn count a user or client gave: a whole number, at least 1 (ValueError else)."""
-    if isinstance(value, str):
-        value = int(value) if value.strip().isdigit() else None
+    """A turn count a client sent: a whole number, at least 1 (ValueError else)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError("turns must be a whole number, at least 1")
     return value
+
+
+def turns_in(text: str) -> int:
+    """A turn count a user typed (`/undo 2`, `crow sessions rewind ID 2`); none: 1."""
+    text = text.strip()
+    if not (text.isascii() and text.isdigit()) and text:
+        raise ValueError("turns must be a whole number, at least 1")
+    return checked_turns(int(text)) if text else 1
 
 
 async def rewind(session: Session, turns: int, home: Path, *, asked_by_line: bool = False) -> Rewound:
@@ -207,7 +213,7 @@ async def undo(agent: Agent, session: Session, rest: str, emit: Emit) -> TurnRes
     from crow.loop import TurnResult
 
     try:
-        turns = checked_turns(rest or 1)
+        turns = turns_in(rest)
     except ValueError:
         why = f"Nothing undone: /undo takes a number of turns (default 1), not {rest!r}."
         await emit(Notice(why, "warning"))
