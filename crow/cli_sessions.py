@@ -74,9 +74,10 @@ def _sessions(store: DirectStore, action: str, session_id: str | None, cwd: str 
         sys.stdout.write("\n")
         return 0
     from crow.messages import pretty
+    from crow.rewind import shown
 
     print(f"# {record.title or '(untitled)'}\n{record.id} · {record.cwd} · {record.updated_at}\n")
-    print(pretty(m for m in transcript if m.role != "system"))
+    print(pretty(m for m in shown(transcript) if m.role != "system"))  # not what a rewind took back
     return 0
 
 

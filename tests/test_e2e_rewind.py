@@ -21,6 +21,7 @@ import pytest
 from tests.conftest import crow_env, initialize_125, raw_request, spawn_crow
 from tests.llm_server import Reply, ScriptedLLM, Stall, ToolCallSpec
 from tests.support.ts_client import run_script
+from tests.test_e2e_compaction_updates import sent
 
 pytestmark = pytest.mark.anyio
 
@@ -39,17 +40,6 @@ def echoing(llm: ScriptedLLM) -> ScriptedLLM:
 def seen(llm: ScriptedLLM) -> list[tuple[str, str]]:
     """What the last model request carried, system prompt aside."""
     return [(m["role"], m["content"]) for m in llm.requests[-1].messages if m["role"] != "system"]
-
-
-def sent(client: Any, *kinds: str) -> list[dict[str, Any]]:
-    """The raw `session/update` payloads of these kinds crow wrote, in order."""
-    return [
-        m["params"]["update"]
-        for direction, m in client.wire.messages
-        if direction == "in"
-        and m.get("method") == "session/update"
-        and m["params"]["update"]["sessionUpdate"] in kinds
-    ]
 
 
 def texts(updates: list[dict[str, Any]], kind: str) -> list[str]:
@@ -170,16 +160,23 @@ async def test_nothing_to_undo_and_bad_requests(echoing: ScriptedLLM, home: Path
         assert seen(echoing) == [("user", "q0"), ("assistant", "a:q0"), ("user", "q1")]
 
 
+async def slow_turn(conn: Any, sid: str, llm: ScriptedLLM) -> asyncio.Task[Any]:
+    """A turn (prompt "slow") whose model call is under way and hangs for 30 s."""
+    asked = len(llm.requests)
+    llm.push(Stall(seconds=30))
+    turn = asyncio.create_task(conn.prompt(session_id=sid, prompt=[acp.text_block("slow")]))
+    for _ in range(1000):
+        if len(llm.requests) > asked:
+            break
+        await asyncio.sleep(0.01)
+    return turn
+
+
 async def test_a_rewind_while_a_turn_runs_is_busy(echoing: ScriptedLLM, home: Path, workspace: Path) -> None:
     async with spawn_crow(crow_env(echoing, home)) as (conn, _proc, _client):
         sid = await start(conn, workspace, True)
         await ask(conn, sid, "q0")
-        echoing.push(Stall(seconds=30))
-        turn = asyncio.create_task(conn.prompt(session_id=sid, prompt=[acp.text_block("slow")]))
-        for _ in range(1000):
-            if len(echoing.requests) == 2:
-                break
-            await asyncio.sleep(0.01)
+        turn = await slow_turn(conn, sid, echoing)
         with pytest.raises(acp.RequestError) as busy:
             await raw_request(conn, "_crow.rewind", {"sessionId": sid, "turns": 1})
         assert busy.value.code == -32001 and "busy with a prompt" in str(busy.value)
@@ -216,6 +213,10 @@ async def test_crow_sessions_rewind_works_on_the_store(
     assert crow_cli(env, workspace, "sessions", "rewind", "nope").stderr == "crow: unknown session 'nope'\n"
     shown = await replayed(echoing, home, workspace, sid, False)
     assert texts(shown, "user_message_chunk") == ["q0"]
+    show = crow_cli(env, workspace, "sessions", "show", sid).stdout
+    assert "q0" in show and "q1" not in show and "a:q2" not in show
+    export = json.loads(crow_cli(env, workspace, "sessions", "export", sid).stdout)
+    assert [m["content"] for m in export["transcript"] if m["role"] == "user"] == ["q0", "q1", "q2"]
     async with spawn_crow(env) as (conn, _proc, _client):
         await conn.initialize(protocol_version=1)
         await conn.resume_session(cwd=str(workspace), session_id=sid, mcp_servers=[])
@@ -230,12 +231,7 @@ async def test_crow_sessions_rewind_is_refused_while_a_crow_runs_a_turn(
     async with spawn_crow(env) as (conn, proc, _client):
         sid = await start(conn, workspace, False)
         await ask(conn, sid, "q0")
-        echoing.push(Stall(seconds=30))
-        turn = asyncio.create_task(conn.prompt(session_id=sid, prompt=[acp.text_block("slow")]))
-        for _ in range(1000):
-            if len(echoing.requests) == 2:
-                break
-            await asyncio.sleep(0.01)
+        turn = await slow_turn(conn, sid, echoing)
         done = await asyncio.to_thread(crow_cli, env, workspace, "sessions", "rewind", sid)
         assert not turn.done(), "the turn ended first: nothing was tested"
         assert (
