@@ -224,6 +224,19 @@ async def test_crow_sessions_rewind_works_on_the_store(
     assert seen(echoing) == [("user", "q0"), ("assistant", "a:q0"), ("user", "next")]
 
 
+async def test_a_live_crow_sees_a_rewind_made_from_the_shell(
+    echoing: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    env = crow_env(echoing, home)
+    async with spawn_crow(env) as (conn, _proc, _client):
+        sid = await start(conn, workspace, False)
+        await ask(conn, sid, "q0", "q1")
+        done = await asyncio.to_thread(crow_cli, env, workspace, "sessions", "rewind", sid)
+        assert done.returncode == 0, done.stderr
+        await ask(conn, sid, "q2")  # the session in this crow's memory is read again first
+        assert seen(echoing) == [("user", "q0"), ("assistant", "a:q0"), ("user", "q2")]
+
+
 async def test_crow_sessions_rewind_is_refused_while_a_crow_runs_a_turn(
     echoing: ScriptedLLM, home: Path, workspace: Path
 ) -> None:
