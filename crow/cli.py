@@ -3,7 +3,7 @@
     crow                      serve ACP over stdio (what an editor launches)
     crow run "PROMPT"         one prompt in the terminal: text to stdout, tools to stderr
     crow mcp filesystem|todos run a builtin MCP server over stdio
-    crow sessions ...         list / show / delete / export stored sessions
+    crow sessions ...         list / show / delete / export / rewind stored sessions
     crow compact SESSION_ID   compact a stored session
     crow trust [DIR]          apply DIR's crow.yaml (as it is now) to sessions there
     crow untrust [DIR]        stop applying it; `crow trust --list` shows what is trusted
@@ -52,8 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     mcp.add_argument("server", choices=["filesystem", "todos"])
     mcp.add_argument("rest", nargs=argparse.REMAINDER)
     sessions = sub.add_parser("sessions", help="manage stored sessions")
-    sessions.add_argument("action", choices=["list", "show", "delete", "export"])
+    sessions.add_argument("action", choices=["list", "show", "delete", "export", "rewind"])
     sessions.add_argument("session_id", nargs="?")
+    sessions.add_argument("turns", nargs="?", help="rewind: how many turns to take back (default 1)")
     sessions.add_argument("--cwd", help="only sessions of this workspace (list)")
     compact = sub.add_parser("compact", help="compact a stored session")
     compact.add_argument("session_id")

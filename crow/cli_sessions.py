@@ -1,9 +1,10 @@
-"""`crow sessions list|show|delete|export` and `crow compact SESSION_ID`.
+"""`crow sessions list|show|delete|export|rewind` and `crow compact SESSION_ID`.
 
 `crow sessions` opens the store alone (`DirectStore`: no event loop, Agent, config model,
 MCP or provider), so listing costs about what `crow --help` does. `crow compact` needs a
 model, so it runs an Agent, and holds the session's cross-process lock while it rewrites
-the context.
+the context. `crow sessions rewind ID [N]` needs no model: it runs `crow.rewind` on the
+store (`SQLiteStore`) with no Agent, holding that lock too.
 """
 
 from __future__ import annotations
@@ -28,6 +29,12 @@ def main(args: argparse.Namespace) -> int:
     from crow.store.direct import DirectStore
 
     home = home_dir()
+    if args.action == "rewind":
+        import asyncio
+
+        return asyncio.run(_rewind(home, args.session_id, args.turns))
+    if args.turns is not None:
+        raise ConfigError(f"crow sessions {args.action} takes one SESSION_ID, got {args.turns!r} too")
     with DirectStore(os.path.join(home, DB_FILE), home=home) as store:
         return _sessions(store, args.action, args.session_id, args.cwd)
 
@@ -67,9 +74,10 @@ def _sessions(store: DirectStore, action: str, session_id: str | None, cwd: str 
         sys.stdout.write("\n")
         return 0
     from crow.messages import pretty
+    from crow.rewind import shown
 
     print(f"# {record.title or '(untitled)'}\n{record.id} · {record.cwd} · {record.updated_at}\n")
-    print(pretty(m for m in transcript if m.role != "system"))
+    print(pretty(m for m in shown(transcript) if m.role != "system"))  # not what a rewind took back
     return 0
 
 
@@ -85,6 +93,44 @@ def _private_stdout() -> None:
         )
     except (OSError, ValueError):  # not a file descriptor (captured), or not ours to change
         pass
+
+
+async def _rewind(home: str, session_id: str | None, turns: str | None) -> int:
+    """Take back the last `turns` turns of a stored session, files included, as `/undo` does
+    (`crow.rewind`). Refused (`SessionBusy`, exit 2) while a crow process runs a turn in it;
+    fewer turns than asked: exit 1, nothing changed."""
+    from pathlib import Path
+
+    from crow import rewind
+    from crow.errors import CannotRewind
+    from crow.private import DB_FILE
+    from crow.session import Session
+    from crow.store import SQLiteStore
+
+    if session_id is None:
+        raise ConfigError("crow sessions rewind needs a SESSION_ID")
+    try:
+        count = rewind.turns_in(turns or "")
+    except ValueError as exc:
+        raise ConfigError(f"crow sessions rewind: {exc}, got {turns!r}") from exc
+    async with SQLiteStore(os.path.join(home, DB_FILE), home=home) as store:
+        record = await store.get_session(session_id)
+        if record is None:
+            raise SessionError(f"unknown session {session_id!r}")
+        dirs = list(record.additional_directories)
+        session = Session(session_id, Path(record.cwd), store=store, additional_directories=dirs)
+        try:
+            rewound = await rewind.rewind(session, count, Path(home))
+        except CannotRewind as exc:
+            print(f"crow: {exc}", file=sys.stderr)
+            return 1
+    print(rewound.notice.full_text, file=sys.stderr)
+    _private_stdout()  # the answer quotes the prompts
+    import json
+
+    json.dump(rewound.to_dict(), sys.stdout, ensure_ascii=False)
+    sys.stdout.write("\n")
+    return 0
 
 
 async def _compact(config_path: str | None, session_id: str, instructions: str | None) -> int:

@@ -15,6 +15,7 @@
      │    └── HookBlocked      a BeforeLLMCall/BeforeToolExec hook stopped its call on purpose
      ├── SessionError         unknown session, busy session, bad request from a client
      │    ├── SessionBusy      another crow process is running a turn in it (carries its pid)
+     │    ├── CannotRewind     fewer turns to take back than asked (carries both counts)
      │    └── RootsError       an additional workspace root is refused (names the entry)
      └── AuthRequired         a turn ended for want of a valid key (ACP's auth_required, -32000)
 
@@ -113,6 +114,14 @@ class SessionBusy(SessionError):
     def __init__(self, message: str, *, pid: int | None = None) -> None:
         super().__init__(message)
         self.pid = pid
+
+
+class CannotRewind(SessionError):
+    """A rewind asked for more turns than the session has to take back; nothing changed."""
+
+    def __init__(self, message: str, *, asked: int, available: int) -> None:
+        super().__init__(message)
+        self.asked, self.available = asked, available
 
 
 class AuthRequired(CrowError):

@@ -85,6 +85,7 @@ class Notice:
     title: str = ""
     compaction: str | None = None
     message_id: str = ""  # the stored notice's `Message.id` (crow.prompting keeps notices)
+    stored: bool = False  # stored already by who tells it (a rewind's report, with its context)
 
     @property
     def headline(self) -> str:

@@ -68,6 +68,7 @@ from crow.llm.base import ModelRequest, ModelResponse, Provider, Retrying, ToolS
 from crow.messages import Message, ToolCall, ToolResult, close_dangling_tool_calls, human, system
 from crow.pricing import call_ref, record_usage
 from crow.reasoning import request_effort
+from crow.rewind import as_prompt
 from crow.rules import FILE_TOOLS
 from crow.session import new_message_id
 from crow.tool_kinds import presented
@@ -134,7 +135,7 @@ class Turn:
             settings=self.settings.hook_settings,
             compactor=self.compactor,
         )
-        await session.add(prompt)
+        await session.add(as_prompt(prompt))  # marked: a rewind counts turns by their prompts
         ctx.prompt_id = session.messages[-1].id
         self._steering, ended = steering.begin(session), "it failed"
         cancelled = False

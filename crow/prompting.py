@@ -21,6 +21,7 @@ from crow import notices, report_commands
 from crow.errors import AuthError, AuthRequired, ConfigError, CrowError, MissingKeyError
 from crow.events import Emit, Event, ModeChanged, Notice, TitleChanged
 from crow.messages import Message
+from crow.rewind import undo
 from crow.session import new_message_id
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ def keeping_notices(session: Session, emit: Emit) -> Emit:
     """`emit`, storing each `Notice` first (`notice_record`)."""
 
     async def sink(event: Event) -> None:
-        if isinstance(event, Notice):  # shown under the id it is stored with
+        if isinstance(event, Notice) and not event.stored:  # shown under the id it is stored with
             event = dataclasses.replace(event, message_id=event.message_id or new_message_id())
             await session.add(notice_record(event), in_context=False)
         await emit(event)
@@ -136,6 +137,14 @@ BUILTINS: dict[str, tuple[Command, Builtin]] = {
     "compact": (
         Command("compact", "Summarize older messages to free context", "optional summary instructions"),
         _compact,
+    ),
+    "undo": (
+        Command(
+            "undo",
+            "Take back the last turn: the conversation and the files it changed",
+            "how many turns (default 1)",
+        ),
+        undo,
     ),
     "usage": (Command("usage", "Tokens, cost and context left in this session", ""), report_commands.usage),
     "mcp": (Command("mcp", "The session's MCP servers, their state and tools", ""), report_commands.mcp),

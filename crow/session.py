@@ -213,6 +213,23 @@ class Session:
             self.messages, self.last_usage, self.usage_covers = before
             raise
 
+    async def rewind_context(self, messages: Sequence[Message], marker: Message) -> None:
+        """Take the model context back to `messages` (`crow.rewind`), storing `marker` in the
+        transcript with it in one write; a write the store refuses leaves memory as it was.
+        What the last request and usage said (and a failed summary's back-off) described
+        turns now gone, so they are forgotten."""
+        before = (self.messages, self.last_usage, self.usage_covers, self.last_request)
+        self.messages = Messages(m.valid() for m in messages)
+        self.last_usage, self.usage_covers, self.last_request = None, 0, None
+        self.compaction.failed_at = None
+        if self.store is None:
+            return
+        try:
+            await self.store.rewind_context(self.id, list(self.messages), marker.valid())
+        except StoreError:
+            self.messages, self.last_usage, self.usage_covers, self.last_request = before
+            raise
+
     async def save(self, **fields: Any) -> None:
         """Persist metadata fields (todos, files, title, mode, model, cost, thought_level)."""
         fields = {key: valid_value(value) for key, value in fields.items()}

@@ -143,7 +143,7 @@ async def test_payload_and_compact(
     assert payload["session_id"] == session.id and payload["cwd"] == str(workspace)
     assert payload["prompt"] == "do it"
     assert payload["messages"] == [  # each with its id (`Message.id`), as stored
-        {"role": "user", "content": "do it", "id": session.messages[0].id},
+        {"role": "user", "content": "do it", "id": session.messages[0].id, "meta": {"crow/prompt": True}},
         {"role": "assistant", "content": "all done", "id": session.messages[1].id},
     ]
     assert session.messages[0].id != session.messages[1].id

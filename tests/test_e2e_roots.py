@@ -284,6 +284,7 @@ async def test_sessions_of_a_store_from_before_roots_stay_loadable(
     db = sqlite3.connect(home / DB_FILE)
     for later in ("additional_directories", "cost", "thought_level"):  # versions 2 and 3
         db.execute(f"ALTER TABLE sessions DROP COLUMN {later}")
+    db.execute("DROP TABLE context_history")  # version 4
     db.execute("PRAGMA user_version = 1")
     db.commit()
     db.close()

@@ -102,7 +102,7 @@ def test_typescript_sdk_client(
     assert summary["handlerErrors"] == [], evidence
     assert summary["sdkVersion"] == "2.4.0"
     assert summary["protocolVersion"] == 1 and summary["agentName"] == "crow"
-    assert summary["extensions"] == ["crow.compact", "session/steering"]
+    assert summary["extensions"] == ["crow.compact", "crow.rewind", "session/steering"]
     assert summary["stopReasons"] == ["end_turn", "end_turn"], evidence
 
     # the SDK validated every session/update against its schema and routed it to the handler

@@ -25,7 +25,7 @@ from crow.acp import auth as acp_auth
 from crow.acp.protocol import ClientFeatures
 
 # advertised under agentCapabilities._meta.crow (wire names without the leading underscore)
-EXTENSIONS = ["crow.compact", "session/steering"]
+EXTENSIONS = ["crow.compact", "crow.rewind", "session/steering"]
 # Top-level `_meta`, where codex-acp and claude-agent-acp advertise `_session/steering`
 # (crow.acp.steering); `idlePromptRequired`: it honours `idleBehavior: "promptRequired"`.
 PEER_META = {"steering": {"supported": True, "idlePromptRequired": True}}

@@ -8,7 +8,8 @@
   `compaction_update` `in_progress`, then the summary as a `compaction_summary_chunk` and
   `completed` (or `failed` with the error, or `cancelled`); without it, nothing.
 - A replay (`session/load`) shows stored notices as agent text only to a client that would
-  have got them so live: notices are live information, not history.
+  have got them so live: notices are live information, not history. A rewind's report is
+  history: it replaces the turns it took back, which are not replayed.
 - A turn that failed (`TurnResult.error`) answers `session/prompt` with a JSON-RPC error
   once its history is settled; the data names the cause (`crow.notices.cause_of`).
 """
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any, get_args
 from acp import RequestError
 from acp.schema import TextContentBlock
 
+from crow import rewind
 from crow.acp import view as acp_view
 from crow.acp.protocol import (
     ClientFeatures,
@@ -84,14 +86,16 @@ def updates(event: Event, features: ClientFeatures) -> list[Any]:
 
 
 def replayable(transcript: Sequence[Message], features: ClientFeatures) -> Sequence[Message]:
-    """`transcript` without the stored notices this client was not (or would not have
-    been) shown as agent text."""
+    """`transcript` without what rewinds took back (`crow.rewind.shown`) and the stored
+    notices this client was not (or would not have been) shown as agent text. A rewind's
+    report is history, not news: every client is shown it, where the turns it took back were."""
+    transcript = rewind.shown(transcript)
     if not (features.notices or features.compaction):
         return transcript
 
     def shown(m: Message) -> bool:
         notice = (m.meta or {}).get("notice") if m.role == "system" else None
-        if not notice:
+        if not notice or rewind.is_marker(m):
             return True
         if features.notices:
             return False

@@ -47,7 +47,7 @@ from crow.acp import view as acp_view
 from crow.acp.client import AcpSessionClient
 from crow.acp.protocol import ClientFeatures
 from crow.agent import Agent
-from crow.errors import AuthRequired, CrowError, RootsError, SessionBusy, SessionError
+from crow.errors import AuthRequired, CannotRewind, CrowError, RootsError, SessionBusy, SessionError
 from crow.events import Event, ModeChanged, TitleChanged, ToolCallEnd
 from crow.session import Session
 
@@ -62,7 +62,11 @@ CANCELLED = -32800  # ACP's "request cancelled": session/cancel stopped a crow.c
 
 COMMANDS = acp_convert.available_commands()
 # Extension methods (wire name without its leading underscore) -> AcpServer method.
-EXT_METHODS = {"crow.compact": "_ext_compact", "session/steering": "_ext_steering"}
+EXT_METHODS = {
+    "crow.compact": "_ext_compact",
+    "crow.rewind": "_ext_rewind",
+    "session/steering": "_ext_steering",
+}
 
 
 class AcpServer:
@@ -428,6 +432,35 @@ class AcpServer:
         if scope.cancelled_caught:
             raise RequestError(CANCELLED, "compaction cancelled")
         return result.to_dict()
+
+    async def _ext_rewind(self, params: dict[str, Any]) -> dict[str, Any]:
+        """`_crow.rewind {sessionId, turns?}`: takes back the last `turns` (default 1) turns,
+        conversation and files (`crow.rewind`); what was restored and what was not."""
+        from crow import rewind
+
+        session_id = params.get("sessionId")
+        if not isinstance(session_id, str):
+            raise RequestError.invalid_params({"sessionId": "required"})
+        try:
+            turns = rewind.checked_turns(params.get("turns", 1))
+        except ValueError as exc:
+            raise RequestError.invalid_params({"turns": str(exc)}) from exc
+        if session_id not in self.agent.sessions:
+            await self._resume(session_id, None, None, None)
+        session = self._session(session_id)
+        await self._ready(session)
+        with self._cancellable(session_id, "a prompt; cancel it or wait before rewinding"):
+            try:
+                rewound = await rewind.rewind(session, turns, (session.config or self.agent.config).home)
+            except SessionBusy as exc:
+                raise RequestError(BUSY, str(exc)) from exc
+            except CannotRewind as exc:
+                counts = {"turns": exc.asked, "available": exc.available}
+                raise RequestError(FAILED, str(exc), counts) from exc
+            except CrowError as exc:
+                raise RequestError(FAILED, f"rewind failed: {exc}") from exc
+        await self._emit(session, rewound.notice)
+        return rewound.to_dict()
 
     async def _ext_steering(self, params: dict[str, Any]) -> dict[str, Any]:
         """`_session/steering {sessionId, prompt}`: into the running turn (crow.acp.steering)."""

@@ -7,6 +7,13 @@ compaction (`set_context`) rewrites one row and leaves the transcript whole. An 
 one INSERT per message and one UPDATE of the session row: its cost does not depend on the
 history length.
 
+A rewrite first copies the (head, from) it replaces into `context_history` with `until_seq`
+= the next seq: that context was in force for every entry before it. So the context in
+force when entry `seq` was appended is the first such row (in insertion order) with
+`until_seq > seq`, else the current one, and the context just before entry `seq` is its
+head plus its in-context entries from `context_from` up to `seq` (`context_at`). Appends
+write nothing more; a rewind (`rewind`) is one rewrite plus its marker, in one transaction.
+
 `json` is imported in the functions that parse: `crow sessions list` on an empty store
 needs none, and its cost is measured against `crow --help` (bench/store.py).
 """
@@ -144,45 +151,94 @@ def fork(c: sqlite3.Connection, source_id: str, new_id: str) -> SessionRecord:
             "INSERT INTO entries SELECT ?, seq, message, in_context FROM entries WHERE session_id = ?",
             (new_id, source_id),
         )
+        c.execute(  # in the source's order: a rewind of the copy reads them as the source's
+            "INSERT INTO context_history SELECT ?, until_seq, context_head, context_from"
+            " FROM context_history WHERE session_id = ? ORDER BY rowid",
+            (new_id, source_id),
+        )
         return record(c, new_id)
 
 
 def append(c: sqlite3.Connection, session_id: str, texts: list[str], in_context: bool) -> None:
     with transaction(c):
-        # One statement reserves the seqs (and says whether the session exists).
-        row = c.execute(
-            "UPDATE sessions SET message_count = message_count + ?, updated_at = ? WHERE id = ?"
-            " RETURNING message_count",
-            (len(texts), time.time(), session_id),
-        ).fetchone()
-        if row is None:
-            raise unknown(session_id)
-        start, flag = row[0] - len(texts), int(in_context)
-        c.executemany(
-            "INSERT INTO entries VALUES (?, ?, ?, ?)",
-            [(session_id, start + i, t, flag) for i, t in enumerate(texts)],
-        )
+        _append(c, session_id, texts, in_context)
+
+
+def _append(c: sqlite3.Connection, session_id: str, texts: list[str], in_context: bool) -> None:
+    # One statement reserves the seqs (and says whether the session exists).
+    row = c.execute(
+        "UPDATE sessions SET message_count = message_count + ?, updated_at = ? WHERE id = ?"
+        " RETURNING message_count",
+        (len(texts), time.time(), session_id),
+    ).fetchone()
+    if row is None:
+        raise unknown(session_id)
+    start, flag = row[0] - len(texts), int(in_context)
+    c.executemany(
+        "INSERT INTO entries VALUES (?, ?, ?, ?)",
+        [(session_id, start + i, t, flag) for i, t in enumerate(texts)],
+    )
 
 
 def set_context(c: sqlite3.Connection, session_id: str, wanted: list[str]) -> None:
     with transaction(c):
-        start, count = get_row(c, "context_from, message_count", session_id)
-        # Keep the longest tail of the in-context entries that `wanted` ends with.
-        kept, first = len(wanted), count
-        cur = c.execute(
-            "SELECT seq, message FROM entries WHERE session_id = ? AND seq >= ?"
-            " AND in_context = 1 ORDER BY seq DESC",
-            (session_id, start),
-        )
-        for seq, text in cur:
-            if kept == 0 or wanted[kept - 1] != text:
-                break
-            kept, first = kept - 1, seq
-        cur.close()
-        c.execute(
-            "UPDATE sessions SET context_head = ?, context_from = ?, updated_at = ? WHERE id = ?",
-            ("[" + ",".join(wanted[:kept]) + "]", first, time.time(), session_id),
-        )
+        _set_context(c, session_id, wanted)
+
+
+def _set_context(c: sqlite3.Connection, session_id: str, wanted: list[str]) -> None:
+    start, count = get_row(c, "context_from, message_count", session_id)
+    c.execute(  # the context replaced, in force for the entries before `count`
+        "INSERT INTO context_history SELECT id, message_count, context_head, context_from"
+        " FROM sessions WHERE id = ?",
+        (session_id,),
+    )
+    # Keep the longest tail of the in-context entries that `wanted` ends with.
+    kept, first = len(wanted), count
+    cur = c.execute(
+        "SELECT seq, message FROM entries WHERE session_id = ? AND seq >= ?"
+        " AND in_context = 1 ORDER BY seq DESC",
+        (session_id, start),
+    )
+    for seq, text in cur:
+        if kept == 0 or wanted[kept - 1] != text:
+            break
+        kept, first = kept - 1, seq
+    cur.close()
+    c.execute(
+        "UPDATE sessions SET context_head = ?, context_from = ?, updated_at = ? WHERE id = ?",
+        ("[" + ",".join(wanted[:kept]) + "]", first, time.time(), session_id),
+    )
+
+
+def rewind(c: sqlite3.Connection, session_id: str, wanted: list[str], marker: str) -> None:
+    """The context becomes `wanted` and `marker` (outside the context) joins the transcript,
+    in one transaction: a crash leaves both or neither."""
+    with transaction(c):
+        _set_context(c, session_id, wanted)
+        _append(c, session_id, [marker], False)
+
+
+def context_at(c: sqlite3.Connection, session_id: str, seq: int) -> list[Message]:
+    """The model context as it was just before entry `seq` was appended (see the docstring)."""
+    import json  # see the module docstring
+
+    count = get_row(c, "message_count", session_id)[0]
+    if not 0 <= seq < count:
+        raise StoreError(f"session {session_id!r} has no entry {seq}")
+    row = c.execute(
+        "SELECT context_head, context_from FROM context_history WHERE session_id = ? AND until_seq > ?"
+        " ORDER BY until_seq, rowid LIMIT 1",
+        (session_id, seq),
+    ).fetchone()
+    head, start = row if row is not None else get_row(c, "context_head, context_from", session_id)
+    if start > seq:  # rewritten before this store kept what rewrites replaced (schema 4)
+        raise StoreError(f"the context before entry {seq} of session {session_id!r} is not known")
+    rows = c.execute(
+        "SELECT message FROM entries WHERE session_id = ? AND seq >= ? AND seq < ? AND in_context = 1"
+        " ORDER BY seq",
+        (session_id, start, seq),
+    )
+    return load([*json.loads(head), *(json.loads(t) for (t,) in rows)])
 
 
 # Reads return the lock generation they saw first (see `locks.seen`): read before the

@@ -5,6 +5,9 @@ sessions  one row per session: metadata, `message_count` (the next seq),
           `additional_directories` (JSON list: the session's other workspace roots), `cost`
           (USD, NULL when a call's price was unknown) and `thought_level`
 entries   (session_id, seq) -> message JSON, in_context flag; append-only
+context_history  each context a rewrite replaced: (session_id, until_seq, context_head,
+          context_from), in force for the entries before `until_seq` (a rewind finds the
+          context before any turn, across compactions: crow.rewind)
 session_locks  (crow.store.locks) who runs a turn in a session, and a generation
 """
 
@@ -21,7 +24,15 @@ from crow.private import secure_store
 from crow.store import locks
 
 T = TypeVar("T")
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
+# Written by every context rewrite (`_queries.set_context`), never by an append; rows in
+# insertion order (rowid) with until_seq never decreasing.
+_CONTEXT_HISTORY = (
+    "CREATE TABLE context_history ("
+    " session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,"
+    " until_seq INTEGER NOT NULL, context_head TEXT NOT NULL, context_from INTEGER NOT NULL)",
+    "CREATE INDEX context_history_by_seq ON context_history (session_id, until_seq)",
+)
 _SCHEMA = """
 CREATE TABLE sessions (
   id TEXT PRIMARY KEY, cwd TEXT NOT NULL, title TEXT NOT NULL DEFAULT '',
@@ -51,6 +62,10 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "UPDATE sessions SET cost = NULL WHERE message_count > 0",
         "ALTER TABLE sessions ADD COLUMN thought_level TEXT",
     ),
+    # 4: the contexts that rewrites replaced, so a rewind can go back across a compaction
+    # (a session's earlier rewrites are not known: crow.rewind takes back only turns whose
+    # prompt a crow of this version stored, and those it finds).
+    4: _CONTEXT_HISTORY,
 }
 
 
@@ -84,7 +99,7 @@ def connect(path: str, home: str | os.PathLike[str] | None) -> sqlite3.Connectio
                     " (upgrade crow)"
                 )
             if version == 0:
-                for statement in _SCHEMA.split(";"):
+                for statement in (*_SCHEMA.split(";"), *_CONTEXT_HISTORY):
                     if statement.strip():
                         c.execute(statement)
                 c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

@@ -30,6 +30,8 @@ class Store(Protocol):
       write lock, a 5,000-message fork) without delaying other tasks.
     - A write awaited to completion is durable; a write whose caller is cancelled after it
       was issued still lands.
+    - A context rewrite keeps the context it replaced, so `context_at` can answer for any
+      entry stored since.
     - `lock_session` makes one process at a time the writer of a session (raising
       `SessionBusy` naming the holder), and says whether another one wrote since this store
       last read the session.
@@ -55,6 +57,11 @@ class Store(Protocol):
         self, session_id: str, messages: Sequence[Message], *, in_context: bool = True
     ) -> None: ...
     async def set_context(self, session_id: str, messages: Sequence[Message]) -> None: ...
+    async def rewind_context(self, session_id: str, messages: Sequence[Message], marker: Message) -> None:
+        """`set_context(messages)` and `append([marker], in_context=False)` as one write."""
+    async def context_at(self, session_id: str, seq: int) -> list[Message]:
+        """The context just before transcript entry `seq` was appended, across every
+        rewrite since (each rewrite keeps what it replaced)."""
     async def load_context(self, session_id: str) -> list[Message]: ...
     async def load_transcript(self, session_id: str) -> list[Message]: ...
     async def load_both(self, session_id: str) -> tuple[list[Message], list[Message]]: ...

@@ -141,6 +141,12 @@ class SQLiteStore:
     async def set_context(self, session_id: str, messages: Sequence[Message]) -> None:
         await self._run(q.set_context, session_id, [dump(m) for m in messages])
 
+    async def rewind_context(self, session_id: str, messages: Sequence[Message], marker: Message) -> None:
+        await self._run(q.rewind, session_id, [dump(m) for m in messages], dump(marker))
+
+    async def context_at(self, session_id: str, seq: int) -> list[Message]:
+        return await self._run(q.context_at, session_id, seq)
+
     async def load_context(self, session_id: str) -> list[Message]:
         self._generations[session_id], context = await self._run(q.load_context, session_id, self._token)
         return context
