@@ -254,7 +254,8 @@ class AskHook(Hook):
         text = question.text
         if question.multiple:
             text += "\n\n(Several could apply; pick the one that matters most.)"
-        title = f"Ask: {question.text}"
+        shown = question.text if len(question.text) <= 80 else question.text[:77] + "..."
+        title = f"Ask: {shown}"  # as the call's title shows it (its `shown` template)
         chosen = await client.ask(call, options, title=title, text=text, kind="other", timeout=self.timeout)
         if chosen is None:
             return ToolResult(call.id, call.name, output=DISMISSED)

@@ -21,6 +21,7 @@ from builtin_hooks.ask import DECLINED, DISMISSED, ENDS_TURN
 from tests.conftest import CROW, RecordingClient, crow_env, initialize_125, spawn_crow
 from tests.llm_server import RecordedRequest, Reply, ScriptedLLM
 from tests.support.ts_client import run_script
+from tests.test_e2e_cancel_while_asking import SlowToAnswer as SlowPermission
 from tests.test_e2e_zed_details import as_timeline, call, crow_wrote, story
 
 pytestmark = pytest.mark.anyio
@@ -235,24 +236,13 @@ async def test_nobody_attached_a_question_with_options_ends_the_turn_listing_the
 # ------------------------------------------------------------------ cancel while asked
 
 
-class SlowToAnswer(RecordingClient):
-    """Shows forms and permission questions and answers neither until cancelled."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.asked = anyio.Event()
-
-    async def request_permission(
-        self, session_id: str, tool_call: Any, options: list[Any], **kwargs: Any
-    ) -> Any:
-        self.asked.set()
-        await anyio.sleep(30)
-        raise AssertionError("unreachable")
+class SlowToAnswer(SlowPermission):
+    """Never answers a permission question until cancelled, nor a form."""
 
     async def create_elicitation(self, message: str, mode: Any, **kwargs: Any) -> Any:
         self.asked.set()
         await anyio.sleep(30)
-        raise AssertionError("unreachable")
+        raise AssertionError("unreachable: the form is withdrawn first")
 
 
 @pytest.mark.parametrize("forms", [True, False], ids=["form", "permission"])
@@ -299,7 +289,10 @@ class Hostile(RecordingClient):
 
     async def create_elicitation(self, message: str, mode: Any, **kwargs: Any) -> Any:
         self.forms.append(mode)
-        return self.answers.pop(0)
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
 
 async def test_answers_that_do_not_fit_the_form_are_refused_with_the_reason(
@@ -323,19 +316,33 @@ async def test_answers_that_do_not_fit_the_form_are_refused_with_the_reason(
     ]
     for n in range(len(hostile)):
         llm.push(ask(f"h{n}", "Which database?", options=DB), Reply(text="ok"))
+    more = [
+        (
+            {"action": "accept", "content": [1, 2]},
+            "Error: The editor sent an answer that does not fit the question (it has no `answer`)",
+        ),
+        ("yes", DISMISSED),  # not an answer object at all
+        (acp.RequestError.internal_error({"details": "form broke"}), DISMISSED),
+    ]
+    for n, (answer, want) in enumerate(more, len(hostile)):
+        llm.push(ask(f"h{n}", "Which database?", options=DB), Reply(text="ok"))
+        hostile.append(answer)
+        expected.append(want)
     llm.push(ask("mm", "Which?", options=DB, multiple=True), Reply(text="ok"))
     hostile.append({"action": "accept", "content": {"answer": ["SQLite", "Oracle"]}})
     expected.append(
         "Error: The editor sent an answer that does not fit the question ('Oracle' is not one of the options)"
     )
+    llm.push(ask("tt", "Any notes?"), Reply(text="ok"))
+    hostile.append({"action": "accept", "content": {"answer": "n" * 50_000}})
+    expected.append("The user answered:\n" + "n" * 10_000 + "\n[cut: the answer was 50,000 characters]")
     client = Hostile(hostile)
     async with spawn_crow(crow_env(llm, home), client=client, unstable=True) as (conn, _proc, _):
         sid = await new_session(conn, workspace, forms=True)
         for _ in expected:
             assert (await prompt(conn, sid)).stop_reason == "end_turn"
-    got = [
-        result_of(llm.requests[2 * n + 1], cid) for n, cid in enumerate([*(f"h{n}" for n in range(6)), "mm"])
-    ]
+    ids = [*(f"h{n}" for n in range(len(expected) - 2)), "mm", "tt"]
+    got = [result_of(llm.requests[2 * n + 1], cid) for n, cid in enumerate(ids)]
     for text, want in zip(got, expected, strict=True):
         assert text.startswith(want), (text, want)
 
@@ -426,15 +433,13 @@ def test_crow_run_on_a_terminal_asks_the_question_there(
 ) -> None:
     import os
     import select
-    import signal
     import time
 
     from tests.test_terminal_prompts import crow_run_on_a_terminal
 
     llm.push(ask("c1", "Which database?", options=DB), Reply(text="SQLite it is"))
-    proc, master = crow_run_on_a_terminal(llm, home, workspace)
     out = b""
-    try:
+    with crow_run_on_a_terminal(llm, home, workspace) as (proc, master):
         deadline = time.monotonic() + 30
         while b"Choose one (1-3" not in out and time.monotonic() < deadline:
             if select.select([master], [], [], 0.1)[0]:
@@ -442,10 +447,23 @@ def test_crow_run_on_a_terminal_asks_the_question_there(
         assert b"Which database?" in out and b"[3] DuckDB" in out, out
         os.write(master, b"2\n")
         proc.wait(timeout=20)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        os.close(master)
     assert proc.returncode == 0
     assert result_of(llm.requests[1], "c1") == 'The user chose "SQLite".'
+
+
+async def test_a_form_unanswered_in_time_is_withdrawn_and_the_model_told(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    (home / "config.yaml").write_text("hooks:\n  settings:\n    ask:\n      timeout: 0.5\n")
+    llm.push(ask("c1", "Which database?", options=DB), Reply(text="ok"))
+    client = SlowToAnswer()
+    async with spawn_crow(crow_env(llm, home), client=client, unstable=True) as (conn, _proc, _):
+        sid = await new_session(conn, workspace, forms=True)
+        with anyio.fail_after(20):
+            assert (await prompt(conn, sid)).stop_reason == "end_turn"
+        wrote = crow_wrote(client)
+        asked = next(m for m in wrote if m["method"] == "elicitation/create")
+        assert [m["params"] for m in wrote if m["method"] == "$/cancel_request"] == [
+            {"requestId": asked["id"]}
+        ]
+    assert result_of(llm.requests[1], "c1") == DISMISSED
