@@ -2,13 +2,15 @@
 
 `session.client` is None when nothing is attached to ask (a script, `crow run` without a
 terminal). The ACP adapter's client (`crow.acp.client.AcpSessionClient`) offers all of
-it; hooks type against this protocol, never against a front end's class. The file and
-terminal methods may be called only when the matching `can_*` flag is true.
+it; hooks type against this protocol, never against a front end's class. The file,
+terminal and form methods may be called only when the matching `can_*` flag is true (a
+front end written before `elicit` lacks the flag: read it with `getattr(..., False)`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -18,11 +20,23 @@ if TYPE_CHECKING:
     from crow.rules import Choice
 
 
+@dataclass(frozen=True, slots=True)
+class Elicited:
+    """The user's answer to `EditorClient.elicit`: `action` is "accept" (`content` holds the
+    form's values as the front end sent them: check them against the schema you asked
+    with), "decline", or "cancel" (dismissed, unanswered in time, or the request failed);
+    an action the protocol adds later passes through as it came."""
+
+    action: str
+    content: Mapping[str, Any] | None = None
+
+
 @runtime_checkable
 class EditorClient(Protocol):
     can_read: bool  # read_text reads the editor's buffers
     can_write: bool  # write_text writes through the editor
     can_terminal: bool  # run_in_terminal runs in an editor terminal
+    can_elicit: bool  # elicit shows the user a form
 
     async def ask_permission(
         self,
@@ -55,6 +69,14 @@ class EditorClient(Protocol):
     ) -> str | None:
         """A question that is not about a tool call; `options` are (kind, label) pairs.
         The chosen kind, or None."""
+        ...
+
+    async def elicit(
+        self, call: ToolCall | None, message: str, schema: Mapping[str, Any], *, timeout: float = ...
+    ) -> Elicited:
+        """Ask the user to fill in a form: `message` says what is asked, `schema` is an
+        elicitation schema (an object whose properties are strings, numbers, booleans, a
+        string enum or an array of one); `call` is the tool call it belongs to, if any."""
         ...
 
     async def read_text(self, path: Path) -> str: ...

@@ -1,18 +1,19 @@
 """`crow run`'s front end on a terminal: `TerminalClient`, an `EditorClient` that asks its
-questions on the terminal (permissions, a project's trust) and has no editor buffers or
-terminals to offer (`can_read`, `can_write`, `can_terminal` are False; those methods refuse),
-and `printable`, the model's text as a terminal may show it."""
+questions on the terminal (permissions, a project's trust, forms: `can_elicit`) and has no
+editor buffers or terminals to offer (`can_read`, `can_write`, `can_terminal` are False;
+those methods refuse), and `printable`, the model's text as a terminal may show it."""
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from crow.editor import Elicited
     from crow.llm.base import ToolSpec
     from crow.messages import ToolCall
     from crow.rules import Choice
@@ -25,6 +26,7 @@ class TerminalClient:
     buffers or terminals of its own: the file tools and `execute` run in crow."""
 
     can_read = can_write = can_terminal = False
+    can_elicit = True
     KEYS: ClassVar[dict[str, str]] = {
         "allow_once": "y",
         "allow_always": "a",
@@ -117,6 +119,60 @@ class TerminalClient:
         triples = [(kind, label, kind) for kind, label in options]
         return await self.ask(None, triples, title=title, text=text, timeout=timeout)
 
+    async def elicit(
+        self, call: ToolCall | None, message: str, schema: Mapping[str, Any], *, timeout: float = 600.0
+    ) -> Elicited:
+        """A form on the terminal: `message`, then each field of `schema` in turn (a choice
+        by its number, several by numbers, a yes or no, a number or a line of text). An
+        empty line declines; the end of input, or no answer within `timeout`, cancels."""
+        import anyio
+
+        from crow.editor import Elicited
+
+        fields = schema.get("properties")
+        fields = fields if isinstance(fields, Mapping) else {}
+        if self._lock is None:
+            self._lock = anyio.Lock()
+        async with self._lock:
+            with anyio.move_on_after(timeout):
+                self._discard_typed_ahead()
+                print(f"\n{printable(message).rstrip()}", file=sys.stderr)
+                content: dict[str, Any] = {}
+                for name, field in fields.items():
+                    answer = await self._field(str(name), field if isinstance(field, Mapping) else {})
+                    if answer is None:
+                        return Elicited("cancel")  # stdin closed
+                    if answer == "":
+                        return Elicited("decline")
+                    content[str(name)] = answer
+                return Elicited("accept", content)
+            return Elicited("cancel")
+
+    async def _field(self, name: str, field: Mapping[str, Any]) -> Any:
+        """One field's value: None at the end of input, "" for an empty line."""
+        many = field.get("type") == "array"
+        items = field.get("items") if many else field
+        choices = items.get("enum") if isinstance(items, Mapping) else None
+        choices = [str(c) for c in choices] if isinstance(choices, list) else []
+        for n, choice in enumerate(choices, 1):
+            print(f"  [{n}] {printable(choice)}", file=sys.stderr)
+        if choices:
+            hint = f"numbers 1-{len(choices)}, separated by spaces" if many else f"1-{len(choices)}"
+        else:
+            hint = {"boolean": "y or n", "number": "a number", "integer": "a whole number"}.get(
+                str(field.get("type")), "text"
+            )
+        title = printable(str(field.get("title") or name))
+        while True:
+            print(f"  {title} ({hint}; empty line to decline): ", end="", file=sys.stderr, flush=True)
+            line = await self._readline()
+            if line is None or not line.strip():
+                return None if line is None else ""
+            value = _typed(line.strip(), str(field.get("type")), choices, many)
+            if value is not None:
+                return value
+            print(f"  Please answer with {hint}.", file=sys.stderr)
+
     async def read_text(self, path: Path) -> str:
         raise _no_editor("read", path)
 
@@ -149,6 +205,24 @@ class TerminalClient:
             self._buffer += chunk
         line, _, self._buffer = self._buffer.partition(b"\n")
         return line.decode(errors="replace")
+
+
+def _typed(text: str, kind: str, choices: list[str], many: bool) -> Any:
+    """A typed line as a form field's value, or None when it is not one."""
+    if choices:
+        picked = [choices[int(w) - 1] if w.isdigit() and 1 <= int(w) <= len(choices) else None
+                  for w in text.replace(",", " ").split()]  # fmt: skip
+        if not picked or None in picked or (len(picked) > 1 and not many):
+            return None
+        return list(dict.fromkeys(picked)) if many else picked[0]
+    if kind == "boolean":
+        return {"y": True, "yes": True, "n": False, "no": False}.get(text.lower())
+    if kind in ("number", "integer"):
+        try:
+            return int(text) if kind == "integer" else float(text)
+        except ValueError:
+            return None
+    return text
 
 
 def _no_editor(verb: str, path: Path) -> OSError:

@@ -165,9 +165,12 @@ async def spawn_crow(
     client: RecordingClient | None = None,
     stderr_path: Path | None = None,
     cwd: Path | None = None,
+    unstable: bool = False,
 ) -> AsyncIterator[tuple[Any, Any, RecordingClient]]:
     """Spawn `python -m crow` (in `cwd`, default this process's) and connect an ACP client
-    to it. stderr goes to a file so a chatty agent can never block on a full pipe."""
+    to it (`unstable`: one that routes what the SDK calls unstable, e.g. `elicitation/create`
+    to the client's `create_elicitation`). stderr goes to a file so a chatty agent can never
+    block on a full pipe."""
     import acp
 
     client = client or RecordingClient()
@@ -176,7 +179,7 @@ async def spawn_crow(
     wire = WireLog()
     with open(err_path, "ab") as err:
         async with acp.spawn_agent_process(
-            client, *CROW, *args, env=env, cwd=cwd, transport_kwargs={"stderr": err}
+            client, *CROW, *args, env=env, cwd=cwd, transport_kwargs={"stderr": err}, use_unstable_protocol=unstable
         ) as (conn, proc):
             conn._conn.add_observer(wire)
             client.wire = wire

@@ -111,6 +111,7 @@ async def test_a_mixed_stack_has_one_order_whatever_the_registration_time(
             "tracing",
             "permissions",
             "plan",
+            "ask",
             "filesystem",
             "todolist",
             # band 1: everyone else's, by order (early -500, outer -1), then name
@@ -123,7 +124,7 @@ async def test_a_mixed_stack_has_one_order_whatever_the_registration_time(
             "project_commands",  # order 1000: inside the user's own hooks
         ]
         assert agent.hooks.names("modify_request") == ["plan", "skills", "memory"]
-        assert agent.hooks.names("agent_stop") == ["stopper", "project_commands"]
+        assert agent.hooks.names("agent_stop") == ["ask", "stopper", "project_commands"]
         # the tool servers come in the stack's order too
         assert [type(h).__name__ for h in agent.hooks.hooks][:2] == ["TracingHook", "PermissionsHook"]
     finally:
@@ -230,7 +231,8 @@ def test_the_builtins_are_crows_own_entry_points() -> None:
     assert project["name"] == CROW_DISTRIBUTION
     declared = project["entry-points"][GROUP]
     assert set(declared) == {
-        "tracing", "permissions", "plan", "filesystem", "todolist", "skills", "memory", "summarization"
+        "tracing", "permissions", "plan", "filesystem", "todolist", "skills", "memory", "summarization",
+        "ask",
     }  # fmt: skip
     assert all(value.startswith("builtin_hooks.") for value in declared.values())
     from importlib.metadata import entry_points

@@ -3,11 +3,13 @@ call and showing the command or the diff, and each answer goes to the call it na
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,10 +18,12 @@ from tests.conftest import CROW, crow_env
 from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
 
 
+@contextlib.contextmanager
 def crow_run_on_a_terminal(
     llm: ScriptedLLM, home: Path, workspace: Path
-) -> tuple[subprocess.Popen[bytes], int]:
-    """`crow run go` with a pty as its terminal; returns the process and the pty's master."""
+) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """`crow run go` with a pty as its terminal: the process and the pty's master; at the
+    end the process is killed if it still runs, and the master closed."""
     master, slave = os.openpty()
     proc = subprocess.Popen(
         [*CROW, "run", "--cwd", str(workspace), "go"],
@@ -30,7 +34,13 @@ def crow_run_on_a_terminal(
         start_new_session=True,
     )
     os.close(slave)
-    return proc, master
+    try:
+        yield proc, master
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        os.close(master)
 
 def test_crow_run_asks_one_question_at_a_time(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
     llm.push(
@@ -43,22 +53,20 @@ def test_crow_run_asks_one_question_at_a_time(llm: ScriptedLLM, home: Path, work
         ),
         Reply(text="done"),
     )
-    proc, master = crow_run_on_a_terminal(llm, home, workspace)
     out = b""
     questions: list[str] = []
+    with crow_run_on_a_terminal(llm, home, workspace) as (proc, master):
+        def read_for(seconds: float) -> None:
+            nonlocal out
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                ready, _, _ = select.select([master], [], [], 0.05)
+                if ready:
+                    try:
+                        out += os.read(master, 65536)
+                    except OSError:  # the child closed the terminal
+                        return
 
-    def read_for(seconds: float) -> None:
-        nonlocal out
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            ready, _, _ = select.select([master], [], [], 0.05)
-            if ready:
-                try:
-                    out += os.read(master, 65536)
-                except OSError:  # the child closed the terminal
-                    return
-
-    try:
         deadline = time.monotonic() + 30
         while proc.poll() is None and time.monotonic() < deadline:
             read_for(0.2)
@@ -73,11 +81,6 @@ def test_crow_run_asks_one_question_at_a_time(llm: ScriptedLLM, home: Path, work
             os.write(master, b"n\n" if "Write p.txt" in question else b"y\n")
         proc.wait(timeout=10)
         read_for(0.2)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        os.close(master)
     assert proc.returncode == 0, out.decode(errors="replace")
     assert len(questions) == 3, out.decode(errors="replace")
     by_call = {q.split("?")[0].removeprefix("\nAllow "): q for q in questions}
@@ -146,9 +149,8 @@ def test_crow_run_shows_the_models_escape_sequences_escaped(
         ),
         Reply(text="done"),
     )
-    proc, master = crow_run_on_a_terminal(llm, home, workspace)
     out, answered = b"", False
-    try:
+    with crow_run_on_a_terminal(llm, home, workspace) as (proc, master):
         deadline = time.monotonic() + 30
         while proc.poll() is None and time.monotonic() < deadline:
             ready, _, _ = select.select([master], [], [], 0.05)
@@ -161,11 +163,6 @@ def test_crow_run_shows_the_models_escape_sequences_escaped(
                     os.write(master, b"n\n")
                     answered = True
         proc.wait(timeout=10)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        os.close(master)
     text = out.decode(errors="replace")
     assert "Answer for" in text and (workspace / "note.txt").exists(), text
     assert "\x1b" not in text, repr(text)

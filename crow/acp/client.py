@@ -1,4 +1,4 @@
-"""What a session can ask of the ACP client: permission, its files, its terminals.
+"""What a session can ask of the ACP client: permission, a form, its files, its terminals.
 
 Hooks reach it as `ctx.session.client`; it is None when no editor is attached (`crow run`).
 Each capability is used only when the client advertised it in `initialize`.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,9 @@ from acp import RequestError, text_block, tool_content
 from acp.schema import ClientCapabilities, EnvVariable, PermissionOption, ToolCallUpdate
 
 from crow.acp import view as acp_view
+from crow.acp import wire as acp_wire
+from crow.acp.protocol import ClientFeatures
+from crow.editor import Elicited
 from crow.llm.base import ToolSpec
 from crow.messages import ToolCall
 from crow.rules import Choice
@@ -42,6 +45,7 @@ class AcpSessionClient:
         self.can_read = bool(fs and fs.read_text_file)
         self.can_write = bool(fs and fs.write_text_file)
         self.can_terminal = bool(caps and caps.terminal)
+        self.can_elicit = ClientFeatures.of(caps).elicitation_form
         self._terminals: set[str] = set()  # created and not yet released
         # Made at the first question: the first anyio.Lock() imports anyio's asyncio
         # backend (~15 ms), which must not land on session/new.
@@ -115,6 +119,43 @@ class AcpSessionClient:
                 return chosen if any(o.option_id == chosen for o in offered) else None
         log.info("%s unanswered after %.0f s: rejected", what, timeout)
         return None
+
+    async def elicit(
+        self, call: ToolCall | None, message: str, schema: Mapping[str, Any], *, timeout: float = 600.0
+    ) -> Elicited:
+        """`elicitation/create` in form mode, scoped to this session and to `call` (when
+        given); one question at a time, with the permission requests. When the wait ends
+        early (a cancelled turn, `timeout`), `$/cancel_request` tells the client. A failed
+        request, no answer or a malformed one: "cancel". Raises ValueError for a `schema`
+        that is not an elicitation schema (the caller's bug)."""
+        from acp.schema import CreateFormSessionElicitationRequest, ElicitationSchema
+        from pydantic import ValidationError
+
+        if not self.can_elicit:
+            raise RuntimeError("the client did not advertise elicitation.form")
+        try:
+            request = CreateFormSessionElicitationRequest(
+                session_id=self.session_id,
+                tool_call_id=call.id if call is not None else None,
+                message=message,
+                mode="form",
+                requested_schema=ElicitationSchema.model_validate(dict(schema)),
+            )
+        except ValidationError as exc:
+            raise ValueError(f"not an elicitation schema: {exc}") from exc
+        params = request.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if self._asking is None:
+            self._asking = anyio.Lock()
+        async with self._asking:
+            with anyio.move_on_after(timeout):
+                try:
+                    answer = await acp_wire.request(self.conn, "elicitation/create", params)
+                except RequestError as exc:
+                    log.warning("elicitation for %s failed: %s", call.name if call else message[:60], exc)
+                    return Elicited("cancel")
+                return _elicited(answer)
+        log.info("elicitation unanswered after %.0f s", timeout)
+        return Elicited("cancel")
 
     async def ask_choice(
         self, title: str, text: str, options: list[tuple[str, str]], *, timeout: float = 600.0
@@ -205,6 +246,22 @@ class AcpSessionClient:
         with anyio.move_on_after(_RELEASE_GRACE, shield=True):
             for terminal_id in list(self._terminals):
                 await self.release_terminal(terminal_id)
+
+
+def _elicited(answer: Any) -> Elicited:
+    """The client's answer to `elicitation/create`, as far as its shape goes (what the
+    content says is the asker's to check)."""
+    action = answer.get("action") if isinstance(answer, dict) else None
+    if not isinstance(action, str):
+        log.warning("elicitation answered without an action: %.200r", answer)
+        return Elicited("cancel")
+    content = answer.get("content")
+    if action != "accept" or content is None:
+        return Elicited(action)
+    if not isinstance(content, dict):
+        log.warning("elicitation answered with content that is not an object: %.200r", content)
+        return Elicited(action)
+    return Elicited(action, content)
 
 
 def _os_error(exc: RequestError, verb: str, path: Path) -> OSError:

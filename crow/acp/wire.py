@@ -29,6 +29,9 @@ fails on any other version: re-check each of these, then update the constant):
    `route_request`/`route_notification` add the schema-1.25 routes of `crow.acp.protocol`),
    called as `handler(method, params, is_notification)`; `connect` wraps it so that a
    request can be cancelled by its id (`$/cancel_request`).
+6. `AgentSideConnection._conn`'s `send_request`, which takes `_next_request_id` as its
+   request's id before its first await, and `send_notification`: `request` sends
+   `$/cancel_request` for a request of crow's its caller stopped waiting for.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ NOT_AN_OBJECT = {
     "error": {"code": -32600, "message": "Invalid Request: expected a JSON object"},
 }
 MAX_METHOD = 256  # no ACP method name comes close
+CANCEL_NOTICE_GRACE = 2.0  # seconds to write a `$/cancel_request` (a closed wire never settles)
 
 AfterResponse = Callable[[], Awaitable[None]]
 # The id of the request whose handler runs in this context (set by `receive`, inherited by
@@ -185,6 +189,28 @@ class StdioWire(NdjsonTransport):
                 continue
             _request_id.set(_valid_id(message.get("id")) if method is not None else None)
             return message
+
+
+async def request(conn: acp.AgentSideConnection, method: str, params: dict[str, Any]) -> Any:
+    """A request of crow's to the client, its raw result; `acp.RequestError` for an error
+    answer. If the caller is cancelled while it waits (a cancelled turn, a timeout), the
+    client is told with `$/cancel_request`, so it can take the question down: the SDK's
+    `send_request` only forgets it."""
+    inner = conn._conn
+    rid = inner._next_request_id  # the id send_request gives it (taken before it awaits)
+    try:
+        return await inner.send_request(method, params)
+    except asyncio.CancelledError:
+        import anyio
+
+        if getattr(inner._transport, "_closed", False):  # nobody left to tell
+            raise
+        with anyio.move_on_after(CANCEL_NOTICE_GRACE, shield=True):
+            try:
+                await inner.send_notification("$/cancel_request", {"requestId": rid})
+            except Exception:  # the client has gone: nothing is waiting for the answer
+                log.debug("$/cancel_request for %s failed", rid, exc_info=True)
+        raise
 
 
 def connect(server: Any, wire: StdioWire) -> acp.AgentSideConnection:

@@ -7,6 +7,7 @@
 // SCRIPT: {"capabilities": {...clientCapabilities}, "permission": "allow_once" | "reject_once"
 //   | "cancel", "permissions": [one of those per request, in order; then "permission"],
 //   "elicitation": {"action": "accept", "content": {...}} | {"action": "decline"},
+//   "elicitations": [one of those per elicitation/create, in order; then "elicitation"],
 //   "steps": [STEP, ...]}
 // STEP: {"request": METHOD, "params": {...}, "as": NAME, "wait": false}   (wait defaults true)
 //       {"notify": METHOD, "params": {...}}
@@ -61,6 +62,7 @@ const stream = tapped(
 
 const out = { sdkVersion: pkg.version, results: {}, updates: [], requests: [], timeline: [], handlerErrors: [] };
 const answers = [...(script.permissions ?? [])];
+const elicitationAnswers = [...(script.elicitations ?? [])];
 const ids = {};
 const waiters = [];
 const requestWaiters = [];
@@ -117,7 +119,7 @@ const app = acp
   })
   .onRequest(acp.methods.client.elicitation.create, ({ params }) => {
     record("elicitation/create", params);
-    return script.elicitation ?? { action: "cancel" };
+    return elicitationAnswers.shift() ?? script.elicitation ?? { action: "cancel" };
   })
   .onRequest(acp.methods.client.terminal.create, ({ params }) => {
     record("terminal/create", params);
