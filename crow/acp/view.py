@@ -28,6 +28,7 @@ from acp import (
 from acp.schema import AgentMessageChunk, AgentThoughtChunk, ToolCallLocation, UserMessageChunk
 
 from crow.acp.protocol import ToolCallStart
+from crow.command_catalog import shown_line
 from crow.llm.base import ToolSpec
 from crow.messages import Message, ToolCall, ToolResult
 from crow.tool_kinds import PRESENTATION, render_title
@@ -269,7 +270,7 @@ def replay(messages: list[Message], cwd: Path, session_id: str) -> Iterator[Any]
         yield from unanswered()
         message_id = stored_id(m, session_id, seq)
         if m.role == "user":
-            text = m.content
+            text = shown_line(m)  # a slash command's line, not what it expanded to
             if m.images:
                 text += "".join("\n[image]" for _ in m.images)
             yield chunk("user_message_chunk", text, message_id)
