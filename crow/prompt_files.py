@@ -36,7 +36,8 @@ FOLDERS: tuple[tuple[str, Scope], ...] = ((".crow/commands", "project"), (".clau
 USER_FOLDER = "commands"  # in CROW_HOME
 
 _Key = tuple[int, int, int]  # size, mtime_ns, inode
-_cache: dict[str, tuple[_Key, PromptCommand | str]] = {}  # real path -> its command, or why skipped
+# (real path, name, scope) -> the file's command, or why it is skipped
+_cache: dict[tuple[str, str, str], tuple[_Key, PromptCommand | str]] = {}
 
 
 def folders(cwd: Path, home: Path) -> list[tuple[Path, Scope]]:
@@ -110,9 +111,9 @@ def _load(path: str, name: str, scope: Scope, problems: list[str]) -> PromptComm
     except OSError:
         return None  # gone since the listing
     key = (info.st_size, info.st_mtime_ns, info.st_ino)
-    cached = _cache.get(path)
+    cached = _cache.get((path, name, scope))
     if cached is None or cached[0] != key:
-        cached = _cache[path] = (key, _parse(path, name, scope))
+        cached = _cache[path, name, scope] = (key, _parse(path, name, scope))
     outcome = cached[1]
     if isinstance(outcome, str):
         problems.append(outcome)
@@ -146,7 +147,7 @@ def _parse(path: str, name: str, scope: Scope) -> PromptCommand | str:
 def _fields(meta: dict[str, object], body: str) -> tuple[str, str]:
     description = meta.get("description")
     hint = meta.get("argument-hint", "")
-    if isinstance(hint, list):  # `argument-hint: [file, focus]`, as YAML reads `[file] [focus]`-less lists
+    if isinstance(hint, list):  # `argument-hint: [file, focus]` is a YAML list
         hint = " ".join(f"[{h}]" for h in hint)
     if description is not None and not isinstance(description, str):
         raise ValueError("'description' must be text")
