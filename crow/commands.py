@@ -18,7 +18,6 @@ that uses none gets the arguments appended as `ARGUMENTS: ...`.
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +58,8 @@ class PromptCommand:
 def split_arguments(text: str) -> list[str]:
     """The words of a command line, quotes grouping words (`a "b c"` -> [a, b c]); an
     unbalanced quote falls back to splitting at whitespace."""
+    import shlex
+
     try:
         return shlex.split(text)
     except ValueError:

@@ -13,8 +13,10 @@ an assistant message's text is marked `Assistant:`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -32,10 +34,16 @@ MAX_PROMPTS = 500  # per server: what a listing may hold (pages of a hostile ser
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
 
 
+def offers_prompts(client: Any) -> bool:
+    """Whether a connected server declared the prompts capability (crow's own servers,
+    called in-process, declare nothing)."""
+    capabilities = getattr(client, "server_capabilities", None)
+    return capabilities is not None and getattr(capabilities, "prompts", None) is not None
+
+
 async def list_prompts(client: Any) -> list[Any]:
     """A connected server's prompts; none when it does not offer the capability."""
-    capabilities = getattr(client, "server_capabilities", None)
-    if capabilities is None or getattr(capabilities, "prompts", None) is None:
+    if not offers_prompts(client):
         return []
     prompts: list[Any] = []
     cursor: str | None = None
@@ -46,6 +54,44 @@ async def list_prompts(client: Any) -> list[Any]:
         if not cursor:
             break
     return prompts[:MAX_PROMPTS]
+
+
+async def relisting(
+    changed: asyncio.Event, closing: asyncio.Event, relist: Callable[[], Awaitable[None]]
+) -> None:
+    """Until `closing` is set: each time `changed` is set (the server's list_changed came),
+    clear it and `relist()`."""
+    import anyio
+
+    async def watch() -> None:
+        while True:
+            await changed.wait()
+            changed.clear()
+            await relist()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(watch)
+        await closing.wait()
+        group.cancel_scope.cancel()
+
+
+async def get_prompt(
+    client: Any,
+    server: str,
+    name: str,
+    arguments: dict[str, str],
+    timeout: float,
+    describe: Callable[[BaseException], str],
+) -> Any:
+    """`prompts/get` through a connected server's client; CommandError when it cannot answer."""
+    if client is None:
+        raise CommandError(f"the MCP server {server!r} is not running")
+    try:
+        return await asyncio.wait_for(client.get_prompt(name, arguments), timeout)
+    except TimeoutError as exc:
+        raise CommandError(f"MCP server {server!r} did not answer within {timeout:.0f} s") from exc
+    except Exception as exc:  # MCP and transport errors stop here
+        raise CommandError(f"MCP server {server!r} refused prompt {name!r}: {describe(exc)}") from exc
 
 
 def commands(hub: ToolHub) -> list[PromptCommand]:

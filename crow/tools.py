@@ -198,20 +198,19 @@ class ToolHub:
         return True
 
     async def _serve_until_closed(self, conn: _Connection) -> None:
-        """Hold the connection open; list its prompts again each time they changed."""
-        import anyio
+        """Hold the connection open; a server that offers prompts has them listed again
+        each time they changed (one task more, for those servers only)."""
+        from crow.mcp_prompts import offers_prompts, relisting
+
+        if not offers_prompts(conn.client):
+            await conn.closing.wait()
+            return
 
         async def relist() -> None:
-            while True:
-                await conn.prompts_changed.wait()
-                conn.prompts_changed.clear()
-                if await self._list_prompts(conn, 30.0) and self.on_prompts_changed is not None:
-                    await self.on_prompts_changed()
+            if await self._list_prompts(conn, 30.0) and self.on_prompts_changed is not None:
+                await self.on_prompts_changed()
 
-        async with anyio.create_task_group() as group:
-            group.start_soon(relist)
-            await conn.closing.wait()
-            group.cancel_scope.cancel()
+        await relisting(conn.prompts_changed, conn.closing, relist)
 
     def prompts(self) -> list[tuple[str, Any]]:
         """(server, MCP prompt) of every connected server, servers in connection order."""
@@ -219,17 +218,12 @@ class ToolHub:
 
     async def get_prompt(self, server: str, name: str, arguments: dict[str, str]) -> Any:
         """`prompts/get` on `server`; CommandError when it cannot answer."""
-        from crow.errors import CommandError
+        from crow.mcp_prompts import get_prompt
 
         conn = self._conns.get(server)
-        if conn is None or conn.client is None:
-            raise CommandError(f"the MCP server {server!r} is not running")
-        try:
-            return await asyncio.wait_for(conn.client.get_prompt(name, arguments), conn.spec.timeout)
-        except TimeoutError as exc:
-            raise CommandError(f"MCP server {server!r} did not answer in {conn.spec.timeout:.0f} s") from exc
-        except Exception as exc:  # MCP and transport errors stop here
-            raise CommandError(f"MCP server {server!r} refused prompt {name!r}: {_describe(exc)}") from exc
+        client = conn.client if conn is not None else None
+        timeout = conn.spec.timeout if conn is not None else 0.0
+        return await get_prompt(client, server, name, arguments, timeout, _describe)
 
     def _index(self, conn: _Connection, tools: list[Any]) -> None:
         renamed: list[str] = []

@@ -181,3 +181,48 @@ async def test_mcp_prompts_list_changed_is_advertised_and_images_attach(
     assert [p["type"] for p in parts] == ["text", "image_url"] and parts[0][
         "text"
     ] == "What is in this picture?"
+
+
+def test_the_typescript_sdk_client_takes_the_commands_and_their_expansions(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """The official TypeScript SDK (which validates what it receives) sees every source
+    advertised, and the model gets the expansions."""
+    from tests.support.ts_client import run_script
+
+    sources(workspace, home)
+    llm.default = lambda r: Reply(text="done")
+    server = {
+        "name": "prompts",
+        "command": sys.executable,
+        "args": [str(SUPPORT / "prompts_mcp.py")],
+        "env": [{"name": "PYTHONPATH", "value": str(SUPPORT)}],
+    }
+    sid = "${new.sessionId}"
+    script = {
+        "steps": [
+            {"request": "initialize", "params": {"protocolVersion": 1, "clientCapabilities": {}}},
+            {"request": "session/new", "params": {"cwd": str(workspace), "mcpServers": [server]}, "as": "new"},
+            {"request": "session/prompt", "as": "review",
+             "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "/review a.py speed"}]}},
+            {"request": "session/prompt", "as": "greet",
+             "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "/prompts.greet Ann"}]}},
+            {"request": "session/prompt", "as": "tidy",
+             "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "/tidy lib"}]}},
+        ]
+    }  # fmt: skip
+    out = run_script(script, crow_env(llm, home), workspace)
+    assert [out["results"][k]["result"]["stopReason"] for k in ("review", "greet", "tidy")] == [
+        "end_turn"
+    ] * 3
+    advertised = [
+        u["update"] for u in out["updates"] if u["update"]["sessionUpdate"] == "available_commands_update"
+    ]
+    assert [c["name"] for c in advertised[0]["availableCommands"]] == ["compact", "init"]
+    last = {c["name"]: c for c in advertised[-1]["availableCommands"]}
+    assert {"review", "git:commit", "hello", "tidy", "prompts.greet", "prompts.picture"} <= set(last)
+    assert last["prompts.greet"]["input"] == {"hint": "name [style]"}
+    texts = [r.last_user_text for r in llm.requests]
+    assert texts[0] == "Review a.py, looking at speed."
+    assert texts[1] == "Say hello to Ann, in a plain way."
+    assert texts[2].endswith("Tidy everything under lib.")
