@@ -4,7 +4,6 @@ ship them, arguments as Claude Code expands them, MCP prompt arguments from a li
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,7 +13,6 @@ from crow import prompt_files
 from crow.commands import expand_arguments, split_arguments
 from crow.errors import CommandError
 from crow.mcp_prompts import as_message, prompt_arguments
-from tests.test_lifecycle import run_python
 
 pytestmark = pytest.mark.anyio
 
@@ -162,28 +160,3 @@ def test_an_mcp_prompts_messages_become_one_prompt() -> None:
     assert message.content.split("\n\n")[1].startswith("[an image was removed here:")
     with pytest.raises(CommandError, match="empty prompt"):
         as_message(GetPromptResult(messages=[]))
-
-
-def test_discovery_stays_off_the_session_new_path(tmp_path: Path) -> None:
-    """200 prompt files in the workspace: creating the session reads none of them and
-    creates no anyio object (the first imports anyio's backend, ~17 ms)."""
-    for i in range(200):
-        write(tmp_path / ".crow" / "commands" / f"c{i}.md", f"---\ndescription: c{i}\n---\nDo {i}\n")
-    run_python(
-        f"""
-        import asyncio, sys
-        from crow.agent import Agent
-        from crow.config import Config
-
-        async def main():
-            agent = Agent(Config(home={str(tmp_path / "home")!r}), builtin_hooks=False)
-            agent.warm_up()
-            agent.create_session({str(tmp_path)!r})
-            assert "anyio._backends._asyncio" not in sys.modules
-            assert "crow.prompt_files" not in sys.modules and "yaml" not in sys.modules
-            await agent.aclose()
-
-        asyncio.run(main())
-        """
-    )
-    assert sys.modules  # the subprocess asserted
