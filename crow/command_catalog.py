@@ -82,10 +82,16 @@ async def gather(agent: Agent, session: Session) -> tuple[dict[str, PromptComman
         found, problems = prompt_files.scan(session.cwd, Path(home).expanduser())
         for hook in hooks:
             try:
-                found += list(hook.commands(session))
+                offered = list(hook.commands(session))
             except Exception as exc:  # a hook's bug costs its commands, not the others
                 log.exception("hook %s: commands() failed", hook.hook_name)
                 problems.append(f"hook {hook.hook_name!r} could not list its commands: {exc}")
+                continue
+            for command in offered:
+                if NAME.fullmatch(command.name):
+                    found.append(command)
+                else:
+                    problems.append(f"hook {hook.hook_name!r}: {command.name!r} is no command name; skipped")
         return found, problems
 
     found, problems = await anyio.to_thread.run_sync(read)
@@ -94,9 +100,7 @@ async def gather(agent: Agent, session: Session) -> tuple[dict[str, PromptComman
         found += mcp_prompts.commands(session.tools)
     chosen: dict[str, PromptCommand] = {}
     for command in sorted(found, key=lambda c: SCOPES.index(c.scope)):  # stable: source order within a scope
-        if not NAME.fullmatch(command.name):
-            problems.append(f"/{command.name} from {command.origin}: not a command name; skipped")
-        elif command.name in BUILTINS or command.name in chosen:
+        if command.name in BUILTINS or command.name in chosen:
             known = chosen.get(command.name)
             winner = known.origin if known is not None else "builtin"
             log.info("/%s from %s is shadowed by the one from %s", command.name, command.origin, winner)
@@ -138,8 +142,9 @@ async def watch(session: Session, sink: Emit, shown: list[Command]) -> None:
         await sink(CommandsChanged(now))
 
 
-async def on_ready(agent: Agent, session: Session) -> None:
-    """The session's tools are connected: gather its commands (a failure is logged)."""
+async def refresh_logged(agent: Agent, session: Session) -> None:
+    """`refresh` outside a prompt (the session's tools connected, an MCP server's prompts
+    changed): a failure is logged, never raised into the caller's task."""
     try:
         await refresh(agent, session)
     except Exception:

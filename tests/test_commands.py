@@ -160,3 +160,57 @@ def test_an_mcp_prompts_messages_become_one_prompt() -> None:
     assert message.content.split("\n\n")[1].startswith("[an image was removed here:")
     with pytest.raises(CommandError, match="empty prompt"):
         as_message(GetPromptResult(messages=[]))
+
+
+async def test_precedence_and_a_failing_hook(tmp_path: Path) -> None:
+    """builtin > project > user > mcp whatever the order offered; a hook whose commands()
+    raises costs its own commands only, and is named."""
+    from types import SimpleNamespace
+
+    from crow import Hook, PromptCommand
+    from crow.command_catalog import gather
+    from crow.config import Config
+    from crow.hooks import HookRegistry
+    from crow.session import Session
+
+    async def text(rest: str) -> str:
+        return rest
+
+    class Offers(Hook):
+        name = "offers"
+
+        async def before_agent(self, ctx: object) -> None: ...
+
+        def commands(self, session: Session) -> list[PromptCommand]:
+            return [
+                PromptCommand("same", "from mcp", text, scope="mcp", origin="MCP server m"),
+                PromptCommand("same", "from the user", text, scope="user", origin="user"),
+                PromptCommand("compact", "not the builtin", text, scope="project"),
+                PromptCommand("init", "not /init either", text, scope="project"),
+                PromptCommand("bad name", "skipped", text),
+            ]
+
+    class Broken(Hook):
+        name = "broken"
+
+        async def before_agent(self, ctx: object) -> None: ...
+
+        def commands(self, session: Session) -> list[PromptCommand]:
+            raise RuntimeError("boom")
+
+    write(tmp_path / "home" / "commands" / "mine.md", "Mine\n")
+    write(tmp_path / ".claude" / "commands" / "same.md", "---\ndescription: the project's\n---\nP\n")
+    hooks = HookRegistry()
+    hooks.register(Broken())
+    hooks.register(Offers())
+    agent = SimpleNamespace(config=Config(home=str(tmp_path / "home")), hooks=hooks)
+    found, problems = await gather(agent, Session("s", tmp_path))  # type: ignore[arg-type]
+    assert {n: c.description for n, c in found.items()} == {
+        "init": "Write or update AGENTS.md from a look at the project",
+        "same": "the project's",
+        "mine": "Mine",
+    }
+    assert problems == [
+        "hook 'broken' could not list its commands: boom",
+        "hook 'offers': 'bad name' is no command name; skipped",
+    ]
