@@ -50,8 +50,9 @@ def scan(cwd: Path, home: Path) -> tuple[list[PromptCommand], list[str]]:
     met (one line each, naming the file)."""
     found: list[PromptCommand] = []
     problems: list[str] = []
+    project = cwd.resolve()
     for folder, scope in folders(cwd, home):
-        for path, name in _walk(folder, problems):
+        for path, name in _walk(folder, problems, project if scope == "project" else None):
             command = _load(path, name, scope, problems)
             if command is not None:
                 found.append(command)
@@ -60,13 +61,17 @@ def scan(cwd: Path, home: Path) -> tuple[list[PromptCommand], list[str]]:
     return found, problems
 
 
-def _walk(folder: Path, problems: list[str]) -> list[tuple[str, str]]:
-    """(real path, command name) of each `.md` file under `folder`, sorted by name."""
+def _walk(folder: Path, problems: list[str], within: Path | None) -> list[tuple[str, str]]:
+    """(real path, command name) of each `.md` file under `folder` (which must lie in
+    `within`, when given: a project's folder symlinked elsewhere is refused), by name."""
     try:
         top = folder.resolve(strict=True)
     except (OSError, RuntimeError):
         return []  # no such folder: nothing to offer
     if not top.is_dir():
+        return []
+    if within is not None and not top.is_relative_to(within):
+        problems.append(f"{folder}: a symlink out of the project; skipped")
         return []
     out: list[tuple[str, str]] = []
     seen = {str(top)}

@@ -77,6 +77,21 @@ def test_a_hostile_repository_costs_only_its_bad_files(tmp_path: Path) -> None:
     assert "secret" not in "".join(c.description for c in commands)
 
 
+def test_a_project_commands_folder_linked_out_of_the_project_is_refused(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    write(elsewhere / "secret.md", "---\ndescription: from outside\n---\nx\n")
+    (tmp_path / "repo" / ".claude").mkdir(parents=True)
+    (tmp_path / "repo" / ".claude" / "commands").symlink_to(elsewhere)
+    commands, problems = prompt_files.scan(tmp_path / "repo", tmp_path / "home")
+    assert commands == [] and problems == [
+        f"{tmp_path}/repo/.claude/commands: a symlink out of the project; skipped"
+    ]
+    (tmp_path / "home").symlink_to(tmp_path / "elsewhere-home")
+    write(tmp_path / "elsewhere-home" / "commands" / "mine.md", "Mine\n")
+    [mine], _ = prompt_files.scan(tmp_path / "repo", tmp_path / "home")
+    assert mine.name == "mine", "the user's own folder may be a link (dotfiles)"
+
+
 def test_an_unchanged_file_is_not_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write(tmp_path / ".crow/commands/a.md", "A\n")
     prompt_files.scan(tmp_path, tmp_path / "home")
