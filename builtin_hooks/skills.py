@@ -25,11 +25,22 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 
-from crow import Hook, HookContext, ModelRequest, ServerSpec, Session
+from crow import (
+    CommandError,
+    Hook,
+    HookContext,
+    ModelRequest,
+    PromptCommand,
+    ServerSpec,
+    Session,
+    expand_arguments,
+    parse_frontmatter,
+    split_frontmatter,
+)
 
 if TYPE_CHECKING:
     from crow import Agent
@@ -54,30 +65,6 @@ class Skill:
     name: str
     description: str
     path: Path  # absolute path of SKILL.md
-
-
-def parse_frontmatter(text: str) -> dict[str, Any] | None:
-    """The YAML mapping between the leading `---` lines, or None when there is none.
-    Raises ValueError when the block is there but is not a valid YAML mapping."""
-    import yaml
-
-    lines = text.lstrip("\ufeff").splitlines()
-    if not lines or lines[0].strip() != "---":
-        return None
-    for end in range(1, len(lines)):
-        if lines[end].strip() in ("---", "..."):
-            break
-    else:
-        raise ValueError("frontmatter has no closing '---'")
-    try:
-        data = yaml.safe_load("\n".join(lines[1:end]))
-    except yaml.YAMLError as exc:
-        raise ValueError(f"invalid YAML: {exc}") from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ValueError(f"expected a mapping, got {type(data).__name__}")
-    return data
 
 
 def load_skill(path: Path) -> Skill | None:
@@ -182,12 +169,23 @@ class SkillsHook(Hook):
         server = function_server([(read_skill, True)], "crow-skills", shown)
         return [ServerSpec("skills", "inprocess", server=server)]
 
+    def _skills(self, session: Session) -> list[Skill]:
+        """The session's skills, found once (blocking: called in a worker thread)."""
+        skills = session.state.get("skills")
+        if skills is None:
+            skills = session.state["skills"] = discover(self.roots(session.cwd))
+        return list(skills)
+
+    def commands(self, session: Session) -> list[PromptCommand]:
+        """Each skill as `/<name>`: its instructions with the arguments. A skill in the
+        session's workspace ranks with the project's commands, any other with the user's."""
+        return [_command(skill, session) for skill in self._skills(session) if " " not in skill.name]
+
     async def before_agent(self, ctx: HookContext) -> None:
         state = ctx.session.state
         if _STATE_KEY in state:
             return
-        skills = await anyio.to_thread.run_sync(discover, self.roots(Path(ctx.cwd)))
-        state["skills"] = skills
+        skills = await anyio.to_thread.run_sync(self._skills, ctx.session)
         state[_STATE_KEY] = render_catalog(skills)
         if skills:
             log.info("session %s: %d skills: %s", ctx.session.id, len(skills), [s.name for s in skills])
@@ -197,6 +195,21 @@ class SkillsHook(Hook):
         if not catalog:
             return None
         return request.with_system(catalog)
+
+
+def _command(skill: Skill, session: Session) -> PromptCommand:
+    scope = "project" if any(skill.path.is_relative_to(r) for r in session.roots) else "user"
+
+    async def expand(arguments: str) -> str:
+        try:
+            text = await anyio.Path(skill.path).read_text(encoding="utf-8", errors="replace")
+            body = split_frontmatter(text)[1]
+        except (OSError, ValueError) as exc:
+            raise CommandError(f"skill {skill.name!r} ({skill.path}): {exc}") from exc
+        head = f"Use the skill {skill.name!r} (its folder: {skill.path.parent}). Its instructions:"
+        return f"{head}\n\n{expand_arguments(body.strip(), arguments)}"
+
+    return PromptCommand(skill.name, skill.description, expand, "", scope, f"skill, {scope}")
 
 
 def factory(agent: Agent) -> SkillsHook:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from crow import command_catalog
 from crow.background import Background, Once
 from crow.config import NO_MODEL_MESSAGE, Config, load_config
 from crow.environment import child_environment
@@ -197,11 +198,13 @@ class Agent:
             )  # fmt: skip
         session.state[EDITOR_SERVERS] = servers
         session.tools = await self._connect_tools(session, servers)
+        await command_catalog.refresh_logged(self, session)  # its slash commands, advertised
 
     async def _connect_tools(self, session: Session, servers: list[ServerSpec]) -> ToolHub:
         """The session's tool servers, built for its config (environment, sandbox) and
         connected; closed again if connecting them is interrupted."""
         hub = ToolHub(child_environment(session.config))
+        hub.on_prompts_changed = partial(command_catalog.refresh_logged, self, session)
         specs: list[ServerSpec] = []
         for hook in self.hooks.hooks:
             specs.extend(hook.tool_servers(session))

@@ -13,6 +13,7 @@
      ├── HookError            a hook is invalid (at load) or failed (at run)
      │    ├── HookFailed       a hook raised while it ran (names the hook and phase)
      │    └── HookBlocked      a BeforeLLMCall/BeforeToolExec hook stopped its call on purpose
+     ├── CommandError         a slash command could not become a prompt (a missing argument)
      ├── SessionError         unknown session, busy session, bad request from a client
      │    ├── SessionBusy      another crow process is running a turn in it (carries its pid)
      │    ├── CannotRewind     fewer turns to take back than asked (carries both counts)
@@ -100,6 +101,10 @@ class HookBlocked(HookError):
     def __init__(self, hook: str, phase: str, error: Exception) -> None:
         super().__init__(f"blocked by hook {hook} ({phase}): {error}")
         self.hook, self.phase, self.error = hook, phase, error
+
+
+class CommandError(CrowError):
+    """A slash command refused: its message is shown to the user, and no turn runs."""
 
 
 class SessionError(CrowError):

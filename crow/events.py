@@ -9,12 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from crow.llm.base import TextDelta, ThoughtDelta, ToolSpec
 from crow.messages import Message, ToolCall, ToolResult
 
+if TYPE_CHECKING:
+    from crow.prompting import Command
+
 __all__ = [
+    "CommandsChanged",
     "CompactionFinished",
     "CompactionStarted",
     "Emit",
@@ -151,6 +155,12 @@ class UserMessageAdded:
     """A user message joined the running turn (steering), as stored: front ends echo it."""
 
     message: Message
+class CommandsChanged:
+    """The session's slash commands are now these (builtins first; `crow.command_catalog`):
+    a prompt file came or went, an MCP server's prompts changed. ACP front ends send
+    `available_commands_update`; `crow run` ignores it."""
+
+    commands: tuple[Command, ...]
 
 
 Event = (
@@ -167,5 +177,6 @@ Event = (
     | ModeChanged
     | TitleChanged
     | UserMessageAdded
+    | CommandsChanged
 )
 Emit = Callable[[Event], Awaitable[None]]

@@ -52,6 +52,7 @@ from crow.phases import (  # noqa: F401
 )
 
 if TYPE_CHECKING:
+    from crow.commands import PromptCommand
     from crow.context import HookContext
     from crow.session import Session
     from crow.tools import ServerSpec
@@ -90,6 +91,12 @@ class Hook:
     def tool_servers(self, session: Session) -> Sequence[ServerSpec]:
         """MCP servers this hook offers the session's model, connected with the session's
         tools (after the front end's); none by default."""
+        return ()
+
+    def commands(self, session: Session) -> Sequence[PromptCommand]:
+        """Slash commands this hook offers the session (`crow.PromptCommand`), each a prompt
+        when typed; none by default. Called in a worker thread (it may read files) when the
+        session's tools are ready and before each prompt: a change is advertised."""
         return ()
 
     def phases(self) -> list[str]:

@@ -3,8 +3,11 @@
 `Agent.prompt(session, message, emit)` comes here. The front end turns the user's input into
 a `Message` and shows the events it is handed; everything else is decided here, once:
 
-- a slash command (`/compact [instructions]`) runs instead of a turn; the line is kept in
-  the transcript (shown on replay) but never sent to the model;
+- a builtin slash command (`/compact [instructions]`) runs instead of a turn; the line is
+  kept in the transcript (shown on replay) but never sent to the model;
+- a prompt command (`/init`, a prompt file, a skill, an MCP prompt: `crow.command_catalog`)
+  becomes the turn's prompt: the model reads the expansion, the stored message keeps the
+  typed line in its meta, which a replay shows; one that cannot expand is told, no turn;
 - the first prompt names the session (`TitleChanged`);
 - every `Notice` is stored as a system message outside the model context, so a replay to
   a front end that shows notices as text shows what the user was told (`notice_record`).
@@ -13,12 +16,13 @@ a `Message` and shows the events it is handed; everything else is decided here, 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from crow import notices, report_commands
-from crow.errors import AuthError, AuthRequired, ConfigError, CrowError, MissingKeyError
+from crow.errors import AuthError, AuthRequired, CommandError, ConfigError, CrowError, MissingKeyError
 from crow.events import Emit, Event, ModeChanged, Notice, TitleChanged
 from crow.messages import Message
 from crow.rewind import undo
@@ -29,6 +33,8 @@ if TYPE_CHECKING:
     from crow.compact import CompactResult
     from crow.loop import TurnResult
     from crow.session import Session
+
+log = logging.getLogger("crow.commands")
 
 TITLE_LENGTH = 80
 
@@ -86,19 +92,40 @@ def keeping_notices(session: Session, emit: Emit) -> Emit:
 async def handle(agent: Agent, session: Session, message: Message, emit: Emit) -> TurnResult:
     """Run one user prompt: a command, or a turn. Raises `SessionBusy` while another crow
     process runs a turn in the session; nothing is stored before the session is held."""
+    from crow import command_catalog
+
     emit = keeping_notices(session, emit)
     await agent.session_ready(session)
     async with session.exclusive():
+        await command_catalog.refresh(agent, session, emit)  # a prompt file added since: offered now
         command = parse_command(message.content, BUILTINS)
         if command is not None:
             await session.add(message, in_context=False)  # shown on replay, never sent to the model
             return await BUILTINS[command[0]][1](agent, session, command[1], emit)
+        typed = message.content
+        if (prompt := command_catalog.resolve(session, typed)) is not None:
+            try:
+                message = command_catalog.expanded(message, prompt[0], await prompt[0].expand(prompt[1]))
+            except Exception as exc:  # CommandError, or a hook's bug: said, and no turn
+                return await _refused(session, message, f"/{prompt[0].name}", exc, emit)
         if not session.title:
-            await session.save(title=title_of(message.content))
+            await session.save(title=title_of(typed))
             await emit(TitleChanged(session.title))
         if await agent.settle_project(session, emit):
             await emit(ModeChanged(session.mode))  # front ends show the mode (and its options)
         return await agent.run_turn(session, message, emit)
+
+
+async def _refused(session: Session, message: Message, name: str, exc: Exception, emit: Emit) -> TurnResult:
+    """A prompt command that could not expand: the line is kept (shown on replay), the
+    user told why; no turn runs."""
+    from crow.loop import TurnResult
+
+    if not isinstance(exc, CommandError):
+        log.error("%s failed to expand", name, exc_info=exc)
+    await session.add(message, in_context=False)
+    await emit(Notice(f"{name}: {exc}", "error", f"{name} did not run"))
+    return TurnResult(stop_reason="end_turn")
 
 
 async def _compact(agent: Agent, session: Session, instructions: str, emit: Emit) -> TurnResult:

@@ -26,8 +26,9 @@ import contextlib
 import dataclasses
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from crow import images
@@ -85,6 +86,8 @@ class _Connection:
     scope: anyio.CancelScope | None = None
     error: str | None = None
     asked_as: str = ""  # the name it was given, when that was taken (`ToolHub._unique_server`)
+    prompts: list[Any] = field(default_factory=list)  # its MCP prompts (crow.mcp_prompts)
+    prompts_changed: asyncio.Event = field(default_factory=asyncio.Event)  # list_changed came
 
     def cancel(self) -> None:
         if self.scope is not None:
@@ -116,6 +119,8 @@ class ToolHub:
         self._routes: dict[str, tuple[_Connection, str]] = {}
         self._specs: list[ToolSpec] = []
         self.failures: list[str] = []  # what to tell the user about servers that failed
+        # Called after a server's prompts changed (`notifications/prompts/list_changed`).
+        self.on_prompts_changed: Callable[[], Awaitable[None]] | None = None
 
     async def connect(self, specs: Sequence[ServerSpec], *, connect_timeout: float = 30.0) -> None:
         """Connect servers concurrently; a server that fails, or whose name is taken, is
@@ -129,6 +134,7 @@ class ToolHub:
         for conn, tools in zip(conns, listed, strict=True):
             if tools is not None:
                 self._index(conn, tools)
+        await asyncio.gather(*(self._list_prompts(c, connect_timeout) for c in conns))
 
     def _unique_server(self, spec: ServerSpec) -> ServerSpec:
         if spec.name not in self._conns:
@@ -152,10 +158,10 @@ class ToolHub:
 
         try:
             with anyio.CancelScope() as conn.scope:
-                async with _open_client(conn.spec, self.env) as client:
+                async with _open_client(conn.spec, self.env, partial(_on_message, conn)) as client:
                     conn.client = client
                     conn.ready.set()
-                    await conn.closing.wait()
+                    await self._serve_until_closed(conn)
         except BaseException as exc:
             if not conn.ready.is_set():
                 conn.error = _describe(exc)
@@ -189,6 +195,47 @@ class ToolHub:
             conn.error = f"did not list its tools: {_describe(exc)}"
         self.failures.append(f"MCP server {conn.spec.name!r} {conn.error}")
         return None
+
+    async def _list_prompts(self, conn: _Connection, timeout: float) -> bool:
+        """Read the server's prompts into `conn.prompts`; False (reported) on failure."""
+        if conn.error is not None or conn.client is None:
+            return False
+        from crow.mcp_prompts import list_prompts
+
+        try:
+            conn.prompts = await asyncio.wait_for(list_prompts(conn.client), timeout)
+        except Exception as exc:  # TimeoutError too: its tools still serve
+            self.failures.append(f"MCP server {conn.spec.name!r} did not list its prompts: {_describe(exc)}")
+            return False
+        return True
+
+    async def _serve_until_closed(self, conn: _Connection) -> None:
+        """Hold the connection open; a server that offers prompts has them listed again
+        each time they changed (one task more, for those servers only)."""
+        from crow.mcp_prompts import offers_prompts, relisting
+
+        if not offers_prompts(conn.client):
+            await conn.closing.wait()
+            return
+
+        async def relist() -> None:
+            if await self._list_prompts(conn, 30.0) and self.on_prompts_changed is not None:
+                await self.on_prompts_changed()
+
+        await relisting(conn.prompts_changed, conn.closing, relist)
+
+    def prompts(self) -> list[tuple[str, Any]]:
+        """(server, MCP prompt) of every connected server, servers in connection order."""
+        return [(c.spec.name, p) for c in self._conns.values() if c.client is not None for p in c.prompts]
+
+    async def get_prompt(self, server: str, name: str, arguments: dict[str, str]) -> Any:
+        """`prompts/get` on `server`; CommandError when it cannot answer."""
+        from crow.mcp_prompts import get_prompt
+
+        conn = self._conns.get(server)
+        client = conn.client if conn is not None else None
+        timeout = conn.spec.timeout if conn is not None else 0.0
+        return await get_prompt(client, server, name, arguments, timeout, _describe)
 
     def _index(self, conn: _Connection, tools: list[Any]) -> None:
         renamed: list[str] = []
@@ -336,7 +383,7 @@ def to_tool_result(call: ToolCall, result: Any, schema: Mapping[str, Any] | None
 
 
 @contextlib.asynccontextmanager
-async def _open_client(spec: ServerSpec, env: Mapping[str, str] | None = None):  # type: ignore[no-untyped-def]
+async def _open_client(spec: ServerSpec, env: Mapping[str, str] | None = None, on_message: Any = None):  # type: ignore[no-untyped-def]
     if spec.transport == "inprocess" and not needs_session(spec.server):
         yield DirectClient(spec.server)
         return
@@ -365,8 +412,15 @@ async def _open_client(spec: ServerSpec, env: Mapping[str, str] | None = None): 
         mode = "legacy"
     else:
         raise ValueError(f"unknown MCP transport {spec.transport!r}")
-    async with Client(target, mode=mode) as client:
+    async with Client(target, mode=mode, message_handler=on_message) as client:
         yield client
+
+
+async def _on_message(conn: _Connection, message: Any) -> None:
+    """A server's notification: a prompts list change is listed again by the connection's
+    task (never here: an MCP request from inside the receive loop would wait on itself)."""
+    if type(message).__name__ == "PromptListChangedNotification":
+        conn.prompts_changed.set()
 
 
 def _first_free(name: str, taken: Mapping[str, Any], limit: int | None = None) -> str:

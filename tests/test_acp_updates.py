@@ -12,9 +12,9 @@ from acp.schema import SessionNotification
 from acp.utils import serialize_params
 
 from crow.acp import protocol, reports
-from crow.acp.convert import event_update, notification_params
+from crow.acp.convert import available_commands, event_update, notification_params
 from crow.acp.protocol import ClientFeatures
-from crow.acp.server import COMMANDS
+from crow.command_catalog import builtin_commands
 from crow.events import (
     Notice,
     PlanUpdated,
@@ -49,7 +49,7 @@ EVENTS = [
 def test_each_update_serializes_as_the_sdk_would() -> None:
     updates = [event_update(e, CWD) for e in EVENTS]
     updates += [
-        update_available_commands(COMMANDS),
+        update_available_commands(available_commands(builtin_commands())),
         update_current_mode("yolo"),
         *reports.updates(Notice("compacted"), ClientFeatures()),  # a client without notices: text
     ]

@@ -146,7 +146,7 @@ async def test_crow_advertises_its_commands_after_naming_the_session(
         assert [shape(f) for f in got] == ["answer 1", "answer 2", f"session/update {update['sessionId']}"]
         assert update["sessionId"] == got[1]["result"]["sessionId"]
         assert update["update"]["sessionUpdate"] == "available_commands_update"
-        assert [c["name"] for c in update["update"]["availableCommands"]] == ["compact", "undo", "usage", "mcp"]
+        assert [c["name"] for c in update["update"]["availableCommands"]] == ["compact", "undo", "usage", "mcp", "init"]
     finally:
         proc.stdin.close()
         await asyncio.wait_for(proc.wait(), 30)

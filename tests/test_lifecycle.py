@@ -134,7 +134,12 @@ async def test_close_session_stops_its_setup_and_its_server(home: Path, workspac
 
 def test_a_new_session_creates_no_anyio_object(tmp_path: Path) -> None:
     """The first anyio primitive imports anyio's backend (~17 ms): not on the way to the
-    `initialize` and `session/new` answers, where the warm-up and a session's setup start."""
+    `initialize` and `session/new` answers, where the warm-up and a session's setup start.
+    Nor is slash-command discovery: 200 prompt files in the workspace are not even listed."""
+    commands = tmp_path / ".crow" / "commands"
+    commands.mkdir(parents=True)
+    for i in range(200):
+        (commands / f"c{i}.md").write_text(f"---\ndescription: c{i}\n---\nDo {i}\n")
     run_python(
         f"""
         import asyncio, sys
@@ -146,6 +151,7 @@ def test_a_new_session_creates_no_anyio_object(tmp_path: Path) -> None:
             agent.warm_up()
             agent.create_session({str(tmp_path)!r})
             assert "anyio._backends._asyncio" not in sys.modules
+            assert "crow.prompt_files" not in sys.modules and "yaml" not in sys.modules
             await agent.aclose()
 
         asyncio.run(main())

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from acp import RequestError
-from acp.helpers import update_current_mode
+from acp.helpers import update_available_commands, update_current_mode
 from acp.schema import (
     AvailableCommand,
     AvailableCommandInput,
@@ -22,6 +23,7 @@ from acp.schema import (
 from crow import images
 from crow.acp import view as acp_view
 from crow.events import (
+    CommandsChanged,
     Event,
     ModeChanged,
     PlanUpdated,
@@ -35,7 +37,7 @@ from crow.events import (
     UserMessageAdded,
 )
 from crow.messages import Image, Message, valid_text, valid_value
-from crow.prompting import COMMANDS
+from crow.prompting import Command
 from crow.session import new_message_id
 from crow.tools import ServerSpec
 
@@ -65,6 +67,8 @@ def event_update(event: Event, cwd: Path) -> Any:
         return acp_view.user_chunk(event.message, event.message.id)
     if isinstance(event, TitleChanged):
         return SessionInfoUpdate(session_update="session_info_update", title=event.title)
+    if isinstance(event, CommandsChanged):
+        return update_available_commands(available_commands(event.commands))
     return None
 
 
@@ -80,15 +84,16 @@ def notification_params(session_id: str, update: Any) -> bytes:
     return b'{"sessionId":' + json.dumps(session_id).encode() + b',"update":' + body.encode() + b"}"
 
 
-def available_commands() -> list[AvailableCommand]:
-    """crow's slash commands (`crow.prompting.COMMANDS`) as `available_commands_update` lists them."""
+def available_commands(commands: Iterable[Command]) -> list[AvailableCommand]:
+    """Slash commands as `available_commands_update` lists them: where each came from after
+    its description (builtins say nothing), what may follow it as the input hint."""
     return [
         AvailableCommand(
             name=c.name,
-            description=c.description,
-            input=AvailableCommandInput(root=UnstructuredCommandInput(hint=c.hint)),
+            description=c.description if c.source == "builtin" else f"{c.description} ({c.source})",
+            input=AvailableCommandInput(root=UnstructuredCommandInput(hint=c.hint)) if c.hint else None,
         )
-        for c in COMMANDS
+        for c in commands
     ]
 
 

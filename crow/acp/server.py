@@ -38,6 +38,7 @@ from acp.schema import (
     SetSessionModeResponse,
 )
 
+from crow import command_catalog
 from crow.acp import auth as acp_auth
 from crow.acp import convert as acp_convert
 from crow.acp import handshake
@@ -60,7 +61,6 @@ FAILED = -32000  # crow could not do what was asked; the message says why (not "
 BUSY = -32001  # a prompt is already running in this session (here or in another crow process)
 CANCELLED = -32800  # ACP's "request cancelled": session/cancel stopped a crow.compact
 
-COMMANDS = acp_convert.available_commands()
 # Extension methods (wire name without its leading underscore) -> AcpServer method.
 EXT_METHODS = {
     "crow.compact": "_ext_compact",
@@ -144,11 +144,15 @@ class AcpServer:
         return acp_sessions.config_options(session, (session.config or self.agent.config).model_choices())
 
     def _advertise_commands(self, session_id: str) -> None:
-        """The slash commands, once the answer naming the session is written (clients drop
-        updates for a session they have not been told about)."""
+        """The builtin slash commands, once the answer naming the session is written (clients
+        drop updates for a session they have not been told about); the session's own (prompt
+        files, skills, MCP prompts) follow when known, and again whenever they change."""
 
         async def advertise() -> None:
-            await self._notify(session_id, update_available_commands(COMMANDS))
+            shown = command_catalog.builtin_commands()
+            await self._notify(session_id, update_available_commands(acp_convert.available_commands(shown)))
+            if (session := self.agent.sessions.get(session_id)) is not None:
+                await command_catalog.watch(session, lambda e: self._emit(session, e), shown)
 
         assert self.wire is not None  # on_connect checks it
         self.wire.after_response(advertise)

@@ -28,6 +28,7 @@ from acp import (
 from acp.schema import AgentMessageChunk, AgentThoughtChunk, ToolCallLocation, UserMessageChunk
 
 from crow.acp.protocol import ToolCallStart
+from crow.command_catalog import shown_line
 from crow.llm.base import ToolSpec
 from crow.messages import Message, ToolCall, ToolResult
 from crow.tool_kinds import PRESENTATION, render_title
@@ -245,7 +246,8 @@ def stored_id(message: Message, session_id: str, seq: int) -> str:
 
 def user_chunk(m: Message, message_id: str) -> Any:
     """A user message as the editor shows it (an image as a placeholder line)."""
-    return chunk("user_message_chunk", m.content + "".join("\n[image]" for _ in m.images), message_id)
+    text = shown_line(m)  # a slash command's line, not what it expanded to
+    return chunk("user_message_chunk", text + "".join("\n[image]" for _ in m.images), message_id)
 
 
 def replay(messages: list[Message], cwd: Path, session_id: str) -> Iterator[Any]:

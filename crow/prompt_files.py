@@ -1,0 +1,187 @@
+"""Prompt files: `.crow/commands/*.md`, `.claude/commands/*.md` (the project's, under the
+session's cwd) and `$CROW_HOME/commands/*.md` (the user's) as slash commands.
+
+    ---
+    description: Review a file for bugs
+    argument-hint: <file> [focus]
+    ---
+    Review $1 for bugs, looking hardest at $2.
+
+`review.md` is `/review`; `git/commit.md` is `/git:commit`. Without a description the
+body's first line is shown. A repository may be hostile, so every file is read with care:
+only regular `.md` files, at most `MAX_BYTES`, valid UTF-8 without NUL bytes; a symlink
+that leads out of its folder, a folder past `MAX_DEPTH` and files past `MAX_FILES` are
+skipped. Each skipped file is a problem the user is told about (once); the others are
+still offered. A scan is a listing and a stat per file: a file is read again only when
+its size, mtime or inode changed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from pathlib import Path
+
+from crow.commands import NAME, PromptCommand, Scope, expand_arguments
+from crow.errors import CommandError
+from crow.frontmatter import split_frontmatter
+
+log = logging.getLogger("crow.commands")
+
+MAX_BYTES = 256 * 1024
+MAX_FILES = 1000  # per folder
+MAX_DEPTH = 4  # folders below the commands folder
+FOLDERS: tuple[tuple[str, Scope], ...] = ((".crow/commands", "project"), (".claude/commands", "project"))
+USER_FOLDER = "commands"  # in CROW_HOME
+
+_Key = tuple[int, int, int]  # size, mtime_ns, inode
+# (real path, name, scope) -> the file's command, or why it is skipped
+_cache: dict[tuple[str, str, str], tuple[_Key, PromptCommand | str]] = {}
+
+
+def folders(cwd: Path, home: Path) -> list[tuple[Path, Scope]]:
+    """Where prompt files are looked for, in precedence order."""
+    return [*((cwd / f, scope) for f, scope in FOLDERS), (home / USER_FOLDER, "user")]
+
+
+def scan(cwd: Path, home: Path) -> tuple[list[PromptCommand], list[str]]:
+    """Every usable prompt file (first of each name per folder order) and the problems
+    met (one line each, naming the file)."""
+    found: list[PromptCommand] = []
+    problems: list[str] = []
+    project = cwd.resolve()
+    for folder, scope in folders(cwd, home):
+        for path, name in _walk(folder, problems, project if scope == "project" else None):
+            command = _load(path, name, scope, problems)
+            if command is not None:
+                found.append(command)
+    if len(_cache) > 20 * MAX_FILES:  # files come and go over a long life: forget them all
+        _cache.clear()
+    return found, problems
+
+
+def _walk(folder: Path, problems: list[str], within: Path | None) -> list[tuple[str, str]]:
+    """(real path, command name) of each `.md` file under `folder` (which must lie in
+    `within`, when given: a project's folder symlinked elsewhere is refused), by name."""
+    try:
+        top = folder.resolve(strict=True)
+    except (OSError, RuntimeError):
+        return []  # no such folder: nothing to offer
+    if not top.is_dir():
+        return []
+    if within is not None and not top.is_relative_to(within):
+        problems.append(f"{folder}: a symlink out of the project; skipped")
+        return []
+    out: list[tuple[str, str]] = []
+    seen = {str(top)}
+    pending: list[tuple[str, tuple[str, ...]]] = [(str(top), ())]
+    while pending:
+        where, parts = pending.pop()
+        try:
+            entries = sorted(os.scandir(where), key=lambda e: e.name)
+        except OSError as exc:
+            problems.append(f"{where}: cannot be listed ({exc.strerror or exc}); skipped")
+            continue
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            real = entry.path
+            try:
+                if entry.is_symlink():
+                    real = os.path.realpath(entry.path)
+                    if not Path(real).is_relative_to(top):
+                        problems.append(f"{entry.path}: a symlink out of {folder}; skipped")
+                        continue
+                is_dir = os.path.isdir(real)
+            except OSError:
+                continue
+            if is_dir:
+                if len(parts) >= MAX_DEPTH:
+                    problems.append(f"{entry.path}: folders deeper than {MAX_DEPTH} are not read")
+                elif real not in seen:
+                    seen.add(real)
+                    pending.append((real, (*parts, entry.name)))
+            elif entry.name.endswith(".md"):
+                if len(out) == MAX_FILES:
+                    problems.append(f"{folder}: over {MAX_FILES} prompt files; the rest are skipped")
+                    return sorted(out, key=lambda pair: pair[1])
+                out.append((real, ":".join((*parts, entry.name[:-3]))))
+    return sorted(out, key=lambda pair: pair[1])
+
+
+def _load(path: str, name: str, scope: Scope, problems: list[str]) -> PromptCommand | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None  # gone since the listing
+    key = (info.st_size, info.st_mtime_ns, info.st_ino)
+    cached = _cache.get((path, name, scope))
+    if cached is None or cached[0] != key:
+        cached = _cache[path, name, scope] = (key, _parse(path, name, scope))
+    outcome = cached[1]
+    if isinstance(outcome, str):
+        problems.append(outcome)
+        return None
+    return outcome
+
+
+def _parse(path: str, name: str, scope: Scope) -> PromptCommand | str:
+    """The command a file defines, or why it is skipped."""
+    if not NAME.fullmatch(name):
+        return f"{path}: {name!r} is not a command name (letters, digits, _ . : -); skipped"
+    try:
+        meta, body = split_frontmatter(read(path))
+        description, hint = _fields(meta or {}, body)
+    except (OSError, ValueError) as exc:
+        return f"{path}: {exc}; skipped"
+    origin = "project" if scope == "project" else "user"
+
+    async def expand(arguments: str) -> str:
+        import anyio
+
+        try:  # read again: the file may have changed since it was listed
+            _, text = split_frontmatter(await anyio.to_thread.run_sync(read, path))
+        except (OSError, ValueError) as exc:
+            raise CommandError(f"{path}: {exc}") from exc
+        return expand_arguments(text.strip(), arguments)
+
+    return PromptCommand(name, description, expand, hint, scope, origin)
+
+
+def _fields(meta: dict[str, object], body: str) -> tuple[str, str]:
+    description = meta.get("description")
+    hint = meta.get("argument-hint", "")
+    if isinstance(hint, list):  # `argument-hint: [file, focus]` is a YAML list
+        hint = " ".join(f"[{h}]" for h in hint)
+    if description is not None and not isinstance(description, str):
+        raise ValueError("'description' must be text")
+    if not isinstance(hint, str):
+        raise ValueError("'argument-hint' must be text")
+    if not description:
+        first = next((ln for ln in body.splitlines() if ln.strip()), "")
+        description = first.strip().lstrip("#").strip() or "(no description)"
+    return " ".join(description.split())[:200], " ".join(hint.split())[:200]
+
+
+def read(path: str) -> str:
+    """A prompt file's text: a regular file (a FIFO must not block), at most `MAX_BYTES`,
+    UTF-8 without NUL bytes; else OSError or ValueError saying why."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        if info.st_size > MAX_BYTES:
+            raise ValueError(f"over {MAX_BYTES // 1024} KB")
+        data = os.read(fd, MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_BYTES:
+        raise ValueError(f"over {MAX_BYTES // 1024} KB")
+    if b"\0" in data:
+        raise ValueError("binary content, not text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
