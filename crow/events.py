@@ -155,6 +155,9 @@ class UserMessageAdded:
     """A user message joined the running turn (steering), as stored: front ends echo it."""
 
     message: Message
+
+
+@dataclass(frozen=True, slots=True)
 class CommandsChanged:
     """The session's slash commands are now these (builtins first; `crow.command_catalog`):
     a prompt file came or went, an MCP server's prompts changed. ACP front ends send

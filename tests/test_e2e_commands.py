@@ -77,7 +77,7 @@ async def test_every_source_is_advertised_and_expands(llm: ScriptedLLM, home: Pa
         sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[PROMPTS])).session_id
         commands = await advertised(client, "prompts.greet")
         first = client.of_type("AvailableCommandsUpdate")
-        assert [c.name for c in first[0].available_commands] == ["compact", "init"]  # at once: builtins
+        assert [c.name for c in first[0].available_commands] == ["compact", "undo", "usage", "mcp", "init"]  # at once: builtins
         assert commands["review"] == ("Review a file (project)", "<file> [focus]")  # project over user
         assert commands["git:commit"] == ("Commit the staged work (project)", None)
         assert commands["hello"] == ("Say hello (user)", None)
@@ -218,7 +218,7 @@ def test_the_typescript_sdk_client_takes_the_commands_and_their_expansions(
     advertised = [
         u["update"] for u in out["updates"] if u["update"]["sessionUpdate"] == "available_commands_update"
     ]
-    assert [c["name"] for c in advertised[0]["availableCommands"]] == ["compact", "init"]
+    assert [c["name"] for c in advertised[0]["availableCommands"]] == ["compact", "undo", "usage", "mcp", "init"]
     last = {c["name"]: c for c in advertised[-1]["availableCommands"]}
     assert {"review", "git:commit", "hello", "tidy", "prompts.greet", "prompts.picture"} <= set(last)
     assert last["prompts.greet"]["input"] == {"hint": "name [style]"}
