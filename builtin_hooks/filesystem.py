@@ -155,7 +155,7 @@ class FilesystemHook(Hook):
             session.cwd,
             backend=backend,
             request_state_security=direct_call_state(),
-            hidden=_file_tools_hidden(config),
+            hidden=file_tools_hidden(config),
             extra_roots=roots[1:],
         )
         return [ServerSpec("filesystem", "inprocess", server=server)]
@@ -191,11 +191,11 @@ def _hidden(config: Config) -> list[Path | str]:
     """Out of the model's reach, for the sandbox and the file tools alike: crow's home (every
     session, trust.json, the user's config and stored credentials), the user's config file
     wherever `--config` put it (it may hold keys), and a trace file (the transcript). (The
-    sandbox adds the user's credential folders itself: see `_file_tools_hidden`.)"""
+    sandbox adds the user's credential folders itself: see `file_tools_hidden`.)"""
     return [config.home, *(p for p in (config.source, config.trace) if p)]
 
 
-def _file_tools_hidden(config: Config) -> list[Path | str]:
+def file_tools_hidden(config: Config) -> list[Path | str]:
     """`_hidden`, and the credential files the sandbox hides (~/.ssh, ~/.aws, ~/.netrc...):
     read_file and grep ask no question. All of them, as the sandbox does: a root holding the
     home folder, lying in it (~/.config holds gh's token) or holding where a credential

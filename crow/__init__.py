@@ -52,6 +52,8 @@ _EXPORTS = {
     "Config": "crow.config",
     "load_config": "crow.config",
     "serve": "crow.acp.server",
+    "checkpoints": "crow.checkpoints",  # per-turn file checkpoints, and putting them back
+    "snapshots": "crow.snapshots",  # shadow git snapshots of a workspace
 }
 
 __all__ = ["__version__", *_EXPORTS]
