@@ -57,7 +57,12 @@ def session_dir(home: Path, session_id: str) -> Path | None:
 
 
 def _mkdir(folder: Path) -> None:
-    for part in (folder.parent.parent, folder.parent, folder):
+    """`folder` and its missing parents, each 0700 (a plain `parents=True` leaves the
+    parents to the umask)."""
+    if folder.is_dir():
+        return
+    missing = [folder, *(p for p in folder.parents if not p.exists())]
+    for part in reversed(missing):
         with contextlib.suppress(FileExistsError):
             part.mkdir(mode=DIR_MODE)
 
@@ -103,9 +108,10 @@ class TurnRecord:
             return False
         else:
             try:
-                mode = stat.S_IMODE(os.fstat(fd).st_mode)
+                st = os.fstat(fd)
+                mode = stat.S_IMODE(st.st_mode)
                 if size > MAX_FILE_BYTES:
-                    before: dict[str, Any] = {"too_big": size, "mode": mode}
+                    before: dict[str, Any] = {"too_big": _stamp(st), "mode": mode}
                 else:
                     data = _read_all(fd)
                     blob = _sha(data)
@@ -125,12 +131,32 @@ class TurnRecord:
         return True
 
     def after(self, paths: Sequence[str] | None = None) -> None:
-        """Record what the turn left in each file (all recorded ones by default)."""
-        for key in self.files if paths is None else paths:
+        """Record what the turn left in each file (all recorded ones by default); a file the
+        turn left as it found it (the call failed) is dropped: nothing to put back."""
+        for key in list(self.files) if paths is None else paths:
             entry = self.files.get(key)
-            if entry is not None:
-                entry["after"] = current_state(Path(entry["root"]), Path(key))
+            if entry is None:
+                continue
+            entry["after"] = now = current_state(Path(entry["root"]), Path(key))
+            if now == state_of(entry["before"]):
+                del self.files[key]
         self.save()
+
+
+def _stamp(st: os.stat_result) -> str:
+    """What stands for a file too large to copy or hash: its size and change time."""
+    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+
+
+def state_of(before: dict[str, Any] | None) -> str:
+    """The `current_state` a file had before the turn."""
+    if before is None:
+        return "absent"
+    if "too_big" in before:
+        return f"big:{before['too_big']}"
+    if "git" in before:
+        return f"git:{before['git']}"
+    return f"sha256:{before['sha256']}"
 
 
 def _unsaved(exc: OSError) -> CheckpointError:
@@ -149,8 +175,8 @@ def _read_all(fd: int) -> bytes:
 
 
 def current_state(root: Path, path: Path, git: bool = False) -> str:
-    """What the file holds now: "sha256:<hex>" (or "git:<blob id>"), "absent", or
-    "other:<why>" (a symlink, a folder, too large to compare)."""
+    """What the file holds now: "sha256:<hex>" (or "git:<blob id>"), "absent", "big:<stamp>"
+    (too large to hash: size, mtime, inode) or "other:<why>" (a symlink, a folder)."""
     from mcp_servers.filesystem.localfs import PathChangedError, open_regular
 
     try:
@@ -165,7 +191,7 @@ def current_state(root: Path, path: Path, git: bool = False) -> str:
         return f"other:{exc.strerror or exc}"
     try:
         if size > MAX_FILE_BYTES:
-            return f"other:it is larger than {MAX_FILE_BYTES // (1024 * 1024)} MB"
+            return f"big:{_stamp(os.fstat(fd))}"
         data = _read_all(fd)
     finally:
         os.close(fd)

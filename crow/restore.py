@@ -20,10 +20,11 @@ from typing import Any
 
 import anyio
 
-from crow.checkpoints import MAX_FILE_BYTES, Restored, current_state
+from crow.checkpoints import MAX_FILE_BYTES, Restored, current_state, state_of
 from crow.snapshots import GIT_MODES, ShadowGit, SnapshotError, git_blob_id
 
 CHANGED_SINCE = "changed since the turn (its content is not what the turn left)"
+PARALLEL = 16  # files put back at once
 
 
 @dataclass
@@ -33,6 +34,7 @@ class _Plan:
     after: str | None  # "sha256:..", "git:..", "absent"; None: not recorded (crow stopped)
     folder: Path | None = None  # where a sha256 copy lives
     shadow: ShadowGit | None = None
+    data: bytes | None = None  # a snapshot's content, fetched with the others in one git run
 
 
 async def restore(records: list[dict[str, Any]], roots: list[Path], home: Path, cwd: Path) -> Restored:
@@ -70,14 +72,26 @@ async def restore(records: list[dict[str, Any]], roots: list[Path], home: Path, 
                 plans[path] = plan
             else:  # keep the oldest before, take the newest after
                 first.after = plan.after
+    await _fetch_snapshot_blobs(plans.values())
+    outcomes: dict[str, str] = {}
+    # Each write waits on two fsyncs: run them side by side (distinct paths, so no order
+    # matters), which lets the filesystem commit them together.
+    limiter = anyio.CapacityLimiter(PARALLEL)
+
+    async def one(path: str, plan: _Plan) -> None:
+        async with limiter:
+            try:
+                outcomes[path] = await _put_back(Path(path), plan, roots)
+            except OSError as exc:
+                outcomes[path] = f"not restored: {exc.strerror or exc}"
+
+    async with anyio.create_task_group() as tg:
+        for path, plan in plans.items():
+            tg.start_soon(one, path, plan)
     restored: list[str] = []
     removed: list[str] = []
-    for path, plan in sorted(plans.items()):
+    for path, outcome in sorted(outcomes.items()):
         shown = _shown(Path(path), main)
-        try:
-            outcome = await _put_back(Path(path), plan, roots)
-        except OSError as exc:
-            outcome = f"not restored: {exc.strerror or exc}"
         if outcome == "restored":
             restored.append(shown)
         elif outcome == "removed":
@@ -85,6 +99,20 @@ async def restore(records: list[dict[str, Any]], roots: list[Path], home: Path, 
         elif outcome:
             skipped.append((shown, outcome))
     return Restored(tuple(restored), tuple(removed), tuple(skipped))
+
+
+async def _fetch_snapshot_blobs(plans: Any) -> None:
+    wanted: dict[ShadowGit, list[_Plan]] = {}
+    for plan in plans:
+        if plan.shadow is not None and isinstance(plan.before, dict) and "git" in plan.before:
+            wanted.setdefault(plan.shadow, []).append(plan)
+    for shadow, some in wanted.items():
+        try:
+            blobs = await shadow.blobs(sorted({p.before["git"] for p in some}))
+        except (SnapshotError, OSError):
+            continue  # each is named as missing
+        for plan in some:
+            plan.data = blobs.get(plan.before["git"])
 
 
 def _shown(path: Path, main: Path) -> str:
@@ -99,13 +127,10 @@ async def _put_back(path: Path, plan: _Plan, roots: list[Path]) -> str:
         return "not in the session's workspace any more"
     before = plan.before
     if plan.after is None:  # crow stopped between its checkpoint and recording the result
-        now = current_state(plan.root, path, git=False)
-        if before is None and now == "absent":
-            return ""
-        if isinstance(before, dict) and now == f"sha256:{before.get('sha256')}":
-            return ""
+        if await anyio.to_thread.run_sync(current_state, plan.root, path) == state_of(before):
+            return ""  # the change never happened
         return "crow stopped before it recorded what the turn left in it; left as it is"
-    now = current_state(plan.root, path, git=plan.after.startswith("git:"))
+    now = await anyio.to_thread.run_sync(current_state, plan.root, path, plan.after.startswith("git:"))
     if now.startswith("other:"):
         return f"not restored: {now[6:]}"
     if now != plan.after:
@@ -136,8 +161,7 @@ async def _content(plan: _Plan, before: dict[str, Any], path: Path) -> tuple[byt
     git_mode = before["mode"]
     if git_mode not in GIT_MODES:
         return None, None, "not a regular file in the snapshot (a symlink or nested repository)"
-    assert plan.shadow is not None
-    data = (await plan.shadow.blobs([before["git"]])).get(before["git"])
+    data = plan.data
     if data is None or git_blob_id(data) != before["git"]:
         return None, None, "its snapshot copy is missing or damaged"
     return data, _mode_for(path, git_mode), ""

@@ -5,6 +5,7 @@ id puts the files back."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -154,9 +155,9 @@ async def test_two_turns_go_back_to_before_the_oldest(agent: Agent, ws: Path, tu
 async def test_execute_changes_come_back_from_the_shadow_snapshot_and_the_users_git_is_untouched(
     agent: Agent, ws: Path, turn: Turn
 ) -> None:
-    import subprocess
+    import anyio
 
-    subprocess.run(["git", "init", "-q", str(ws)], check=True)
+    await anyio.run_process(["git", "init", "-q", str(ws)])
     (ws / ".gitignore").write_text("ignored.log\n")
     (ws / "tracked.txt").write_text("t0\n")
     (ws / "gone.txt").write_text("g0\n")
@@ -257,25 +258,36 @@ async def test_symlink_attacks_are_refused(agent: Agent, ws: Path, tmp_path: Pat
 
 
 async def test_big_binary_and_folder_paths(agent: Agent, ws: Path, turn: Turn, llm: ScriptedLLM) -> None:
-    big = ws / "big.txt"
+    big, huge = ws / "big.txt", ws / "huge.bin"
     with big.open("wb") as f:
         f.truncate(MAX_FILE_BYTES + 1)  # sparse: no disk used
+    with huge.open("wb") as f:
+        f.truncate(1 << 30)  # 1 GB, sparse
     (ws / "bin.dat").write_bytes(b"\x00\x01\xff" * 100)
     (ws / "folder").mkdir()
+    (ws / "same.txt").write_text("same\n")
     pid, _ = await turn(
         Reply(
             tool_calls=[
                 tool("write_file", "w1", path="big.txt", content="small now\n"),
                 tool("write_file", "w2", path="bin.dat", content="text now\n"),
                 tool("write_file", "w3", path="folder", content="x"),
+                tool("write_file", "w4", path="huge.bin", content="y"),
+                tool("edit_file", "w5", path="same.txt", old_text="absent", new_text="x"),  # fails
             ]
         )
     )
     assert "is a directory" in results(llm, 1)["w3"]
+    folder = session_dir(agent.config.home, session_of(turn).id)
+    assert folder is not None
+    record = json.loads(next(folder.glob("*.json")).read_text())
+    assert sorted(Path(p).name for p in record["files"]) == ["big.txt", "bin.dat", "huge.bin"]
+    assert all(b.stat().st_size < 1024 for b in (folder / "blobs").iterdir())  # no big copy
     done = await restore_turns(session_of(turn), [pid], agent.config.home)
     assert done.restored == ("bin.dat",)
     assert (ws / "bin.dat").read_bytes() == b"\x00\x01\xff" * 100
-    assert done.skipped == (("big.txt", "was larger than 10 MB before the turn: no copy was kept"),)
+    too_big = "was larger than 10 MB before the turn: no copy was kept"
+    assert done.skipped == (("big.txt", too_big), ("huge.bin", too_big))
     assert big.read_text() == "small now\n"
 
 
@@ -363,3 +375,48 @@ async def test_only_the_last_turns_are_kept(
     folder = session_dir(agent.config.home, session_of(turn).id)
     assert folder is not None
     assert sorted(p.stem for p in folder.glob("*.json")) == sorted(ids[2:])
+
+
+async def test_two_calls_on_one_path_in_one_batch_go_back_to_before_the_first(
+    agent: Agent, ws: Path, turn: Turn, llm: ScriptedLLM
+) -> None:
+    (ws / "f.txt").write_text("zero\n")
+    pid, _ = await turn(
+        Reply(
+            tool_calls=[
+                tool("write_file", "w1", path="f.txt", content="one\n"),
+                tool("edit_file", "e1", path="./f.txt", old_text="one", new_text="two"),
+                tool("edit_file", "e2", path=str(ws / "f.txt"), old_text="nope", new_text="x"),  # fails
+            ]
+        )
+    )
+    assert (ws / "f.txt").read_text() == "two\n"
+    done = await restore_turns(session_of(turn), [pid], agent.config.home)
+    assert done == Restored(restored=("f.txt",))
+    assert (ws / "f.txt").read_text() == "zero\n"
+
+
+def test_a_crash_between_the_checkpoint_and_the_write(tmp_path: Path, ws: Path) -> None:
+    """The checkpoint is saved before the write; crow killed before it records what the
+    write left: a file the write never reached is left as it is, one it did is named."""
+    import anyio
+
+    from crow.checkpoints import TurnRecord
+    from crow.session import Session
+
+    home = tmp_path / "home"
+    (ws / "untouched.txt").write_text("u0\n")
+    (ws / "written.txt").write_text("w0\n")
+    folder = session_dir(home, "s1")
+    assert folder is not None
+    record = TurnRecord(folder, "t1")
+    for name in ("untouched.txt", "written.txt", "never.txt"):
+        assert record.before(ws, ws / name)
+    (ws / "written.txt").write_text("w1\n")  # the write landed; crow was killed before after()
+    done = anyio.run(restore_turns, Session("s1", ws), ["t1"], home)
+    assert done.restored == done.removed == ()
+    assert done.skipped == (
+        ("written.txt", "crow stopped before it recorded what the turn left in it; left as it is"),
+    )
+    assert (ws / "written.txt").read_text() == "w1\n"
+    assert not (ws / "never.txt").exists()
