@@ -1,7 +1,7 @@
 """CheckpointsHook: what each turn changed in the workspace, kept so `/undo` and rewind can
 put it back (crow.checkpoints says what is kept and where).
 
-Inside permissions (a refused call records nothing) and outside the file tools:
+Inside permissions and plan mode (a refused call records nothing), outside the file tools:
 - before `write_file`/`edit_file` of crow's own filesystem server changes a file, its
   content and mode are saved (once per file and turn), and after it what it left. The path
   is resolved as the file tools resolve it (cwd, the session's other roots, crow's home and
@@ -34,7 +34,7 @@ _WORKSPACE = "checkpoints.workspace"  # session.state: (roots, Workspace)
 
 class CheckpointsHook(Hook):
     name = "checkpoints"
-    order = -80  # inside permissions (-90), outside the file tools (-70)
+    order = -75  # inside permissions (-90) and plan's refusals (-80), outside the file tools (-70)
 
     def __init__(self, home: Path, keep_turns: int = checkpoints.KEEP_TURNS) -> None:
         self.home = home
@@ -134,8 +134,7 @@ def _workspace(session: Session) -> Any:
     cached = session.state.get(_WORKSPACE)
     if cached is not None and cached[0] == roots:
         return cached[1]
-    from builtin_hooks.filesystem import file_tools_hidden
-    from crow import Config
+    from crow import Config, file_tools_hidden
     from mcp_servers.filesystem.paths import Workspace
 
     config = session.config if session.config is not None else Config()
