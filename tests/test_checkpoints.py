@@ -30,15 +30,20 @@ def tool(name: str, call_id: str, **args: Any) -> ToolCallSpec:
     return ToolCallSpec(name=name, arguments=args, id=call_id)
 
 
+def writes(*files: tuple[str, str]) -> Reply:
+    """A reply that writes each (path, content), in one batch."""
+    return Reply(
+        tool_calls=[tool("write_file", f"w{i}", path=p, content=c) for i, (p, c) in enumerate(files)]
+    )
+
+
 def results(llm: ScriptedLLM, request: int) -> dict[str, str]:
     return {m["tool_call_id"]: m["content"] for m in llm.requests[request].messages if m["role"] == "tool"}
 
 
 @pytest.fixture
-def ws(tmp_path: Path) -> Path:
-    folder = tmp_path / "ws"
-    folder.mkdir()
-    return folder
+def ws(workspace: Path) -> Path:
+    return workspace
 
 
 @pytest.fixture
@@ -120,14 +125,7 @@ async def test_write_and_edit_are_put_back_created_file_removed_mode_restored(
 async def test_a_file_changed_since_is_left_alone_and_named(agent: Agent, ws: Path, turn: Turn) -> None:
     (ws / "a.txt").write_text("a0\n")
     (ws / "b.txt").write_text("b0\n")
-    pid, _ = await turn(
-        Reply(
-            tool_calls=[
-                tool("write_file", "w1", path="a.txt", content="a1\n"),
-                tool("write_file", "w2", path="b.txt", content="b1\n"),
-            ]
-        )
-    )
+    pid, _ = await turn(writes(("a.txt", "a1\n"), ("b.txt", "b1\n")))
     (ws / "b.txt").write_text("the user's own\n")
     done = await restore_turns(session_of(turn), [pid], agent.config.home)
     assert done.restored == ("a.txt",)
@@ -139,14 +137,7 @@ async def test_a_file_changed_since_is_left_alone_and_named(agent: Agent, ws: Pa
 async def test_two_turns_go_back_to_before_the_oldest(agent: Agent, ws: Path, turn: Turn) -> None:
     (ws / "f.txt").write_text("v0\n")
     first, _ = await turn(Reply(tool_calls=[tool("write_file", "w1", path="f.txt", content="v1\n")]))
-    second, _ = await turn(
-        Reply(
-            tool_calls=[
-                tool("write_file", "w2", path="f.txt", content="v2\n"),
-                tool("write_file", "w3", path="g.txt", content="g\n"),
-            ]
-        )
-    )
+    second, _ = await turn(writes(("f.txt", "v2\n"), ("g.txt", "g\n")))
     done = await restore_turns(session_of(turn), [second, first], agent.config.home)
     assert done == Restored(restored=("f.txt",), removed=("g.txt",))
     assert (ws / "f.txt").read_text() == "v0\n"
@@ -228,14 +219,7 @@ async def test_symlink_attacks_are_refused(agent: Agent, ws: Path, tmp_path: Pat
     outside.mkdir()
     (outside / "secret.txt").write_text("secret\n")
     (ws / "f.txt").write_text("f0\n")
-    pid, _ = await turn(
-        Reply(
-            tool_calls=[
-                tool("write_file", "w1", path="f.txt", content="f1\n"),
-                tool("write_file", "w2", path="d/new.txt", content="n\n"),
-            ]
-        )
-    )
+    pid, _ = await turn(writes(("f.txt", "f1\n"), ("d/new.txt", "n\n")))
     # Someone swaps the file and the folder for symlinks out of the workspace since.
     (ws / "f.txt").unlink()
     (ws / "f.txt").symlink_to(outside / "secret.txt")
@@ -319,14 +303,7 @@ async def test_damaged_checkpoint_restores_nothing_and_crash_before_after_is_nam
 ) -> None:
     (ws / "f.txt").write_text("f0\n")
     (ws / "g.txt").write_text("g0\n")
-    pid, _ = await turn(
-        Reply(
-            tool_calls=[
-                tool("write_file", "w1", path="f.txt", content="f1\n"),
-                tool("write_file", "w2", path="g.txt", content="g1\n"),
-            ]
-        )
-    )
+    pid, _ = await turn(writes(("f.txt", "f1\n"), ("g.txt", "g1\n")))
     folder = session_dir(agent.config.home, session_of(turn).id)
     assert folder is not None
     for blob in (folder / "blobs").iterdir():  # a torn copy (power cut before it reached disk)
