@@ -5,7 +5,8 @@ One git dir per workspace (its main root), in CROW_HOME/checkpoints/git/<hash of
 path>, 0700. Every git run gets GIT_DIR and GIT_WORK_TREE in the child's environment only,
 no global or system config (so no user hooks, signing or fsmonitor), and never sees the
 user's own `.git` (git skips `.git` in a work tree; a nested repository is a gitlink, not
-content). The project's `.gitignore` files apply, as they would to the user's repository.
+content). The project's `.gitignore` files apply, as they would to the user's repository;
+its `.gitattributes` do not convert or filter anything (files are kept byte for byte).
 A snapshot is `git add -A` then `git write-tree`: a tree id, kept alive by a ref per turn
 (`refs/crow/<session>/<turn>/before|after`); automatic gc is off.
 
@@ -94,15 +95,20 @@ class ShadowGit:
         os.chmod(self.git_dir, 0o700)
         for key, value in (("gc.auto", "0"), ("core.autocrlf", "false"), ("core.symlinks", "true")):
             await self.git("config", key, value)
-        self._exclude_home()
+        self._write_info()
 
-    def _exclude_home(self) -> None:
-        """crow's home inside the workspace is never snapshotted (it holds every session)."""
+    def _write_info(self) -> None:
+        """Files are stored byte for byte, whatever the project's .gitattributes say (no
+        line-ending conversion or filter: a restore must write back exactly what was there,
+        and a filter would run a command the repository names); crow's home inside the
+        workspace is never snapshotted (it holds every session)."""
+        info = self.git_dir / "info"
+        info.mkdir(exist_ok=True)
+        (info / "attributes").write_text("* -text -filter -ident -working-tree-encoding\n")
         home = os.path.realpath(self.home)
         if home.startswith(str(self.work_tree) + os.sep):
             rel = os.path.relpath(home, self.work_tree)
-            (self.git_dir / "info").mkdir(exist_ok=True)
-            (self.git_dir / "info" / "exclude").write_text(f"/{rel}/\n")
+            (info / "exclude").write_text(f"/{rel}/\n")
 
     async def unavailable(self) -> str | None:
         """Why the workspace cannot be snapshotted (git missing, too large), or None. Counts

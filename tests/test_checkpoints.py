@@ -150,8 +150,11 @@ async def test_execute_changes_come_back_from_the_shadow_snapshot_and_the_users_
 
     await anyio.run_process(["git", "init", "-q", str(ws)])
     (ws / ".gitignore").write_text("ignored.log\n")
+    # a hostile or merely converting .gitattributes: neither runs nor changes a byte
+    (ws / ".gitattributes").write_text("* text eol=crlf filter=pwn\n")
+    await anyio.run_process(["git", "-C", str(ws), "config", "filter.pwn.clean", "touch PWNED; cat"])
     (ws / "tracked.txt").write_text("t0\n")
-    (ws / "gone.txt").write_text("g0\n")
+    (ws / "gone.txt").write_bytes(b"g0\r\n")
     (ws / "tool.sh").write_text("#!/bin/sh\n")
     (ws / "tool.sh").chmod(0o755)
     (ws / "ignored.log").write_text("i0\n")
@@ -173,8 +176,9 @@ async def test_execute_changes_come_back_from_the_shadow_snapshot_and_the_users_
     done = await restore_turns(session_of(turn), [pid], agent.config.home)
     assert sorted(done.restored) == ["gone.txt", "tool.sh", "tracked.txt"]
     assert done.removed == ("made.txt",)
-    assert (ws / "tracked.txt").read_text() == "t0\n"
-    assert (ws / "gone.txt").read_text() == "g0\n"
+    assert (ws / "tracked.txt").read_bytes() == b"t0\n"
+    assert not (ws / "PWNED").exists()
+    assert (ws / "gone.txt").read_bytes() == b"g0\r\n"
     assert not (ws / "made.txt").exists()
     assert os.access(ws / "tool.sh", os.X_OK)
     assert (ws / "ignored.log").read_text() == "i1\n"  # .gitignore honoured: not snapshotted
