@@ -401,3 +401,24 @@ def test_a_crash_between_the_checkpoint_and_the_write(tmp_path: Path, ws: Path) 
     )
     assert (ws / "written.txt").read_text() == "w1\n"
     assert not (ws / "never.txt").exists()
+
+
+async def test_the_checkpoint_is_on_disk_before_the_tool_runs(agent: Agent, ws: Path, turn: Turn) -> None:
+    """A hook inside the checkpoints hook (as the tool itself is) finds the file's copy saved
+    already: a crash at that moment loses nothing."""
+    (ws / "f.txt").write_text("before\n")
+    seen: list[dict[str, Any]] = []
+
+    async def inside(ctx: Any, call: Any, call_next: Any) -> Any:
+        folder = session_dir(agent.config.home, ctx.session.id)
+        assert folder is not None
+        seen.append(json.loads((folder / f"{ctx.prompt_id}.json").read_text())["files"])
+        return await call_next(call)
+
+    await agent.ready()
+    agent.hooks.register("wrap_tool_call", inside, name="inside")
+    await turn(writes(("f.txt", "after\n")))
+    entry = seen[0][str(ws / "f.txt")]
+    assert entry["after"] is None
+    blob = agent.config.home / "checkpoints" / session_of(turn).id / "blobs" / entry["before"]["sha256"]
+    assert blob.read_text() == "before\n"
