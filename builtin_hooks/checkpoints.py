@@ -72,8 +72,10 @@ class CheckpointsHook(Hook):
             root = workspace.root_of(target)
         except Exception:  # the tool refuses the path itself, with its own message
             return await call_next(call)
+        content = call.args.get("content")  # a whole file written: what it will hold is known
+        expected = f"sha256:{checkpoints.sha256(content.encode())}" if isinstance(content, str) else None
         try:
-            recorded = record.before(root, target)
+            recorded = record.before(root, target, expected)
         except checkpoints.CheckpointError as exc:
             log.warning("checkpoint of %s not saved: %s", target, exc)
             return ToolResult(call.id, call.name, error=f"{path} was not changed: {exc.strerror}")

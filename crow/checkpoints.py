@@ -67,7 +67,7 @@ def _mkdir(folder: Path) -> None:
             part.mkdir(mode=DIR_MODE)
 
 
-def _sha(data: bytes) -> str:
+def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
@@ -90,20 +90,30 @@ class TurnRecord:
         except OSError as exc:
             raise _unsaved(exc) from exc
 
-    def before(self, root: Path, path: Path) -> bool:
+    def before(self, root: Path, path: Path, expected: str | None = None) -> bool:
         """Record the file's content and mode before the turn's first change to it (once
-        per path and turn). False when there is nothing to record that a write could
-        replace (a folder, a symlink, not a regular file): the tool refuses those itself.
-        Raises CheckpointError when the checkpoint cannot be saved."""
+        per path and turn), and `expected`, the state the change will leave when known (a
+        whole file written): then `after` has nothing to save when it does. False when
+        there is nothing to record that a write could replace (a folder, a symlink, not a
+        regular file): the tool refuses those itself. Raises CheckpointError when the
+        checkpoint cannot be saved."""
         key = str(path)
         if key in self.files:
+            if self.files[key]["after"] != expected:
+                self.files[key]["after"] = expected
+                self.save()
             return True
         from mcp_servers.filesystem.localfs import open_regular
 
         try:
             fd, size = open_regular(root, path)
         except FileNotFoundError:
-            entry: dict[str, Any] = {"root": str(root), "before": None, "after": None, "at": time.time_ns()}
+            entry: dict[str, Any] = {
+                "root": str(root),
+                "before": None,
+                "after": expected,
+                "at": time.time_ns(),
+            }
         except OSError:
             return False
         else:
@@ -114,7 +124,7 @@ class TurnRecord:
                     before: dict[str, Any] = {"too_big": _stamp(st), "mode": mode}
                 else:
                     data = _read_all(fd)
-                    blob = _sha(data)
+                    blob = sha256(data)
                     target = self.folder / "blobs" / blob
                     if not target.exists():
                         try:
@@ -125,7 +135,7 @@ class TurnRecord:
                     before = {"sha256": blob, "mode": mode}
             finally:
                 os.close(fd)
-            entry = {"root": str(root), "before": before, "after": None, "at": time.time_ns()}
+            entry = {"root": str(root), "before": before, "after": expected, "at": time.time_ns()}
         self.files[key] = entry
         self.save()
         return True
@@ -133,14 +143,20 @@ class TurnRecord:
     def after(self, paths: Sequence[str] | None = None) -> None:
         """Record what the turn left in each file (all recorded ones by default); a file the
         turn left as it found it (the call failed) is dropped: nothing to put back."""
+        changed = paths is None
         for key in list(self.files) if paths is None else paths:
             entry = self.files.get(key)
             if entry is None:
                 continue
-            entry["after"] = now = current_state(Path(entry["root"]), Path(key))
+            now = current_state(Path(entry["root"]), Path(key))
             if now == state_of(entry["before"]):
                 del self.files[key]
-        self.save()
+            elif now == entry["after"]:
+                continue  # as expected, and saved so already
+            entry["after"] = now
+            changed = True
+        if changed:
+            self.save()
 
 
 def _stamp(st: os.stat_result) -> str:
@@ -199,7 +215,7 @@ def current_state(root: Path, path: Path, git: bool = False) -> str:
         from crow.snapshots import git_blob_id
 
         return f"git:{git_blob_id(data)}"
-    return f"sha256:{_sha(data)}"
+    return f"sha256:{sha256(data)}"
 
 
 # ------------------------------------------------------------------ restoring

@@ -126,18 +126,17 @@ async def _put_back(path: Path, plan: _Plan, roots: list[Path]) -> str:
     if plan.root not in roots:
         return "not in the session's workspace any more"
     before = plan.before
+    git = plan.after is not None and plan.after.startswith("git:")
+    now = await anyio.to_thread.run_sync(current_state, plan.root, path, git)
+    if now == state_of(before) and _mode_as_before(path, before):
+        return ""  # as it was before the turn already (the change never landed, or undone)
     if plan.after is None:  # crow stopped between its checkpoint and recording the result
-        if await anyio.to_thread.run_sync(current_state, plan.root, path) == state_of(before):
-            return ""  # the change never happened
         return "crow stopped before it recorded what the turn left in it; left as it is"
-    now = await anyio.to_thread.run_sync(current_state, plan.root, path, plan.after.startswith("git:"))
     if now.startswith("other:"):
         return f"not restored: {now[6:]}"
     if now != plan.after:
         return CHANGED_SINCE
     if before is None:
-        if now == "absent":
-            return ""
         await anyio.to_thread.run_sync(remove_file, plan.root, path)
         return "removed"
     if "too_big" in before:
@@ -165,6 +164,18 @@ async def _content(plan: _Plan, before: dict[str, Any], path: Path) -> tuple[byt
     if data is None or git_blob_id(data) != before["git"]:
         return None, None, "its snapshot copy is missing or damaged"
     return data, _mode_for(path, git_mode), ""
+
+
+def _mode_as_before(path: Path, before: dict[str, Any] | None) -> bool:
+    if before is None or "too_big" in before:
+        return True
+    try:
+        mode = stat.S_IMODE(os.lstat(path).st_mode)
+    except OSError:
+        return False
+    if "git" in before:  # git keeps only whether it is executable
+        return bool(mode & 0o100) == (before["mode"] == 0o100755)
+    return mode == before["mode"]
 
 
 def _mode_for(path: Path, git_mode: int) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from crow.agent import Agent
-from crow.checkpoints import MAX_FILE_BYTES, Restored, forget_session, restore_turns, session_dir
+from crow.checkpoints import MAX_FILE_BYTES, Restored, forget_session, restore_turns, session_dir, sha256
 from crow.config import Config
 from crow.events import Notice
 from crow.messages import human
@@ -419,6 +419,6 @@ async def test_the_checkpoint_is_on_disk_before_the_tool_runs(agent: Agent, ws: 
     agent.hooks.register("wrap_tool_call", inside, name="inside")
     await turn(writes(("f.txt", "after\n")))
     entry = seen[0][str(ws / "f.txt")]
-    assert entry["after"] is None
+    assert entry["after"] == "sha256:" + sha256(b"after\n")  # a whole file: known beforehand
     blob = agent.config.home / "checkpoints" / session_of(turn).id / "blobs" / entry["before"]["sha256"]
     assert blob.read_text() == "before\n"
