@@ -79,7 +79,8 @@ class TurnRecord:
     folder: Path
     turn: str
     files: dict[str, dict[str, Any]] = field(default_factory=dict)  # absolute path -> entry
-    git: dict[str, str] = field(default_factory=dict)  # dir, before, after (tree ids)
+    # the shadow snapshot: workspace, before and after (tree ids), at (when before was taken)
+    git: dict[str, Any] = field(default_factory=dict)
     seq: int = field(default_factory=time.time_ns)
 
     def save(self) -> None:
