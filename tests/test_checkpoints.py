@@ -302,7 +302,7 @@ async def test_a_full_disk_refuses_the_write_and_changes_nothing(
     assert (await restore_turns(session_of(turn), [pid], home)).restored == ("f.txt",)
 
 
-async def test_damaged_checkpoint_restores_nothing_and_crash_before_after_is_named(
+async def test_a_damaged_checkpoint_restores_nothing(
     agent: Agent, ws: Path, turn: Turn
 ) -> None:
     (ws / "f.txt").write_text("f0\n")
