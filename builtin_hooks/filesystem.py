@@ -29,6 +29,8 @@ from crow import (
     ToolCall,
     ToolResult,
     child_environment,
+    file_tools_hidden,
+    sandbox_hidden,
 )
 
 log = logging.getLogger("crow.filesystem")
@@ -137,7 +139,7 @@ class FilesystemHook(Hook):
             return None
         from mcp_servers.filesystem.sandbox import Sandbox
 
-        return Sandbox.create(roots, hidden=_hidden(config), network=config.network, bwrap=bwrap)
+        return Sandbox.create(roots, hidden=sandbox_hidden(config), network=config.network, bwrap=bwrap)
 
     def tool_servers(self, session: Session) -> list[ServerSpec]:
         from crow import direct_call_state
@@ -155,7 +157,7 @@ class FilesystemHook(Hook):
             session.cwd,
             backend=backend,
             request_state_security=direct_call_state(),
-            hidden=_file_tools_hidden(config),
+            hidden=file_tools_hidden(config),
             extra_roots=roots[1:],
         )
         return [ServerSpec("filesystem", "inprocess", server=server)]
@@ -185,25 +187,6 @@ class FilesystemHook(Hook):
         elif kind not in NOT_EVICTED and len(result.output) > self.evict_over:
             result = result.replace(output=evict(result.output, self.evict_over))
         return result
-
-
-def _hidden(config: Config) -> list[Path | str]:
-    """Out of the model's reach, for the sandbox and the file tools alike: crow's home (every
-    session, trust.json, the user's config and stored credentials), the user's config file
-    wherever `--config` put it (it may hold keys), and a trace file (the transcript). (The
-    sandbox adds the user's credential folders itself: see `_file_tools_hidden`.)"""
-    return [config.home, *(p for p in (config.source, config.trace) if p)]
-
-
-def _file_tools_hidden(config: Config) -> list[Path | str]:
-    """`_hidden`, and the credential files the sandbox hides (~/.ssh, ~/.aws, ~/.netrc...):
-    read_file and grep ask no question. All of them, as the sandbox does: a root holding the
-    home folder, lying in it (~/.config holds gh's token) or holding where a credential
-    symlink leads. `Workspace` keeps those inside a root (a few lstats, off the request path)."""
-    from mcp_servers.filesystem.sandbox import CREDENTIALS
-
-    home = os.environ.get("HOME") or str(Path.home())
-    return [*_hidden(config), *(os.path.join(home, c) for c in CREDENTIALS)]
 
 
 def _existing(roots: list[Path]) -> list[Path]:

@@ -59,6 +59,10 @@ _EXPORTS = {
     "Config": "crow.config",
     "load_config": "crow.config",
     "serve": "crow.acp.server",
+    "file_tools_hidden": "crow.roots",  # what the file tools never reach
+    "sandbox_hidden": "crow.roots",
+    "checkpoints": "crow.checkpoints",  # per-turn file checkpoints, and putting them back
+    "snapshots": "crow.snapshots",  # shadow git snapshots of a workspace
 }
 
 __all__ = ["__version__", *_EXPORTS]

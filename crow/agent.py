@@ -361,6 +361,9 @@ class Agent:
             if preparing is None or "unknown session" not in str(exc):  # else: never stored
                 raise SessionError(str(exc)) from exc
         await self.close_session(session_id)
+        from crow.checkpoints import forget_session
+
+        await forget_session(session_id, Path(self.config.home))
 
     # ------------------------------------------------------------ project config
     def session_config(self, cwd: Path) -> SessionProject:

@@ -89,18 +89,22 @@ def secure_store(db_path: str, home: str | None) -> None:
         log.warning("made crow's files in %s private (only you can read them): %s", where, ", ".join(done))
 
 
-def write_private(path: Path, text: str) -> None:
+def write_private(path: Path, text: str | bytes, *, sync: bool = True) -> None:
     """Replace `path` atomically with `text`, mode 0600 from the start (temp file, fsync,
-    rename): a crash leaves the old file or the new one."""
+    rename): a crash leaves the old file or the new one. `sync=False` skips the fsync, for
+    files whose reader checks them (a checkpoint's hash): a killed process still leaves the
+    old file or the new one; a power cut may leave the new one empty."""
     import tempfile  # here: `crow sessions list` imports this module and never writes
 
     path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)  # created 0600
+    data = text.encode("utf-8") if isinstance(text, str) else text
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -14,10 +14,14 @@ import os
 import stat
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from crow.errors import RootsError
 from crow.messages import valid_text
 from crow.session import Session
+
+if TYPE_CHECKING:
+    from crow.config import Config
 
 
 def checked_directories(dirs: Sequence[object]) -> list[str]:
@@ -89,3 +93,23 @@ def system_prompt(template: str, session: Session) -> str:
         listed = ", ".join(session.additional_directories)
         text += f"\n\nThe workspace has more roots, reached by absolute path: {listed}"
     return text
+
+
+def sandbox_hidden(config: Config) -> list[Path | str]:
+    """Out of the model's reach, for the sandbox and the file tools alike: crow's home (every
+    session, trust.json, the user's config and stored credentials), the user's config file
+    wherever `--config` put it (it may hold keys), and a trace file (the transcript). (The
+    sandbox adds the user's credential folders itself: see `file_tools_hidden`.)"""
+    return [config.home, *(p for p in (config.source, config.trace) if p)]
+
+
+def file_tools_hidden(config: Config) -> list[Path | str]:
+    """`sandbox_hidden`, and the credential files the sandbox hides (~/.ssh, ~/.aws,
+    ~/.netrc...): read_file and grep ask no question. All of them, as the sandbox does: a
+    root holding the home folder, lying in it (~/.config holds gh's token) or holding where
+    a credential symlink leads. `Workspace` keeps those inside a root (a few lstats, off the
+    request path). What the file tools and the checkpoints of their writes resolve with."""
+    from mcp_servers.filesystem.sandbox import CREDENTIALS
+
+    home = os.environ.get("HOME") or str(Path.home())
+    return [*sandbox_hidden(config), *(os.path.join(home, c) for c in CREDENTIALS)]

@@ -1,10 +1,6 @@
 """End to end: taking back turns over ACP (`/undo`, `_crow.rewind`) and on the store (`crow
 sessions rewind`), proved at the scripted model server (what the model is sent next) and by
-`session/load` (what is replayed), through the Python client and the TypeScript SDK client.
-
-The files part (a turn's writes and edits put back) needs the per-turn checkpoints of
-crow/checkpoints.py: `test_undo_puts_back_the_files_a_turn_wrote_and_edited` is marked
-xfail(strict) until they record; it must pass once they are merged."""
+`session/load` (what is replayed), through the Python client and the TypeScript SDK client."""
 
 from __future__ import annotations
 
@@ -292,7 +288,6 @@ def test_ts_client_undo_rewind_and_load(echoing: ScriptedLLM, home: Path, worksp
     assert texts(replay, "agent_message_chunk")[2:] == ["a:next"]
 
 
-@pytest.mark.xfail(strict=True, reason="needs the checkpoints helper's recording (crow/checkpoints.py)")
 async def test_undo_puts_back_the_files_a_turn_wrote_and_edited(
     llm: ScriptedLLM, home: Path, workspace: Path
 ) -> None:

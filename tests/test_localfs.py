@@ -446,3 +446,28 @@ async def test_overwrite_keeps_extended_attributes(client: Client, root: Path, t
     assert path.read_text() == "new\n"
     assert os.getxattr(path, "user.crow-test") == b"keep me"
     assert leftovers(root) == []
+
+
+def test_write_bytes_with_a_mode_and_remove_file_never_follow_a_symlink(root: Path, tmp_path: Path) -> None:
+    """What putting back a checkpoint uses: a write that sets the mode (new file or not) and
+    a removal that refuses a symlink, in the path or as the file, never touching the outside."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim.txt").write_text("keep\n")
+    localfs.write_bytes(root, root / "new.sh", b"#!/bin/sh\n", 0o750)
+    assert (root / "new.sh").stat().st_mode & 0o777 == 0o750
+    (root / "old.txt").write_text("x")
+    (root / "old.txt").chmod(0o644)
+    localfs.write_bytes(root, root / "old.txt", b"y", 0o600)
+    assert (root / "old.txt").stat().st_mode & 0o777 == 0o600 and (root / "old.txt").read_bytes() == b"y"
+    (root / "link.txt").symlink_to(outside / "victim.txt")
+    (root / "dir").symlink_to(outside)
+    for path in (root / "link.txt", root / "dir" / "victim.txt"):
+        with pytest.raises(localfs.PathChangedError):
+            localfs.remove_file(root, path)
+    assert (outside / "victim.txt").read_text() == "keep\n" and (root / "link.txt").is_symlink()
+    assert localfs.remove_file(root, root / "old.txt") is True
+    assert localfs.remove_file(root, root / "old.txt") is False  # gone already
+    (root / "folder").mkdir()
+    with pytest.raises(OSError, match="not a regular file"):
+        localfs.remove_file(root, root / "folder")

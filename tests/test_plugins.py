@@ -112,6 +112,7 @@ async def test_a_mixed_stack_has_one_order_whatever_the_registration_time(
             "permissions",
             "plan",
             "ask",
+            "checkpoints",
             "filesystem",
             "todolist",
             # band 1: everyone else's, by order (early -500, outer -1), then name
@@ -231,8 +232,8 @@ def test_the_builtins_are_crows_own_entry_points() -> None:
     assert project["name"] == CROW_DISTRIBUTION
     declared = project["entry-points"][GROUP]
     assert set(declared) == {
-        "tracing", "permissions", "plan", "filesystem", "todolist", "skills", "memory", "summarization",
-        "ask",
+        "tracing", "permissions", "plan", "checkpoints", "filesystem", "todolist", "skills", "memory",
+        "summarization", "ask",
     }  # fmt: skip
     assert all(value.startswith("builtin_hooks.") for value in declared.values())
     from importlib.metadata import entry_points

@@ -51,8 +51,11 @@ __all__ = [
     "WriteError",
     "file_lock",
     "open_dir",
+    "open_regular",
     "read_bytes",
     "read_text",
+    "remove_file",
+    "write_bytes",
     "write_text",
 ]
 
@@ -155,6 +158,12 @@ def open_dir(root: Path, path: Path) -> int:
         raise
     finally:
         os.close(parent)
+
+
+def open_regular(root: Path, path: Path) -> tuple[int, int]:
+    """An fd on the regular file at ``path`` (absolute, inside ``root``), opened without
+    following a symlink anywhere below the root, and its size; the caller closes it."""
+    return _open_for_read(root, path)
 
 
 def _open_for_read(root: Path, path: Path) -> tuple[int, int]:
@@ -271,9 +280,11 @@ def _unchanged(exc: OSError, path: Path) -> WriteError:
     return WriteError(exc.errno or errno.EIO, exc.strerror or str(exc), str(path))
 
 
-def _overwrite_in_place(parent: int, name: str, data: bytes, path: Path) -> None:
+def _overwrite_in_place(parent: int, name: str, data: bytes, path: Path, mode: int | None) -> None:
     fd = _open_file(parent, name, os.O_WRONLY, path)
     try:
+        if mode is not None:
+            os.fchmod(fd, mode)
         try:
             if data:
                 os.posix_fallocate(fd, 0, len(data))  # a full disk fails here, before any change
@@ -351,7 +362,7 @@ def _create_temp(parent: int, path: Path, mode: int) -> tuple[int, str | None]:
     return _open_file(parent, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, path, mode), tmp
 
 
-def _replace(parent: int, name: str, data: bytes, path: Path) -> None:
+def _replace(parent: int, name: str, data: bytes, path: Path, mode: int | None = None) -> None:
     try:
         old: os.stat_result | None = os.stat(name, dir_fd=parent, follow_symlinks=False)
     except FileNotFoundError:
@@ -374,12 +385,14 @@ def _replace(parent: int, name: str, data: bytes, path: Path) -> None:
     except PermissionError:
         if old is None:
             raise
-        return _overwrite_in_place(parent, name, data, path)  # the file is writable, its folder not
+        return _overwrite_in_place(parent, name, data, path, mode)  # the file is writable, its folder not
     except OSError as exc:
         raise _unchanged(exc, path) from None
     try:
         try:
             kept = old is None or (_keep_owner_and_mode(fd, old) and _copy_xattrs(parent, name, fd))
+            if kept and mode is not None:
+                os.fchmod(fd, mode)
             if kept:
                 _write_all(fd, data)
                 os.fsync(fd)
@@ -402,15 +415,40 @@ def _replace(parent: int, name: str, data: bytes, path: Path) -> None:
         raise
     if not kept:
         _discard(tmp, parent)
-        return _overwrite_in_place(parent, name, data, path)
+        return _overwrite_in_place(parent, name, data, path, mode)
     os.fsync(parent)  # the rename itself survives a crash
 
 
-def write_bytes(root: Path, path: Path, data: bytes) -> None:
-    """Replace (or create) the file at ``path`` (absolute, inside ``root``) atomically."""
+def write_bytes(root: Path, path: Path, data: bytes, mode: int | None = None) -> None:
+    """Replace (or create) the file at ``path`` (absolute, inside ``root``) atomically;
+    with ``mode``, the file has that mode (else a replaced file keeps its own)."""
     parent, name = _open_parent(root, path, create=True)
     try:
-        _replace(parent, name, data, path)
+        _replace(parent, name, data, path, mode)
+    finally:
+        os.close(parent)
+
+
+def remove_file(root: Path, path: Path) -> bool:
+    """Remove the regular file at ``path`` (absolute, inside ``root``), reached without
+    following symlinks; False when it is already gone. A symlink, folder or other kind
+    of file in its place is refused (an OSError), never removed."""
+    try:
+        parent, name = _open_parent(root, path, create=False)
+    except FileNotFoundError:
+        return False
+    try:
+        try:
+            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        if stat.S_ISLNK(st.st_mode):
+            raise _changed(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.unlink(name, dir_fd=parent)
+        os.fsync(parent)
+        return True
     finally:
         os.close(parent)
 

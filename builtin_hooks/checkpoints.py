@@ -1,0 +1,151 @@
+"""CheckpointsHook: what each turn changed in the workspace, kept so `/undo` and rewind can
+put it back (crow.checkpoints says what is kept and where).
+
+Inside permissions and plan mode (a refused call records nothing), outside the file tools:
+- before `write_file`/`edit_file` of crow's own filesystem server changes a file, its
+  content and mode are saved (once per file and turn), and after it what it left. The path
+  is resolved as the file tools resolve it (cwd, the session's other roots, crow's home and
+  credential folders out of reach) and read without following a symlink. When the
+  checkpoint cannot be saved (a full disk) the call is refused: the file is not changed.
+- before a turn's first `execute`, a shadow git snapshot of the workspace (crow.snapshots)
+  and another when the turn ends; a workspace too large, or no git, is skipped, and the
+  user told once per session.
+When the turn ends its checkpoint is complete, and the session's oldest are pruned.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from crow import Hook, HookContext, Session, ToolCall, ToolResult, checkpoints, snapshots
+
+log = logging.getLogger("crow.checkpoints")
+_TURN = "checkpoints.turn"  # turn_state: the TurnRecord
+_GIT_LOCK = "checkpoints.git_lock"  # turn_state: one snapshot at a time
+_NO_SNAPSHOTS = "checkpoints.no_snapshots"  # session.state: why commands are not snapshotted
+_WORKSPACE = "checkpoints.workspace"  # session.state: (roots, Workspace)
+
+
+class CheckpointsHook(Hook):
+    name = "checkpoints"
+    order = -72  # inside permissions (-90) and plan's refusals (-80), outside the file tools (-70)
+
+    def __init__(self, home: Path, keep_turns: int = checkpoints.KEEP_TURNS) -> None:
+        self.home = home
+        self.keep_turns = keep_turns
+
+    async def wrap_tool_call(self, ctx: HookContext, call: ToolCall, call_next: Any) -> ToolResult:
+        hub = ctx.session.tools
+        ours = hub is not None and hub.server_of(call.name) == "filesystem" and hub.trusted(call.name)
+        if hub is None or not ours or not ctx.prompt_id:
+            return await call_next(call)
+        kind = hub.kind(call.name)
+        if kind == "edit":
+            return await self._file_change(ctx, call, call_next)
+        if kind == "execute":
+            await self._snapshot_before(ctx)
+        return await call_next(call)
+
+    def _record(self, ctx: HookContext) -> checkpoints.TurnRecord | None:
+        record = ctx.turn_state.get(_TURN)
+        if record is None:
+            folder = checkpoints.session_dir(self.home, ctx.session.id)
+            if folder is None:
+                return None
+            record = ctx.turn_state[_TURN] = checkpoints.TurnRecord(folder, ctx.prompt_id)
+        return record
+
+    async def _file_change(self, ctx: HookContext, call: ToolCall, call_next: Any) -> ToolResult:
+        record = self._record(ctx)
+        path = call.args.get("path")
+        if record is None or not isinstance(path, str):
+            return await call_next(call)
+        try:
+            workspace = _workspace(ctx.session)
+            target = workspace.resolve(path)
+            root = workspace.root_of(target)
+        except Exception:  # the tool refuses the path itself, with its own message
+            return await call_next(call)
+        content = call.args.get("content")  # a whole file written: what it will hold is known
+        expected = f"sha256:{checkpoints.sha256(content.encode())}" if isinstance(content, str) else None
+        try:
+            recorded = record.before(root, target, expected)
+        except checkpoints.CheckpointError as exc:
+            log.warning("checkpoint of %s not saved: %s", target, exc)
+            return ToolResult(call.id, call.name, error=f"{path} was not changed: {exc.strerror}")
+        try:
+            return await call_next(call)
+        finally:  # even on a cancel: what the file holds now is what the turn left
+            if recorded:
+                record.after([str(target)])
+
+    async def _snapshot_before(self, ctx: HookContext) -> None:
+        record = self._record(ctx)
+        if record is None or ctx.session.state.get(_NO_SNAPSHOTS):
+            return
+        lock: anyio.Lock = ctx.turn_state.setdefault(_GIT_LOCK, anyio.Lock())
+        async with lock:  # two commands in one batch: one snapshot
+            if record.git or ctx.session.state.get(_NO_SNAPSHOTS):
+                return
+            shadow = snapshots.ShadowGit(self.home, ctx.session.cwd)
+            try:
+                why = await shadow.unavailable()
+                if why is None:
+                    ref = f"refs/crow/{ctx.session.id}/{record.turn}/before"
+                    at = time.time_ns()
+                    tree = await shadow.snapshot(ref)
+                    record.git = {"workspace": str(shadow.work_tree), "before": tree, "at": at}
+                    record.save()
+            except (snapshots.SnapshotError, OSError, TimeoutError) as exc:
+                why = f"the snapshot failed ({exc})"
+            if why is not None:
+                ctx.session.state[_NO_SNAPSHOTS] = why
+                await ctx.notify(
+                    f"What commands change in this workspace is not checkpointed: {why}. "
+                    "/undo puts back only what write_file and edit_file changed.",
+                    "warning",
+                    "Commands' changes not checkpointed",
+                )
+
+    async def after_agent(self, ctx: HookContext) -> None:
+        record: checkpoints.TurnRecord | None = ctx.turn_state.get(_TURN)
+        if record is None:
+            return
+        try:
+            if record.git.get("before"):
+                shadow = snapshots.ShadowGit(self.home, Path(record.git["workspace"]))
+                ref = f"refs/crow/{ctx.session.id}/{record.turn}/after"
+                record.git["after"] = await shadow.snapshot(ref)
+                record.after()  # commands may have changed the files the tools wrote too
+            elif record.files:
+                record.save()
+        except (snapshots.SnapshotError, OSError, TimeoutError) as exc:
+            log.warning("the end-of-turn snapshot failed: %s", exc)
+        await checkpoints.prune(self.home, ctx.session.id, self.keep_turns)
+
+
+def _workspace(session: Session) -> Any:
+    """The session's workspace as the file tools see it (built once per set of roots)."""
+    roots = tuple(r for r in session.roots if r == session.cwd or os.path.isdir(r))
+    cached = session.state.get(_WORKSPACE)
+    if cached is not None and cached[0] == roots:
+        return cached[1]
+    from crow import Config, file_tools_hidden
+    from mcp_servers.filesystem.paths import Workspace
+
+    config = session.config if session.config is not None else Config()
+    workspace = Workspace(roots[0], hidden=file_tools_hidden(config), extra_roots=roots[1:])
+    session.state[_WORKSPACE] = (roots, workspace)
+    return workspace
+
+
+def factory(agent: Any) -> CheckpointsHook:
+    settings = agent.config.hooks.settings.get("checkpoints", {})
+    keep = int(settings.get("keep_turns", checkpoints.KEEP_TURNS))
+    return CheckpointsHook(Path(agent.config.home), keep_turns=keep)
