@@ -12,7 +12,7 @@ import acp
 import pytest
 import yaml
 
-from crow.acp.server import FAILED
+from crow.acp.sessions import FAILED
 from tests.conftest import crow_env, spawn_crow
 from tests.llm_server import Fault, Reply, ScriptedLLM, ToolCallSpec
 

@@ -16,7 +16,7 @@ import acp
 import anyio.lowlevel
 import pytest
 
-from crow.acp.server import CANCELLED, FAILED
+from crow.acp.sessions import CANCELLED, FAILED
 from crow.agent import Agent
 from crow.config import Config
 from crow.errors import SessionError

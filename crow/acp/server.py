@@ -46,9 +46,11 @@ from crow.acp import reports as acp_reports
 from crow.acp import sessions as acp_sessions
 from crow.acp import view as acp_view
 from crow.acp.client import AcpSessionClient
+from crow.acp.extensions import Extensions
 from crow.acp.protocol import ClientFeatures
+from crow.acp.sessions import BUSY, FAILED
 from crow.agent import Agent
-from crow.errors import AuthRequired, CannotRewind, CrowError, RootsError, SessionBusy, SessionError
+from crow.errors import AuthRequired, CrowError, RootsError, SessionBusy, SessionError
 from crow.events import Event, ModeChanged, TitleChanged, ToolCallEnd
 from crow.session import Session
 
@@ -57,19 +59,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("crow.acp")
 
-FAILED = -32000  # crow could not do what was asked; the message says why (not "Internal error")
-BUSY = -32001  # a prompt is already running in this session (here or in another crow process)
-CANCELLED = -32800  # ACP's "request cancelled": session/cancel stopped a crow.compact
-
-# Extension methods (wire name without its leading underscore) -> AcpServer method.
-EXT_METHODS = {
-    "crow.compact": "_ext_compact",
-    "crow.rewind": "_ext_rewind",
-    "session/steering": "_ext_steering",
-}
 
 
-class AcpServer:
+
+class AcpServer(Extensions):
     """Runs on crow's own wire (`crow.acp.wire.StdioWire`, set as `wire` before connecting):
     updates go out through it, and what must follow an answer is run by it."""
 
@@ -402,78 +395,6 @@ class AcpServer:
             await self.wire.notify("session/update", [acp_convert.notification_params(session_id, update)])
         except Exception:
             log.debug("session/update to %s failed", session_id, exc_info=True)
-
-    # ------------------------------------------------------------ extensions
-    async def ext_method(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        """An extension request (`_NAME` on the wire; the SDK strips the underscore): one
-        `_ext_*` method each, listed in `EXT_METHODS`."""
-        handler = EXT_METHODS.get(method)
-        if handler is None:
-            raise RequestError.method_not_found(method)
-        result: dict[str, Any] = await getattr(self, handler)(params)
-        return result
-
-    async def _ext_compact(self, params: dict[str, Any]) -> dict[str, Any]:
-        """`_crow.compact {sessionId, instructions?}`: compacts now; the CompactResult."""
-        session_id = params.get("sessionId")
-        if not isinstance(session_id, str):
-            raise RequestError.invalid_params({"sessionId": "required"})
-        instructions = params.get("instructions")
-        if instructions is not None and not isinstance(instructions, str):
-            raise RequestError.invalid_params({"instructions": "must be a string"})
-        if session_id not in self.agent.sessions:
-            await self._resume(session_id, None, None, None)
-        session = self._session(session_id)
-        with self._cancellable(session_id, "a prompt; cancel it or wait before compacting") as scope:
-            try:
-                result = await self.agent.compact(
-                    session, instructions, emit=lambda e: self._emit(session, e)
-                )
-            except SessionBusy as exc:
-                raise RequestError(BUSY, str(exc)) from exc
-            except CrowError as exc:
-                raise RequestError(FAILED, f"compaction failed: {exc}") from exc
-        if scope.cancelled_caught:
-            raise RequestError(CANCELLED, "compaction cancelled")
-        return result.to_dict()
-
-    async def _ext_rewind(self, params: dict[str, Any]) -> dict[str, Any]:
-        """`_crow.rewind {sessionId, turns?}`: takes back the last `turns` (default 1) turns,
-        conversation and files (`crow.rewind`); what was restored and what was not."""
-        from crow import rewind
-
-        session_id = params.get("sessionId")
-        if not isinstance(session_id, str):
-            raise RequestError.invalid_params({"sessionId": "required"})
-        try:
-            turns = rewind.checked_turns(params.get("turns", 1))
-        except ValueError as exc:
-            raise RequestError.invalid_params({"turns": str(exc)}) from exc
-        if session_id not in self.agent.sessions:
-            await self._resume(session_id, None, None, None)
-        session = self._session(session_id)
-        await self._ready(session)
-        with self._cancellable(session_id, "a prompt; cancel it or wait before rewinding"):
-            try:
-                rewound = await rewind.rewind(session, turns, (session.config or self.agent.config).home)
-            except SessionBusy as exc:
-                raise RequestError(BUSY, str(exc)) from exc
-            except CannotRewind as exc:
-                counts = {"turns": exc.asked, "available": exc.available}
-                raise RequestError(FAILED, str(exc), counts) from exc
-            except CrowError as exc:
-                raise RequestError(FAILED, f"rewind failed: {exc}") from exc
-        await self._emit(session, rewound.notice)
-        return rewound.to_dict()
-
-    async def _ext_steering(self, params: dict[str, Any]) -> dict[str, Any]:
-        """`_session/steering {sessionId, prompt}`: into the running turn (crow.acp.steering)."""
-        from crow.acp import steering
-
-        return await steering.steer(self.agent, params)
-
-    async def ext_notification(self, method: str, params: dict[str, Any]) -> None:
-        log.debug("ignored extension notification %s", method)
 
 
 async def serve(agent: Agent | None = None) -> None:

@@ -126,6 +126,9 @@ def session_info(record: Any) -> SessionInfo:
     )
 
 
+FAILED = -32000  # crow could not do what was asked; the message says why (not "Internal error")
+BUSY = -32001  # a prompt is already running in this session (here or in another crow process)
+CANCELLED = -32800  # ACP's "request cancelled": session/cancel stopped a crow.compact
 UNKNOWN_SESSION = -32002  # ACP's resource-not-found, for a session id crow does not know
 
 
