@@ -1,7 +1,7 @@
 """Checkpoints: what the checkpoints hook adds to a `write_file` of a 100 KB file (the same
 call through the ToolHub without the hook, interleaved, is the baseline), and putting back a
-turn that wrote 100 files (against writing those 100 files atomically, the disk work any
-restore must do)."""
+turn that wrote 100 files with `/undo`'s own code (against writing those 100 files
+atomically, the disk work any restore must do)."""
 
 from __future__ import annotations
 
@@ -73,8 +73,11 @@ async def _write_figure(ctx: Ctx) -> Figure:
 
 
 async def _undo_figure(ctx: Ctx) -> Figure:
-    from crow.checkpoints import restore_turns
-    from crow.messages import ToolCall
+    """The whole `/undo` (`crow.rewind.rewind`): the files put back, then the conversation's
+    context and the report stored, in a session on a real SQLite store."""
+    from crow import rewind as rw
+    from crow.messages import ToolCall, ai, human
+    from crow.store import SQLiteStore
     from mcp_servers.filesystem.localfs import write_bytes
 
     hook, session, hub, ws = await _setup(ctx)
@@ -82,31 +85,36 @@ async def _undo_figure(ctx: Ctx) -> Figure:
     undo: list[float] = []
     rewrite: list[float] = []
     try:
-        for rep in range(n):
-            for f in range(FILES):
-                (ws / f"src/f{f:03d}.py").parent.mkdir(exist_ok=True)
-                (ws / f"src/f{f:03d}.py").write_text(_content(f, 4096))
-            turn = f"undo-{rep}"
-            tctx = _ctx(session, turn)
-            for f in range(FILES):
-                args = {"path": f"src/f{f:03d}.py", "content": _content(f + rep + 1, 4096)}
-                result = await hook.wrap_tool_call(tctx, ToolCall(f"w{f}", "write_file", args), hub.call)
-                assert not result.is_error, result
-            await hook.after_agent(tctx)
-            t0 = time.perf_counter()
-            done = await restore_turns(session, [turn], hook.home)
-            undo.append(time.perf_counter() - t0)
-            assert len(done.restored) == FILES and not done.skipped, done
-            data = [(ws / f"src/f{f:03d}.py", _content(f, 4096).encode()) for f in range(FILES)]
-            t0 = time.perf_counter()
-            for path, body in data:
-                write_bytes(ws, path, body)
-            rewrite.append(time.perf_counter() - t0)
+        async with SQLiteStore(hook.home / "bench.db", home=hook.home) as store:
+            await store.create_session(id=session.id, cwd=str(ws))
+            session.store = store
+            for rep in range(n):
+                for f in range(FILES):
+                    (ws / f"src/f{f:03d}.py").parent.mkdir(exist_ok=True)
+                    (ws / f"src/f{f:03d}.py").write_text(_content(f, 4096))
+                await session.add(rw.as_prompt(human(f"rewrite the sources, take {rep}")))
+                tctx = _ctx(session, session.messages[-1].id)
+                for f in range(FILES):
+                    args = {"path": f"src/f{f:03d}.py", "content": _content(f + rep + 1, 4096)}
+                    result = await hook.wrap_tool_call(tctx, ToolCall(f"w{f}", "write_file", args), hub.call)
+                    assert not result.is_error, result
+                await session.add(ai("done"))
+                await hook.after_agent(tctx)
+                t0 = time.perf_counter()
+                done = await rw.rewind(session, 1, hook.home)
+                undo.append(time.perf_counter() - t0)
+                assert len(done.files.restored) == FILES and not done.files.skipped, done
+                data = [(ws / f"src/f{f:03d}.py", _content(f, 4096).encode()) for f in range(FILES)]
+                t0 = time.perf_counter()
+                for path, body in data:
+                    write_bytes(ws, path, body)
+                rewrite.append(time.perf_counter() - t0)
     finally:
         await hub.aclose()
-    return Figure(G, f"undo of a turn that wrote {FILES} files (4 KB each)", ms(median(undo)),
+    return Figure(G, f"/undo of a turn that wrote {FILES} files (4 KB each)", ms(median(undo)),
                   baseline=ms(median(rewrite)), baseline_name=f"{FILES} atomic writes alone",
-                  target="< 300 ms", check=("value", "<", 300.0), samples=n)  # fmt: skip
+                  target="< 300 ms", check=("value", "<", 300.0), samples=n,
+                  note="crow.rewind.rewind: the files, then the context and the report in one transaction")  # fmt: skip
 
 
 async def run(ctx: Ctx) -> list[Figure]:
