@@ -293,6 +293,7 @@ async def test_undo_puts_back_the_files_a_turn_wrote_and_edited(
 ) -> None:
     (workspace / "kept.txt").write_text("before\n")
     llm.push(
+        Reply(text="first"),
         Reply(tool_calls=[ToolCallSpec("write_file", {"path": "new.txt", "content": "made\n"})]),
         Reply(
             tool_calls=[
@@ -300,13 +301,17 @@ async def test_undo_puts_back_the_files_a_turn_wrote_and_edited(
             ]
         ),
         Reply(text="done"),
+        Reply(text="next"),
     )
     async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
         sid = await start(conn, workspace, True)
-        await ask(conn, sid, "change the files")
+        await ask(conn, sid, "hello", "change the files")
         assert (workspace / "new.txt").exists() and (workspace / "kept.txt").read_text() == "after\n"
         await ask(conn, sid, "/undo")
         told = sent(client, "notice")[-1]
+        await ask(conn, sid, "what now")
+        # the model's next request: the turn, its tool calls and their results are gone
+        assert seen(llm) == [("user", "hello"), ("assistant", "first"), ("user", "what now")]
     assert not (workspace / "new.txt").exists()
     assert (workspace / "kept.txt").read_text() == "before\n"
     assert "Files restored: kept.txt." in told["description"]
