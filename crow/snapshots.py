@@ -16,10 +16,12 @@ neither is anything when git is missing: `unavailable` says why.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import stat
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,7 +117,8 @@ class ShadowGit:
         the files git would take (ignored ones left out) and stops at the limit."""
         if self.missing():
             return "git is not installed"
-        await self._init()
+        async with self._exclusive():  # two first uses at once: one `git init`, one config
+            await self._init()
         count = size = 0
         env = self._env()
         args = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
@@ -141,12 +144,27 @@ class ShadowGit:
             return f"the workspace holds more than {MAX_BYTES // (1024 * 1024)} MB"
         return None
 
+    @contextlib.asynccontextmanager
+    async def _exclusive(self) -> AsyncIterator[None]:
+        """One snapshot or drop at a time in this git dir, across sessions and processes:
+        two sessions share a workspace's git dir, git refuses a second `git add` while one
+        holds its index.lock, and a drop must not remove the dir under a snapshot."""
+        from crow.private import locked
+
+        hold = locked(self.git_dir)  # a lock file beside the git dir: it outlives a drop
+        await anyio.to_thread.run_sync(hold.__enter__)
+        try:
+            yield
+        finally:
+            hold.__exit__(None, None, None)
+
     async def snapshot(self, ref: str) -> str:
         """The work tree now, as a tree id kept alive by `ref`."""
-        await self._init()
-        await self.git("add", "--all", "--ignore-errors", ".")
-        tree = (await self.git("write-tree")).decode().strip()
-        await self.git("update-ref", ref, tree)
+        async with self._exclusive():
+            await self._init()
+            await self.git("add", "--all", "--ignore-errors", ".")
+            tree = (await self.git("write-tree")).decode().strip()
+            await self.git("update-ref", ref, tree)
         return tree
 
     async def changes(self, before: str, after: str) -> list[Change]:
@@ -183,11 +201,14 @@ class ShadowGit:
         """Delete refs; the git dir goes when none is left."""
         if not (self.git_dir / "HEAD").exists():
             return
-        if refs:
-            await self.git("update-ref", "--stdin", stdin="".join(f"delete {r}\n" for r in refs).encode())
-        left = await self.git("for-each-ref", "--count=1", "refs/crow/")
-        if not left.strip():
-            shutil.rmtree(self.git_dir, ignore_errors=True)
+        async with self._exclusive():
+            if not (self.git_dir / "HEAD").exists():
+                return
+            if refs:
+                await self.git("update-ref", "--stdin", stdin="".join(f"delete {r}\n" for r in refs).encode())
+            left = await self.git("for-each-ref", "--count=1", "refs/crow/")
+            if not left.strip():
+                shutil.rmtree(self.git_dir, ignore_errors=True)
 
 
 def _side(mode: str, oid: str) -> tuple[int, str] | None:
