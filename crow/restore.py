@@ -24,6 +24,10 @@ from crow.checkpoints import MAX_FILE_BYTES, Restored, current_state, state_of
 from crow.snapshots import GIT_MODES, ShadowGit, SnapshotError, git_blob_id
 
 CHANGED_SINCE = "changed since the turn (its content is not what the turn left)"
+NO_CLOSING_SNAPSHOT = (
+    "the turn ended before its closing snapshot (crow stopped, or the snapshot failed): what its"
+    " commands changed cannot be told from later changes, so none of it is restored"
+)
 PARALLEL = 16  # files put back at once
 
 
@@ -60,6 +64,8 @@ async def restore(records: list[dict[str, Any]], roots: list[Path], home: Path, 
                 before = None if c.before is None else {"git": c.before[1], "mode": c.before[0]}
                 after = "absent" if c.after is None else f"git:{c.after[1]}"
                 here[path] = _Plan(shadow.work_tree, before, after, shadow=shadow)
+        elif git.get("before"):  # crow stopped (or that snapshot failed) before the turn ended
+            skipped.append(("(commands' changes)", NO_CLOSING_SNAPSHOT))
         folder = record.get("folder")
         for path, entry in record["files"].items():
             if path in here and git.get("at", 0) < entry.get("at", 0):
