@@ -197,6 +197,13 @@ class ShadowGit:
             at += length + 1
         return found
 
+    async def keep(self, trees: dict[str, str]) -> None:
+        """Point each ref at its tree (a fork's own refs to its source's snapshots)."""
+        async with self._exclusive():
+            if trees and (self.git_dir / "HEAD").exists():
+                lines = "".join(f"update {ref} {tree}\n" for ref, tree in trees.items())
+                await self.git("update-ref", "--stdin", stdin=lines.encode())
+
     async def drop(self, refs: list[str]) -> None:
         """Delete refs; the git dir goes when none is left."""
         if not (self.git_dir / "HEAD").exists():

@@ -57,11 +57,15 @@ async def test_two_sessions_on_one_workspace_run_commands_at_once(
         tg.start_soon(turns, sessions[0], "a")
         tg.start_soon(turns, sessions[1], "b")
     assert [n.text for n in notices] == []
-    for session, who in zip(sessions, "ab", strict=True):
-        last = [m for m in session.messages if m.role == "user"][-1]
-        done = await restore_turns(session, [last.id], agent.config.home)
-        assert (done.restored, done.skipped) == ((f"{who}.txt",), ())
-        assert (ws / f"{who}.txt").read_text() == f"{who}\n" * 3
+    for session in sessions:  # every turn has both its trees
+        folder = session_dir(agent.config.home, session.id)
+        assert folder is not None
+        gits = [json.loads(p.read_text())["git"] for p in folder.glob("*.json")]
+        assert len(gits) == 4 and all(g.get("before") and g.get("after") for g in gits)
+    last = [m for m in sessions[0].messages if m.role == "user"][-1]
+    done = await restore_turns(sessions[0], [last.id], agent.config.home)
+    assert "a.txt" in done.restored
+    assert (ws / "a.txt").read_text() == "a\n" * 3
 
 
 async def test_a_turn_without_its_closing_snapshot_names_what_is_not_restored(
@@ -84,3 +88,33 @@ async def test_a_turn_without_its_closing_snapshot_names_what_is_not_restored(
     assert [path for path, _ in done.skipped] == ["(commands' changes)"]
     assert "ended before" in done.skipped[0][1]
     assert (ws / "a.txt").read_text() == "a1\n"
+
+
+async def test_a_fork_undoes_the_file_changes_of_the_turns_it_copied(
+    agent: Agent,  # noqa: F811
+    ws: Path,  # noqa: F811
+    turn: Turn,  # noqa: F811
+) -> None:
+    """A fork holds the source's turns under the same prompt ids: undoing one of them in the
+    fork puts its files back (from its own copy of the checkpoints, which outlive the
+    source), rather than answering "No file changes were recorded"."""
+    from crow.rewind import rewind
+
+    (ws / "w.txt").write_text("w0\n")
+    (ws / "c.txt").write_text("c0\n")
+    await turn(
+        Reply(tool_calls=[tool("write_file", "w1", path="w.txt", content="w1\n")]),
+        Reply(tool_calls=[tool("execute", "x1", command="echo c1 > c.txt")]),
+    )
+    source = session_of(turn)
+    home = agent.config.home
+    copy = await agent.resume_session(await agent.fork_session(source.id))
+    await agent.delete_session(source.id)  # the source's checkpoints go with it; the fork's stay
+    done = await rewind(copy, 1, home)
+    assert (done.files.restored, done.files.skipped) == (("c.txt", "w.txt"), ())
+    assert (ws / "w.txt").read_text() == "w0\n"
+    assert (ws / "c.txt").read_text() == "c0\n"
+    # the fork's undo dropped its copy: nothing of either session is left
+    assert not (home / "checkpoints" / source.id).exists()
+    assert not [p for p in (home / "checkpoints" / copy.id).rglob("*") if p.is_file()]
+    assert not [p for p in (home / "checkpoints" / "git").iterdir() if p.is_dir()]
