@@ -118,3 +118,38 @@ async def test_a_fork_undoes_the_file_changes_of_the_turns_it_copied(
     assert not (home / "checkpoints" / source.id).exists()
     assert not [p for p in (home / "checkpoints" / copy.id).rglob("*") if p.is_file()]
     assert not [p for p in (home / "checkpoints" / "git").iterdir() if p.is_dir()]
+
+
+async def test_a_disk_that_fills_during_the_edit_leaves_the_tools_own_answer(
+    agent: Agent,  # noqa: F811
+    ws: Path,  # noqa: F811
+    turn: Turn,  # noqa: F811
+    llm: ScriptedLLM,
+    small_disk: Path,
+) -> None:
+    """The checkpoint was saved, the edit landed, then the disk filled before what the edit
+    left could be recorded: the model is told what the tool did (the file IS changed), not
+    that a hook failed; an undo then leaves the file alone and says why."""
+    home = agent.config.home
+    (home / "checkpoints").parent.mkdir(parents=True, exist_ok=True)
+    (home / "checkpoints").symlink_to(small_disk)
+    (ws / "f.txt").write_text("f0\n")
+
+    async def inside(ctx: Any, call: Any, call_next: Any) -> Any:
+        result = await call_next(call)
+        with (small_disk / "filler").open("wb") as f:  # the disk fills meanwhile
+            try:
+                f.write(b"x" * (1024 * 1024))
+            except OSError:
+                pass
+        return result
+
+    await agent.ready()
+    agent.hooks.register("wrap_tool_call", inside, name="inside")
+    pid, _ = await turn(Reply(tool_calls=[tool("edit_file", "e1", path="f.txt", old_text="f0", new_text="f1")]))
+    assert (ws / "f.txt").read_text() == "f1\n"
+    answer = {m["tool_call_id"]: m["content"] for m in llm.requests[1].messages if m["role"] == "tool"}["e1"]
+    assert "checkpoints" not in answer and "failed" not in answer
+    (small_disk / "filler").unlink()
+    done = await restore_turns(session_of(turn), [pid], home)
+    assert done.skipped == (("f.txt", "crow stopped before it recorded what the turn left in it; left as it is"),)
