@@ -162,6 +162,9 @@ class ShadowGit:
         """The work tree now, as a tree id kept alive by `ref`."""
         async with self._exclusive():
             await self._init()
+            # No other git runs here while crow's lock is held: an index.lock found is what
+            # a git killed mid-snapshot left, and git would refuse every snapshot after it.
+            (self.git_dir / "index.lock").unlink(missing_ok=True)
             await self.git("add", "--all", "--ignore-errors", ".")
             tree = (await self.git("write-tree")).decode().strip()
             await self.git("update-ref", ref, tree)

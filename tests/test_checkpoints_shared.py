@@ -153,3 +153,24 @@ async def test_a_disk_that_fills_during_the_edit_leaves_the_tools_own_answer(
     (small_disk / "filler").unlink()
     done = await restore_turns(session_of(turn), [pid], home)
     assert done.skipped == (("f.txt", "crow stopped before it recorded what the turn left in it; left as it is"),)
+
+
+async def test_a_git_killed_mid_snapshot_does_not_end_snapshots_for_good(
+    agent: Agent,  # noqa: F811
+    ws: Path,  # noqa: F811
+    turn: Turn,  # noqa: F811
+) -> None:
+    """crow (and its git) killed during `git add` leaves the shadow index locked: git would
+    refuse every later snapshot of that workspace, in every session, until someone removed
+    the lock by hand. Under crow's own lock no other git runs there, so a lock file found
+    is a dead one's."""
+    from crow.snapshots import git_dir_for
+
+    (ws / "a.txt").write_text("a0\n")
+    await turn(Reply(tool_calls=[tool("execute", "x1", command="true")]))
+    (git_dir_for(agent.config.home, ws) / "index.lock").write_text("")  # what the kill left
+    pid, notices = await turn(Reply(tool_calls=[tool("execute", "x2", command="echo a1 > a.txt")]))
+    assert notices == []
+    done = await restore_turns(session_of(turn), [pid], agent.config.home)
+    assert done.restored == ("a.txt",)
+    assert (ws / "a.txt").read_text() == "a0\n"
