@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import shutil
 import stat
 from collections.abc import AsyncIterator
@@ -34,7 +35,15 @@ GIT_MODES = (0o100644, 0o100755)  # regular files; not symlinks (120000) or gitl
 
 
 class SnapshotError(Exception):
-    """A git run failed; the message says how."""
+    """A git run failed; the message says how (`stderr`: all git said)."""
+
+    def __init__(self, message: str, stderr: str = "") -> None:
+        super().__init__(message)
+        self.stderr = stderr
+
+
+# git refuses a whole `git add` over one nested repository that has no commit yet
+_NO_COMMIT = re.compile(r"^error: '(.+)/' does not have a commit checked out$", re.MULTILINE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +89,9 @@ class ShadowGit:
                 ["git", *args], input=stdin, env=self._env(), cwd=self.work_tree, check=False
             )
         if done.returncode != 0:
-            why = done.stderr.decode("utf-8", "replace").strip().splitlines()
-            raise SnapshotError(f"git {args[0]} failed: {why[-1] if why else done.returncode}")
+            said = done.stderr.decode("utf-8", "replace").strip()
+            why = said.splitlines()
+            raise SnapshotError(f"git {args[0]} failed: {why[-1] if why else done.returncode}", said)
         return done.stdout
 
     @staticmethod
@@ -158,6 +168,22 @@ class ShadowGit:
         finally:
             hold.__exit__(None, None, None)
 
+    async def _add(self) -> None:
+        """`git add` the work tree. A nested repository with no commit yet (a command's `git
+        init` in a subfolder) makes git refuse the whole add, every time: it is excluded
+        (a nested repository is never content, only a gitlink) and the add tried again."""
+        for _ in range(3):
+            try:
+                await self.git("add", "--all", "--ignore-errors", ".")
+                return
+            except SnapshotError as exc:
+                nested = _NO_COMMIT.findall(exc.stderr)
+                if not nested:
+                    raise
+                with (self.git_dir / "info" / "exclude").open("a", encoding="utf-8") as f:
+                    f.writelines(f"/{_literal(path)}/\n" for path in nested)
+        await self.git("add", "--all", "--ignore-errors", ".")
+
     async def snapshot(self, ref: str) -> str:
         """The work tree now, as a tree id kept alive by `ref`."""
         async with self._exclusive():
@@ -165,7 +191,7 @@ class ShadowGit:
             # No other git runs here while crow's lock is held: an index.lock found is what
             # a git killed mid-snapshot left, and git would refuse every snapshot after it.
             (self.git_dir / "index.lock").unlink(missing_ok=True)
-            await self.git("add", "--all", "--ignore-errors", ".")
+            await self._add()
             tree = (await self.git("write-tree")).decode().strip()
             await self.git("update-ref", ref, tree)
         return tree
@@ -223,6 +249,11 @@ class ShadowGit:
 
 def _side(mode: str, oid: str) -> tuple[int, str] | None:
     return None if int(mode, 8) == 0 else (int(mode, 8), oid)
+
+
+def _literal(path: str) -> str:
+    """`path` as a .gitignore pattern that matches just it (wildcards and specials escaped)."""
+    return re.sub(r"([][*?!#\\ ])", r"\\\1", path)
 
 
 def git_blob_id(data: bytes) -> str:

@@ -174,3 +174,24 @@ async def test_a_git_killed_mid_snapshot_does_not_end_snapshots_for_good(
     done = await restore_turns(session_of(turn), [pid], agent.config.home)
     assert done.restored == ("a.txt",)
     assert (ws / "a.txt").read_text() == "a0\n"
+
+
+async def test_a_nested_repository_without_a_commit_does_not_stop_snapshots(
+    agent: Agent,  # noqa: F811
+    ws: Path,  # noqa: F811
+    turn: Turn,  # noqa: F811
+) -> None:
+    """A command starts a project in a subfolder (`git init`, no commit yet): git refuses
+    any `git add` over such a repository, which ended snapshots for the session (the turn's
+    closing one failed, every later one too). It is left out instead: its files are the
+    nested repository's, never the workspace snapshot's."""
+    (ws / "a.txt").write_text("a0\n")
+    first, notices = await turn(
+        Reply(tool_calls=[tool("execute", "x1", command="git init -q 'new [app]' && echo a1 > a.txt")])
+    )
+    second, later = await turn(Reply(tool_calls=[tool("execute", "x2", command="echo a2 > a.txt")]))
+    assert notices == later == []
+    done = await restore_turns(session_of(turn), [second, first], agent.config.home)
+    assert (done.restored, done.skipped) == (("a.txt",), ())
+    assert (ws / "a.txt").read_text() == "a0\n"
+    assert (ws / "new [app]" / ".git").is_dir()  # the nested repository is not the turn's to take
