@@ -162,7 +162,8 @@ class ShadowGit:
         from crow.private import locked
 
         hold = locked(self.git_dir)  # a lock file beside the git dir: it outlives a drop
-        await anyio.to_thread.run_sync(hold.__enter__)
+        with anyio.CancelScope(shield=True):  # taken, then released below, even on a cancel
+            await anyio.to_thread.run_sync(hold.__enter__)
         try:
             yield
         finally:
