@@ -86,10 +86,11 @@ def _sessions(store: DirectStore, action: str, session_id: str | None, cwd: str 
         sys.stdout.write("\n")
         return 0
     from crow.messages import pretty
-    from crow.rewind import shown
+    from crow.rewind import is_marker, shown
 
     print(f"# {record.title or '(untitled)'}\n{record.id} · {record.cwd} · {record.updated_at}\n")
-    print(pretty(m for m in shown(transcript) if m.role != "system"))  # not what a rewind took back
+    # not what a rewind took back: its report instead, where those turns were
+    print(pretty(m for m in shown(transcript) if m.role != "system" or is_marker(m)))
     return 0
 
 
