@@ -39,7 +39,9 @@ async def test_two_sessions_on_one_workspace_run_commands_at_once(
             return Reply(text="done")
         who = req.last_user_text
         command = f"echo {who} >> {who}.txt"
-        return Reply(tool_calls=[ToolCallSpec(name="execute", arguments={"command": command}, id=f"x{next(ids)}")])
+        return Reply(
+            tool_calls=[ToolCallSpec(name="execute", arguments={"command": command}, id=f"x{next(ids)}")]
+        )
 
     llm.rule(lambda req: True, step)
     sessions = [agent.create_session(str(ws)) for _ in range(2)]
@@ -146,13 +148,17 @@ async def test_a_disk_that_fills_during_the_edit_leaves_the_tools_own_answer(
 
     await agent.ready()
     agent.hooks.register("wrap_tool_call", inside, name="inside")
-    pid, _ = await turn(Reply(tool_calls=[tool("edit_file", "e1", path="f.txt", old_text="f0", new_text="f1")]))
+    pid, _ = await turn(
+        Reply(tool_calls=[tool("edit_file", "e1", path="f.txt", old_text="f0", new_text="f1")])
+    )
     assert (ws / "f.txt").read_text() == "f1\n"
     answer = {m["tool_call_id"]: m["content"] for m in llm.requests[1].messages if m["role"] == "tool"}["e1"]
     assert "checkpoints" not in answer and "failed" not in answer
     (small_disk / "filler").unlink()
     done = await restore_turns(session_of(turn), [pid], home)
-    assert done.skipped == (("f.txt", "crow stopped before it recorded what the turn left in it; left as it is"),)
+    assert done.skipped == (
+        ("f.txt", "crow stopped before it recorded what the turn left in it; left as it is"),
+    )
 
 
 async def test_a_git_killed_mid_snapshot_does_not_end_snapshots_for_good(
@@ -195,3 +201,48 @@ async def test_a_nested_repository_without_a_commit_does_not_stop_snapshots(
     assert (done.restored, done.skipped) == (("a.txt",), ())
     assert (ws / "a.txt").read_text() == "a0\n"
     assert (ws / "new [app]" / ".git").is_dir()  # the nested repository is not the turn's to take
+
+
+async def test_a_hostile_repository_runs_nothing_in_the_shadow_git(
+    agent: Agent,  # noqa: F811
+    ws: Path,  # noqa: F811
+    turn: Turn,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The project's own config, hooks and filters, a nested repository's and a `.git` file's
+    pointing elsewhere: none runs when crow snapshots and restores the workspace (held on
+    the old code too: kept as a guard across git versions)."""
+    pwned = tmp_path / "pwned"
+    pwned.mkdir()
+
+    async def git(*args: str, cwd: Path) -> None:
+        await anyio.run_process(["git", *args], cwd=cwd)
+
+    def trap(name: str) -> str:
+        return f"touch {pwned / name}; echo"
+
+    await git("init", "-q", ".", cwd=ws)
+    for key, name in (("core.fsmonitor", "fsmonitor"), ("core.hooksPath", "hookspath")):
+        await git("config", key, trap(name), cwd=ws)
+    await git("config", "filter.x.clean", trap("filter"), cwd=ws)
+    await git("config", "diff.x.textconv", trap("textconv"), cwd=ws)
+    for hook in ("pre-commit", "post-index-change", "reference-transaction", "post-checkout"):
+        (ws / ".git" / "hooks" / hook).write_text(f"#!/bin/sh\n{trap(hook)}\n")
+        (ws / ".git" / "hooks" / hook).chmod(0o755)
+    (ws / ".gitattributes").write_text("* filter=x diff=x\n")
+    nested = ws / "vendor"
+    nested.mkdir()
+    await git("init", "-q", ".", cwd=nested)
+    await git("config", "core.fsmonitor", trap("nested"), cwd=nested)
+    (nested / "v.txt").write_text("v\n")
+    elsewhere = tmp_path / "elsewhere"
+    await git("init", "-q", str(elsewhere), cwd=tmp_path)
+    await git("config", "core.fsmonitor", trap("gitfile"), cwd=elsewhere)
+    (ws / "linked").mkdir()
+    (ws / "linked" / ".git").write_text(f"gitdir: {elsewhere / '.git'}\n")
+    (ws / "a.txt").write_text("a0\n")
+    pid, notices = await turn(Reply(tool_calls=[tool("execute", "x1", command="echo a1 > a.txt")]))
+    done = await restore_turns(session_of(turn), [pid], agent.config.home)
+    assert notices == []
+    assert "a.txt" in done.restored and (ws / "a.txt").read_text() == "a0\n"
+    assert sorted(p.name for p in pwned.iterdir()) == []
