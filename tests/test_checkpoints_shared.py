@@ -246,3 +246,20 @@ async def test_a_hostile_repository_runs_nothing_in_the_shadow_git(
     assert notices == []
     assert "a.txt" in done.restored and (ws / "a.txt").read_text() == "a0\n"
     assert sorted(p.name for p in pwned.iterdir()) == []
+
+
+async def test_a_symlink_a_command_removed_is_named_not_recreated(
+    agent: Agent,  # noqa: F811
+    ws: Path,  # noqa: F811
+    turn: Turn,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """docs/undo.md: symlinks inside a snapshot are left alone and named (a restore never
+    makes a link, which could point anywhere)."""
+    (ws / "a.txt").write_text("a0\n")
+    (ws / "link").symlink_to(tmp_path)
+    pid, _ = await turn(Reply(tool_calls=[tool("execute", "x1", command="rm link && echo a1 > a.txt")]))
+    done = await restore_turns(session_of(turn), [pid], agent.config.home)
+    assert done.restored == ("a.txt",)
+    assert done.skipped == (("link", "not a regular file in the snapshot (a symlink or nested repository)"),)
+    assert not (ws / "link").exists() and not (ws / "link").is_symlink()
