@@ -11,6 +11,7 @@ first, so a damaged checkpoint restores nothing.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
@@ -21,6 +22,7 @@ from typing import Any
 import anyio
 
 from crow.checkpoints import MAX_FILE_BYTES, Restored, current_state, state_of
+from crow.errors import FilesNotPutBack
 from crow.snapshots import GIT_MODES, ShadowGit, SnapshotError, git_blob_id
 
 CHANGED_SINCE = "changed since the turn (its content is not what the turn left)"
@@ -29,6 +31,9 @@ NO_CLOSING_SNAPSHOT = (
     " commands changed cannot be told from later changes, so none of it is restored"
 )
 PARALLEL = 16  # files put back at once
+# Writes that fail for want of room: over once space is freed, so the undo stops and can be
+# run again (the checkpoint holds the only copy of what the file held before)
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
 
 
 @dataclass
@@ -83,6 +88,7 @@ async def restore(records: list[dict[str, Any]], roots: list[Path], home: Path, 
     # Each write waits on two fsyncs: run them side by side (distinct paths, so no order
     # matters), which lets the filesystem commit them together.
     limiter = anyio.CapacityLimiter(PARALLEL)
+    no_room: list[str] = []
 
     async def one(path: str, plan: _Plan) -> None:
         async with limiter:
@@ -90,10 +96,18 @@ async def restore(records: list[dict[str, Any]], roots: list[Path], home: Path, 
                 outcomes[path] = await _put_back(Path(path), plan, roots)
             except OSError as exc:
                 outcomes[path] = f"not restored: {exc.strerror or exc}"
+                if exc.errno in _NO_ROOM:
+                    no_room.append(_shown(Path(path), main))
 
     async with anyio.create_task_group() as tg:
         for path, plan in plans.items():
             tg.start_soon(one, path, plan)
+    if no_room:
+        raise FilesNotPutBack(
+            f"Nothing undone: {', '.join(sorted(no_room))} could not be written back"
+            f" ({os.strerror(errno.ENOSPC)}). The turns and their checkpoints are kept:"
+            " free some space and undo again (files already put back stay so)."
+        )
     restored: list[str] = []
     removed: list[str] = []
     for path, outcome in sorted(outcomes.items()):

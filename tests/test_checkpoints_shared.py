@@ -263,3 +263,35 @@ async def test_a_symlink_a_command_removed_is_named_not_recreated(
     assert done.restored == ("a.txt",)
     assert done.skipped == (("link", "not a regular file in the snapshot (a symlink or nested repository)"),)
     assert not (ws / "link").exists() and not (ws / "link").is_symlink()
+
+
+async def test_a_full_disk_during_an_undo_keeps_the_turn_and_its_copies_for_a_retry(
+    agent: Agent,  # noqa: F811
+    turn: Turn,  # noqa: F811
+    small_disk: Path,
+) -> None:
+    """The workspace's disk is full when the undo writes a file back: that file's earlier
+    content exists only in its checkpoint. The undo stops before the conversation (as any
+    failure putting files back does) and keeps the checkpoints, so freeing space and undoing
+    again puts it back, rather than dropping the only copy and naming the file as skipped."""
+    from crow.errors import FilesNotPutBack
+    from crow.rewind import rewind
+
+    disk_ws = small_disk / "ws"
+    disk_ws.mkdir()
+    (disk_ws / "f.txt").write_bytes(b"a" * 100_000)
+    session = agent.create_session(str(disk_ws))
+    await turn(Reply(tool_calls=[tool("write_file", "w1", path="f.txt", content="small\n")]), session=session)
+    with (small_disk / "filler").open("wb") as f:
+        try:
+            f.write(b"x" * (1024 * 1024))
+        except OSError:
+            pass
+    context = list(session.messages)
+    with pytest.raises(FilesNotPutBack, match="No space left on device"):
+        await rewind(session, 1, agent.config.home)
+    assert list(session.messages) == context  # the turn is still there
+    (small_disk / "filler").unlink()
+    done = await rewind(session, 1, agent.config.home)
+    assert (done.files.restored, done.files.skipped) == (("f.txt",), ())
+    assert (disk_ws / "f.txt").read_bytes() == b"a" * 100_000
