@@ -83,7 +83,11 @@ class CheckpointsHook(Hook):
             return await call_next(call)
         finally:  # even on a cancel: what the file holds now is what the turn left
             if recorded:
-                record.after([str(target)])
+                try:
+                    record.after([str(target)])
+                except checkpoints.CheckpointError as exc:  # the change landed: the tool's
+                    # answer stands; the saved checkpoint (no "after") makes an undo leave it
+                    log.warning("what the turn left in %s not recorded: %s", target, exc)
 
     async def _snapshot_before(self, ctx: HookContext) -> None:
         record = self._record(ctx)

@@ -306,6 +306,9 @@ class Agent:
                 await self._store.update_session(new_id, additional_directories=roots)
         except StoreError as exc:
             raise SessionError(str(exc)) from exc
+        from crow.checkpoints import fork_checkpoints
+
+        await fork_checkpoints(session_id, new_id, Path(self.config.home))  # its undo needs them
         return new_id
 
     async def compact(

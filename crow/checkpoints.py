@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -33,6 +34,7 @@ from crow.private import DIR_MODE, write_private
 if TYPE_CHECKING:
     from crow.session import Session
 
+log = logging.getLogger("crow.checkpoints")
 MAX_FILE_BYTES = 10 * 1024 * 1024
 KEEP_TURNS = 50
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -309,3 +311,39 @@ async def forget_session(session_id: str, home: Path) -> None:
         return
     await forget_turns(folder, [p.stem for p in folder.glob("*.json")], home)
     shutil.rmtree(folder, ignore_errors=True)
+
+
+async def fork_checkpoints(source_id: str, new_id: str, home: Path) -> None:
+    """Give a fork a copy of its source's checkpoints: the source's turns are the fork's too
+    (same prompt ids), so the fork's undo puts back what they changed, also once the source
+    is deleted. Blobs are hard links where the filesystem allows; each snapshot tree gets a
+    ref of the fork's. A copy that fails leaves the fork without it (logged), never unforked."""
+    from crow.snapshots import ShadowGit
+
+    src, dst = session_dir(home, source_id), session_dir(home, new_id)
+    if src is None or dst is None or not src.is_dir():
+        return
+    refs: dict[str, dict[str, str]] = {}
+    try:
+        _mkdir(dst / "blobs")
+        for blob in (src / "blobs").iterdir() if (src / "blobs").is_dir() else ():
+            try:
+                os.link(blob, dst / "blobs" / blob.name)
+            except FileExistsError:
+                pass
+            except OSError:  # another filesystem, or no hard links: a copy
+                shutil.copy2(blob, dst / "blobs" / blob.name)
+        for manifest in src.glob("*.json"):
+            record = _load(src, manifest.stem)
+            if record is None:
+                continue
+            shutil.copy2(manifest, dst / manifest.name)  # its mtime too: prune keeps the newest
+            git = record.get("git") or {}
+            for side in ("before", "after"):
+                if git.get("workspace") and isinstance(git.get(side), str):
+                    ref = f"refs/crow/{new_id}/{manifest.stem}/{side}"
+                    refs.setdefault(git["workspace"], {})[ref] = git[side]
+        for workspace, trees in refs.items():
+            await ShadowGit(home, Path(workspace)).keep(trees)
+    except Exception as exc:  # OSError, SnapshotError, a timeout of git
+        log.warning("checkpoints of %s not all copied to its fork %s: %s", source_id, new_id, exc)

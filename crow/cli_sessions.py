@@ -36,10 +36,21 @@ def main(args: argparse.Namespace) -> int:
     if args.turns is not None:
         raise ConfigError(f"crow sessions {args.action} takes one SESSION_ID, got {args.turns!r} too")
     with DirectStore(os.path.join(home, DB_FILE), home=home) as store:
-        return _sessions(store, args.action, args.session_id, args.cwd)
+        return _sessions(store, args.action, args.session_id, args.cwd, home)
 
 
-def _sessions(store: DirectStore, action: str, session_id: str | None, cwd: str | None) -> int:
+def _forget_checkpoints(home: str, session_id: str) -> None:
+    """What `session/delete` removes with a session: its checkpoints (copies of files'
+    earlier content) and their snapshot refs (`crow.checkpoints.forget_session`)."""
+    import asyncio
+    from pathlib import Path
+
+    from crow.checkpoints import forget_session
+
+    asyncio.run(forget_session(session_id, Path(home)))
+
+
+def _sessions(store: DirectStore, action: str, session_id: str | None, cwd: str | None, home: str) -> int:
     if action == "list":
         cursor = None
         while True:
@@ -55,6 +66,7 @@ def _sessions(store: DirectStore, action: str, session_id: str | None, cwd: str 
         raise SessionError(f"unknown session {session_id!r}")
     if action == "delete":
         store.delete_session(session_id)
+        _forget_checkpoints(home, session_id)
         print(f"deleted {session_id}", file=sys.stderr)
         return 0
     transcript = store.load_transcript(session_id)
@@ -74,10 +86,11 @@ def _sessions(store: DirectStore, action: str, session_id: str | None, cwd: str 
         sys.stdout.write("\n")
         return 0
     from crow.messages import pretty
-    from crow.rewind import shown
+    from crow.rewind import is_marker, shown
 
     print(f"# {record.title or '(untitled)'}\n{record.id} · {record.cwd} · {record.updated_at}\n")
-    print(pretty(m for m in shown(transcript) if m.role != "system"))  # not what a rewind took back
+    # not what a rewind took back: its report instead, where those turns were
+    print(pretty(m for m in shown(transcript) if m.role != "system" or is_marker(m)))
     return 0
 
 

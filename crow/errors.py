@@ -121,6 +121,11 @@ class SessionBusy(SessionError):
         self.pid = pid
 
 
+class FilesNotPutBack(SessionError):
+    """A rewind stopped before the conversation: a file could not be written back for want
+    of room. The turns and their checkpoints are kept, to run it again."""
+
+
 class CannotRewind(SessionError):
     """A rewind asked for more turns than the session has to take back; nothing changed."""
 

@@ -11,6 +11,7 @@ first, so a damaged checkpoint restores nothing.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
@@ -21,10 +22,18 @@ from typing import Any
 import anyio
 
 from crow.checkpoints import MAX_FILE_BYTES, Restored, current_state, state_of
+from crow.errors import FilesNotPutBack
 from crow.snapshots import GIT_MODES, ShadowGit, SnapshotError, git_blob_id
 
 CHANGED_SINCE = "changed since the turn (its content is not what the turn left)"
+NO_CLOSING_SNAPSHOT = (
+    "the turn ended before its closing snapshot (crow stopped, or the snapshot failed): what its"
+    " commands changed cannot be told from later changes, so none of it is restored"
+)
 PARALLEL = 16  # files put back at once
+# Writes that fail for want of room: over once space is freed, so the undo stops and can be
+# run again (the checkpoint holds the only copy of what the file held before)
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
 
 
 @dataclass
@@ -60,6 +69,8 @@ async def restore(records: list[dict[str, Any]], roots: list[Path], home: Path, 
                 before = None if c.before is None else {"git": c.before[1], "mode": c.before[0]}
                 after = "absent" if c.after is None else f"git:{c.after[1]}"
                 here[path] = _Plan(shadow.work_tree, before, after, shadow=shadow)
+        elif git.get("before"):  # crow stopped (or that snapshot failed) before the turn ended
+            skipped.append(("(commands' changes)", NO_CLOSING_SNAPSHOT))
         folder = record.get("folder")
         for path, entry in record["files"].items():
             if path in here and git.get("at", 0) < entry.get("at", 0):
@@ -77,6 +88,7 @@ async def restore(records: list[dict[str, Any]], roots: list[Path], home: Path, 
     # Each write waits on two fsyncs: run them side by side (distinct paths, so no order
     # matters), which lets the filesystem commit them together.
     limiter = anyio.CapacityLimiter(PARALLEL)
+    no_room: list[str] = []
 
     async def one(path: str, plan: _Plan) -> None:
         async with limiter:
@@ -84,10 +96,18 @@ async def restore(records: list[dict[str, Any]], roots: list[Path], home: Path, 
                 outcomes[path] = await _put_back(Path(path), plan, roots)
             except OSError as exc:
                 outcomes[path] = f"not restored: {exc.strerror or exc}"
+                if exc.errno in _NO_ROOM:
+                    no_room.append(_shown(Path(path), main))
 
     async with anyio.create_task_group() as tg:
         for path, plan in plans.items():
             tg.start_soon(one, path, plan)
+    if no_room:
+        raise FilesNotPutBack(
+            f"Nothing undone: {', '.join(sorted(no_room))} could not be written back"
+            f" ({os.strerror(errno.ENOSPC)}). The turns and their checkpoints are kept:"
+            " free some space and undo again (files already put back stay so)."
+        )
     restored: list[str] = []
     removed: list[str] = []
     for path, outcome in sorted(outcomes.items()):

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from crow.errors import CannotRewind, SessionError
+from crow.errors import CannotRewind, FilesNotPutBack, SessionError
 from crow.events import Notice
 from crow.messages import Message, close_dangling_tool_calls
 
@@ -222,7 +222,7 @@ async def undo(agent: Agent, session: Session, rest: str, emit: Emit) -> TurnRes
     with anyio.CancelScope(shield=True):  # done or not begun: the user is told which
         try:
             rewound = await rewind(session, turns, home, asked_by_line=True)
-        except CannotRewind as exc:
+        except (CannotRewind, FilesNotPutBack) as exc:  # nothing of the conversation changed
             await emit(Notice(str(exc), "warning"))
             return TurnResult("end_turn")
         await emit(rewound.notice)

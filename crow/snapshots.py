@@ -16,10 +16,13 @@ neither is anything when git is missing: `unavailable` says why.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import re
 import shutil
 import stat
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +35,15 @@ GIT_MODES = (0o100644, 0o100755)  # regular files; not symlinks (120000) or gitl
 
 
 class SnapshotError(Exception):
-    """A git run failed; the message says how."""
+    """A git run failed; the message says how (`stderr`: all git said)."""
+
+    def __init__(self, message: str, stderr: str = "") -> None:
+        super().__init__(message)
+        self.stderr = stderr
+
+
+# git refuses a whole `git add` over one nested repository that has no commit yet
+_NO_COMMIT = re.compile(r"^error: '(.+)/' does not have a commit checked out$", re.MULTILINE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +89,9 @@ class ShadowGit:
                 ["git", *args], input=stdin, env=self._env(), cwd=self.work_tree, check=False
             )
         if done.returncode != 0:
-            why = done.stderr.decode("utf-8", "replace").strip().splitlines()
-            raise SnapshotError(f"git {args[0]} failed: {why[-1] if why else done.returncode}")
+            said = done.stderr.decode("utf-8", "replace").strip()
+            why = said.splitlines()
+            raise SnapshotError(f"git {args[0]} failed: {why[-1] if why else done.returncode}", said)
         return done.stdout
 
     @staticmethod
@@ -115,7 +127,8 @@ class ShadowGit:
         the files git would take (ignored ones left out) and stops at the limit."""
         if self.missing():
             return "git is not installed"
-        await self._init()
+        async with self._exclusive():  # two first uses at once: one `git init`, one config
+            await self._init()
         count = size = 0
         env = self._env()
         args = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
@@ -141,12 +154,47 @@ class ShadowGit:
             return f"the workspace holds more than {MAX_BYTES // (1024 * 1024)} MB"
         return None
 
+    @contextlib.asynccontextmanager
+    async def _exclusive(self) -> AsyncIterator[None]:
+        """One snapshot or drop at a time in this git dir, across sessions and processes:
+        two sessions share a workspace's git dir, git refuses a second `git add` while one
+        holds its index.lock, and a drop must not remove the dir under a snapshot."""
+        from crow.private import locked
+
+        hold = locked(self.git_dir)  # a lock file beside the git dir: it outlives a drop
+        with anyio.CancelScope(shield=True):  # taken, then released below, even on a cancel
+            await anyio.to_thread.run_sync(hold.__enter__)
+        try:
+            yield
+        finally:
+            hold.__exit__(None, None, None)
+
+    async def _add(self) -> None:
+        """`git add` the work tree. A nested repository with no commit yet (a command's `git
+        init` in a subfolder) makes git refuse the whole add, every time: it is excluded
+        (a nested repository is never content, only a gitlink) and the add tried again."""
+        for _ in range(3):
+            try:
+                await self.git("add", "--all", "--ignore-errors", ".")
+                return
+            except SnapshotError as exc:
+                nested = _NO_COMMIT.findall(exc.stderr)
+                if not nested:
+                    raise
+                with (self.git_dir / "info" / "exclude").open("a", encoding="utf-8") as f:
+                    f.writelines(f"/{_literal(path)}/\n" for path in nested)
+        await self.git("add", "--all", "--ignore-errors", ".")
+
     async def snapshot(self, ref: str) -> str:
         """The work tree now, as a tree id kept alive by `ref`."""
-        await self._init()
-        await self.git("add", "--all", "--ignore-errors", ".")
-        tree = (await self.git("write-tree")).decode().strip()
-        await self.git("update-ref", ref, tree)
+        async with self._exclusive():
+            await self._init()
+            # No other git runs here while crow's lock is held: an index.lock found is what
+            # a git killed mid-snapshot left, and git would refuse every snapshot after it.
+            (self.git_dir / "index.lock").unlink(missing_ok=True)
+            await self._add()
+            tree = (await self.git("write-tree")).decode().strip()
+            await self.git("update-ref", ref, tree)
         return tree
 
     async def changes(self, before: str, after: str) -> list[Change]:
@@ -179,19 +227,34 @@ class ShadowGit:
             at += length + 1
         return found
 
+    async def keep(self, trees: dict[str, str]) -> None:
+        """Point each ref at its tree (a fork's own refs to its source's snapshots)."""
+        async with self._exclusive():
+            if trees and (self.git_dir / "HEAD").exists():
+                lines = "".join(f"update {ref} {tree}\n" for ref, tree in trees.items())
+                await self.git("update-ref", "--stdin", stdin=lines.encode())
+
     async def drop(self, refs: list[str]) -> None:
         """Delete refs; the git dir goes when none is left."""
         if not (self.git_dir / "HEAD").exists():
             return
-        if refs:
-            await self.git("update-ref", "--stdin", stdin="".join(f"delete {r}\n" for r in refs).encode())
-        left = await self.git("for-each-ref", "--count=1", "refs/crow/")
-        if not left.strip():
-            shutil.rmtree(self.git_dir, ignore_errors=True)
+        async with self._exclusive():
+            if not (self.git_dir / "HEAD").exists():
+                return
+            if refs:
+                await self.git("update-ref", "--stdin", stdin="".join(f"delete {r}\n" for r in refs).encode())
+            left = await self.git("for-each-ref", "--count=1", "refs/crow/")
+            if not left.strip():
+                shutil.rmtree(self.git_dir, ignore_errors=True)
 
 
 def _side(mode: str, oid: str) -> tuple[int, str] | None:
     return None if int(mode, 8) == 0 else (int(mode, 8), oid)
+
+
+def _literal(path: str) -> str:
+    """`path` as a .gitignore pattern that matches just it (wildcards and specials escaped)."""
+    return re.sub(r"([][*?!#\\ ])", r"\\\1", path)
 
 
 def git_blob_id(data: bytes) -> str:

@@ -148,6 +148,8 @@ async def test_execute_changes_come_back_from_the_shadow_snapshot_and_the_users_
 ) -> None:
     import anyio
 
+    from crow import snapshots
+
     await anyio.run_process(["git", "init", "-q", str(ws)])
     (ws / ".gitignore").write_text("ignored.log\n")
     # a hostile or merely converting .gitattributes: neither runs nor changes a byte
@@ -184,8 +186,10 @@ async def test_execute_changes_come_back_from_the_shadow_snapshot_and_the_users_
     assert (ws / "ignored.log").read_text() == "i1\n"  # .gitignore honoured: not snapshotted
     assert sorted(str(p.relative_to(ws)) for p in (ws / ".git").rglob("*")) == user_git
     assert "GIT_DIR" not in os.environ and "GIT_WORK_TREE" not in os.environ
-    # every ref of the turn is gone, and with it the shadow git dir
-    assert not list((agent.config.home / "checkpoints" / "git").iterdir())
+    # every ref of the turn is gone, and with it the shadow git dir (its lock file stays)
+    assert [p.name for p in (agent.config.home / "checkpoints" / "git").iterdir()] == [
+        f".{snapshots.git_dir_for(agent.config.home, ws).name}.lock"
+    ]
 
 
 async def test_no_git_means_one_notice_and_file_tools_still_checkpointed(

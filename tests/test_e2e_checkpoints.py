@@ -71,7 +71,7 @@ async def test_a_turn_is_checkpointed_privately_and_deleting_the_session_forgets
         )
         assert record["git"]["before"] and record["git"]["after"]
         assert private_modes(home) == {}
-        assert len(list((home / "checkpoints" / "git").iterdir())) == 1
+        assert len(shadow_dirs(home)) == 1
 
         # a refused write records nothing
         client.permission_answer = "reject_once"
@@ -85,8 +85,38 @@ async def test_a_turn_is_checkpointed_privately_and_deleting_the_session_forgets
 
         assert await raw_request(conn, "session/delete", {"sessionId": sid}) == {}
         assert not (home / "checkpoints" / sid).exists()
-        assert list((home / "checkpoints" / "git").iterdir()) == []
+        assert shadow_dirs(home) == []
     assert (workspace / "cmd.txt").read_text() == "ran\n"
+
+
+def shadow_dirs(home: Path) -> list[Path]:
+    """The shadow git dirs (each workspace's lock file beside its dir stays)."""
+    return [p for p in (home / "checkpoints" / "git").iterdir() if p.is_dir()]
+
+
+async def test_crow_sessions_delete_forgets_the_checkpoints_too(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """`crow sessions delete` removes what `session/delete` does: the copies of the files'
+    earlier content and the snapshot refs must not outlive the session."""
+    import sys
+
+    import anyio
+
+    (workspace / "old.txt").write_text("one\n")
+    llm.push(*turn_replies())
+    env = crow_env(llm, home, CROW_SANDBOX="off")
+    async with spawn_crow(env) as (conn, _proc, _client):
+        await initialize_125(conn)
+        sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+        assert (await conn.prompt(session_id=sid, prompt=[acp.text_block("work")])).stop_reason == "end_turn"
+    assert checkpoint_of(home, sid)["git"]["after"]
+    done = await anyio.run_process(
+        [sys.executable, "-m", "crow", "sessions", "delete", sid], env=env, cwd=workspace, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert not (home / "checkpoints" / sid).exists()
+    assert shadow_dirs(home) == []
 
 
 def test_checkpoints_through_the_typescript_client(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
@@ -109,4 +139,4 @@ def test_checkpoints_through_the_typescript_client(llm: ScriptedLLM, home: Path,
     out = run_script({"steps": [delete]}, env, workspace)  # another crow process deletes it
     assert out["results"]["d"] == {"result": {}}
     assert not (home / "checkpoints" / sid).exists()
-    assert list((home / "checkpoints" / "git").iterdir()) == []
+    assert shadow_dirs(home) == []

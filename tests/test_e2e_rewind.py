@@ -210,7 +210,8 @@ async def test_crow_sessions_rewind_works_on_the_store(
     shown = await replayed(echoing, home, workspace, sid, False)
     assert texts(shown, "user_message_chunk") == ["q0"]
     show = crow_cli(env, workspace, "sessions", "show", sid).stdout
-    assert "q0" in show and "q1" not in show and "a:q2" not in show
+    assert "[Human]\nq0" in show and "[Human]\nq1" not in show and "a:q2" not in show
+    assert show.rstrip().endswith("[System]\n" + done.stderr.rstrip())  # the report, where q1 and q2 were
     export = json.loads(crow_cli(env, workspace, "sessions", "export", sid).stdout)
     assert [m["content"] for m in export["transcript"] if m["role"] == "user"] == ["q0", "q1", "q2"]
     async with spawn_crow(env) as (conn, _proc, _client):
