@@ -1,0 +1,76 @@
+"""Slash commands under attack (review of issue 14): an MCP server whose prompts/get hangs,
+whose prompts change in a storm, whose prompt declares huge arguments; builtins typed
+with odd whitespace."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+import acp
+import pytest
+from acp.schema import EnvVariable, McpServerStdio
+
+from tests.conftest import crow_env, spawn_crow
+from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
+from tests.test_e2e_commands import advertised, latest
+
+pytestmark = pytest.mark.anyio
+
+SUPPORT = Path(__file__).parent / "support"
+HOSTILE = McpServerStdio(
+    name="hostile",
+    command=sys.executable,
+    args=[str(SUPPORT / "hostile_prompts_mcp.py")],
+    env=[EnvVariable(name="PYTHONPATH", value=str(SUPPORT))],
+)
+
+
+async def test_a_hanging_mcp_prompt_is_cancelled_and_the_session_goes_on(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    llm.default = lambda r: Reply(text="fine")
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
+        await conn.initialize(protocol_version=1)
+        sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[HOSTILE])).session_id
+        await advertised(client, "hostile.hang")
+        task = asyncio.create_task(conn.prompt(session_id=sid, prompt=[acp.text_block("/hostile.hang")]))
+        await asyncio.sleep(1.0)
+        assert not task.done()
+        started = time.monotonic()
+        await conn.cancel(session_id=sid)
+        response = await asyncio.wait_for(task, 10)
+        assert response.stop_reason == "cancelled" and time.monotonic() - started < 5
+        response = await conn.prompt(session_id=sid, prompt=[acp.text_block("/hostile.fine")])
+        assert response.stop_reason == "end_turn" and llm.requests[-1].last_user_text == "Fine."
+
+
+async def test_a_list_changed_storm_does_not_flood_the_editor(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    llm.push(Reply(tool_calls=[ToolCallSpec("storm", {"seconds": 3.0})]), Reply(text="ok"))
+    async with spawn_crow(crow_env(llm, home, CROW_MODE="yolo")) as (conn, _proc, client):
+        await conn.initialize(protocol_version=1)
+        sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[HOSTILE])).session_id
+        await advertised(client, "hostile.hang")
+        before = len(client.of_type("AvailableCommandsUpdate"))
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("storm")])
+        last = int(llm.requests[-1].json["messages"][-1]["content"].split()[1])  # "changed N times"
+        for _ in range(100):  # the last change is still listed
+            if f"hostile.p{last}" in latest(client):
+                break
+            await asyncio.sleep(0.05)
+        assert [n for n in latest(client) if n.startswith("hostile.p")] == [f"hostile.p{last}"]
+        sent = len(client.of_type("AvailableCommandsUpdate")) - before
+    assert last > 500 and sent <= 8, f"{sent} available_commands_update for {last} changes in 3 s"
+
+
+async def test_an_mcp_prompts_hint_is_bounded(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
+        await conn.initialize(protocol_version=1)
+        await conn.new_session(cwd=str(workspace), mcp_servers=[HOSTILE])
+        commands = await advertised(client, "hostile.wide")
+    description, hint = commands["hostile.wide"]
+    assert len(hint) <= 200 and len(description) <= 250, len(hint)
