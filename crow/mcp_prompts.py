@@ -109,9 +109,9 @@ def commands(hub: ToolHub) -> list[PromptCommand]:
             continue
         declared = list(prompt.arguments or ())
         hint = " ".join(a.name if a.required else f"[{a.name}]" for a in declared)
-        description = " ".join((prompt.description or prompt.title or f"MCP prompt {prompt.name}").split())
+        description = prompt.description or prompt.title or f"MCP prompt {prompt.name}"
         expand = partial(_expand, hub, server, prompt.name, name, declared)
-        out.append(PromptCommand(name, description[:200], expand, hint, "mcp", f"MCP server {server}"))
+        out.append(PromptCommand(name, description, expand, hint, "mcp", f"MCP server {server}"))
     return out
 
 

@@ -23,7 +23,7 @@ import os
 import stat
 from pathlib import Path
 
-from crow.commands import NAME, PromptCommand, Scope, expand_arguments
+from crow.commands import NAME, PromptCommand, Scope, expand_arguments, one_line
 from crow.errors import CommandError
 from crow.frontmatter import split_frontmatter
 
@@ -161,7 +161,7 @@ def _fields(meta: dict[str, object], body: str) -> tuple[str, str]:
     if not description:
         first = next((ln for ln in body.splitlines() if ln.strip()), "")
         description = first.strip().lstrip("#").strip() or "(no description)"
-    return " ".join(description.split())[:200], " ".join(hint.split())[:200]
+    return one_line(description), one_line(hint)
 
 
 def read(path: str) -> str:
