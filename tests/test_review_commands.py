@@ -74,3 +74,26 @@ async def test_an_mcp_prompts_hint_is_bounded(llm: ScriptedLLM, home: Path, work
         commands = await advertised(client, "hostile.wide")
     description, hint = commands["hostile.wide"]
     assert len(hint) <= 200 and len(description) <= 250, len(hint)
+
+
+async def test_taking_back_a_slash_command_names_what_the_user_typed(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    from tests.conftest import raw_request
+
+    (workspace / ".crow/commands").mkdir(parents=True)
+    (workspace / ".crow/commands/audit.md").write_text("Audit the code under $1 with great care.\n")
+    llm.default = lambda r: Reply(text="done")
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
+        await conn.initialize(protocol_version=1)
+        sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+        for line in ("/audit src", "/audit lib", "/init"):
+            await conn.prompt(session_id=sid, prompt=[acp.text_block(line)])
+        assert llm.requests[-1].last_user_text.startswith("Look at this project")
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("/undo")])
+        told = client.text()
+        assert "“/init”" in told and "Look at this project" not in told, told
+        answer = await raw_request(conn, "_crow.rewind", {"sessionId": sid, "turns": 1})
+    assert [p["text"] for p in answer["prompts"]] == ["/audit lib"]
+    assert "“/audit lib”" in answer["message"]
+
