@@ -14,7 +14,6 @@ the `initialize` or `session/new` answers.
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,7 +32,6 @@ log = logging.getLogger("crow.commands")
 
 STATE = "crow.commands"  # session.state: the session's _Book
 COMMAND_META = "command"  # Message.meta of an expanded prompt: {"name", "line"}
-_LINE = re.compile(r"/(\S+)(?:\s+(.*))?\Z", re.DOTALL)
 
 
 @dataclass(eq=False)
@@ -154,11 +152,11 @@ async def refresh_logged(agent: Agent, session: Session) -> None:
 def resolve(session: Session, text: str) -> tuple[PromptCommand, str] | None:
     """(the command, the rest of the line) when `text` starts with one of the session's
     prompt commands; None otherwise (an unknown `/word` is an ordinary prompt)."""
-    match = _LINE.match(text)
-    if match is None:
-        return None
-    command = _book(session).commands.get(match.group(1))
-    return (command, (match.group(2) or "").strip()) if command is not None else None
+    from crow.prompting import parse_command
+
+    commands = _book(session).commands
+    parsed = parse_command(text, commands)
+    return (commands[parsed[0]], parsed[1]) if parsed is not None else None
 
 
 def expanded(message: Message, command: PromptCommand, out: str | Message) -> Message:

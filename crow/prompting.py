@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("crow.commands")
 
 TITLE_LENGTH = 80
+_LINE = re.compile(r"/(\S+)(?:\s+(.*))?\Z", re.DOTALL)  # /name, then the rest of the line
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,11 +58,12 @@ Builtin = Callable[["Agent", "Session", str, Emit], Awaitable["TurnResult"]]
 
 def parse_command(text: str, names: Iterable[str]) -> tuple[str, str] | None:
     """`/compact keep the API notes` -> ("compact", "keep the API notes") when "compact" is
-    one of `names`; None for text that names none (an unknown `/word` is an ordinary prompt)."""
-    if not text.startswith("/"):
+    one of `names`; None for text that names none (an unknown `/word` is an ordinary prompt).
+    The name ends at any whitespace: `/compact` then a new line and instructions is /compact."""
+    match = _LINE.match(text)
+    if match is None or match.group(1) not in names:
         return None
-    name, _, rest = text[1:].partition(" ")
-    return (name, rest.strip()) if name in names else None
+    return match.group(1), (match.group(2) or "").strip()
 
 
 def title_of(text: str) -> str:

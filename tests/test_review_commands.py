@@ -97,3 +97,21 @@ async def test_taking_back_a_slash_command_names_what_the_user_typed(
     assert [p["text"] for p in answer["prompts"]] == ["/audit lib"]
     assert "“/audit lib”" in answer["message"]
 
+
+async def test_a_builtin_on_a_line_of_its_own_runs_as_a_prompt_command_does(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """`/init` followed by a new line (or a tab) and more text runs /init; the builtins
+    must read the line the same way, not send `/compact\\n...` to the model as text."""
+    llm.default = lambda r: Reply(text="done")
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
+        await conn.initialize(protocol_version=1)
+        sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("/init\nmention the Makefile")])
+        assert llm.requests[-1].last_user_text.endswith("The user adds: mention the Makefile")
+        asked = len(llm.requests)
+        for line in ("/compact\nkeep the API notes", "/usage\tplease", "/mcp\n\nlist them"):
+            await conn.prompt(session_id=sid, prompt=[acp.text_block(line)])
+        assert len(llm.requests) == asked, [r.last_user_text for r in llm.requests[asked:]]
+        told = client.text()
+        assert "Nothing compacted" in told and "Usage: Model:" in told and "MCP servers of this session" in told
