@@ -115,3 +115,23 @@ async def test_a_builtin_on_a_line_of_its_own_runs_as_a_prompt_command_does(
         assert len(llm.requests) == asked, [r.last_user_text for r in llm.requests[asked:]]
         told = client.text()
         assert "Nothing compacted" in told and "Usage: Model:" in told and "MCP servers of this session" in told
+
+
+def test_a_commands_folder_of_countless_entries_is_listed_only_so_far(tmp_path: Path) -> None:
+    """Listed before every prompt: 20,000 empty folders and junk files cost ~0.4 s a prompt
+    before the listing was bounded (MAX_ENTRIES); the user's own folder is still read."""
+    import os
+
+    from crow import prompt_files
+
+    folder = tmp_path / "repo" / ".crow" / "commands"
+    for i in range(100):
+        for j in range(100):
+            os.makedirs(folder / f"d{i}" / f"e{j}")
+    for i in range(2000):
+        (folder / f"junk{i}.txt").touch()
+    (tmp_path / "home" / "commands").mkdir(parents=True)
+    (tmp_path / "home" / "commands" / "mine.md").write_text("Mine\n")
+    commands, problems = prompt_files.scan(tmp_path / "repo", tmp_path / "home")
+    assert [c.name for c in commands] == ["mine"]
+    assert problems == [f"{folder}: over {prompt_files.MAX_ENTRIES} files and folders; the rest are skipped"]
