@@ -45,6 +45,10 @@ async def test_a_hanging_mcp_prompt_is_cancelled_and_the_session_goes_on(
         assert response.stop_reason == "cancelled" and time.monotonic() - started < 5
         response = await conn.prompt(session_id=sid, prompt=[acp.text_block("/hostile.fine")])
         assert response.stop_reason == "end_turn" and llm.requests[-1].last_user_text == "Fine."
+        asked = len(llm.requests)
+        response = await conn.prompt(session_id=sid, prompt=[acp.text_block("/hostile.boom")])
+        assert response.stop_reason == "end_turn" and len(llm.requests) == asked, "refused: no turn"
+        assert "MCP server 'hostile' refused prompt 'boom'" in client.text(), client.text()
 
 
 async def test_a_list_changed_storm_does_not_flood_the_editor(

@@ -15,6 +15,11 @@ async def hang() -> str:
     return "never"
 
 
+@server.prompt(description="Fails")
+def boom() -> str:
+    raise ValueError("the prompt store is down")
+
+
 @server.prompt(description="Answers")
 def fine() -> str:
     return "Fine."
