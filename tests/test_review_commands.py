@@ -139,3 +139,33 @@ def test_a_commands_folder_of_countless_entries_is_listed_only_so_far(tmp_path: 
     commands, problems = prompt_files.scan(tmp_path / "repo", tmp_path / "home")
     assert [c.name for c in commands] == ["mine"]
     assert problems == [f"{folder}: over {prompt_files.MAX_ENTRIES} files and folders; the rest are skipped"]
+
+
+def test_crow_run_expands_a_prompt_file_and_passes_an_unknown_word(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    from tests.test_cli import crow
+
+    (workspace / ".crow/commands").mkdir(parents=True)
+    (workspace / ".crow/commands/audit.md").write_text("---\ndescription: x\n---\nAudit $1 now.\n")
+    llm.default = lambda r: Reply(text="ok")
+    env = crow_env(llm, home)
+    done = crow("run", "/audit", "src/a.py", "--cwd", str(workspace), env=env, cwd=workspace)
+    assert done.returncode == 0 and llm.requests[-1].last_user_text == "Audit src/a.py now.", done.stderr
+    done = crow("run", "/usr/bin/env", "is", "missing", "--cwd", str(workspace), env=env, cwd=workspace)
+    assert done.returncode == 0 and llm.requests[-1].last_user_text == "/usr/bin/env is missing"
+
+
+async def test_a_server_failing_every_relisting_is_told_once(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    llm.push(Reply(tool_calls=[ToolCallSpec("break_listing", {"seconds": 3.0})]), Reply(text="ok"))
+    llm.default = lambda r: Reply(text="fine")
+    async with spawn_crow(crow_env(llm, home, CROW_MODE="yolo")) as (conn, _proc, client):
+        await conn.initialize(protocol_version=1)
+        sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[HOSTILE])).session_id
+        await advertised(client, "hostile.hang")
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("break it")])
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("hello")])
+        told = client.text().count("did not list its prompts")
+    assert told == 1, f"told {told} times"

@@ -49,5 +49,20 @@ async def storm(ctx: Context, seconds: float = 3.0) -> str:
     return f"changed {n} times"
 
 
+@server.tool()
+async def break_listing(ctx: Context, seconds: float = 3.0) -> str:
+    """From now on fail every prompts/list, and say the prompts changed every 2 ms."""
+
+    def broken() -> list:
+        raise RuntimeError("the prompt index is corrupt")
+
+    server._prompt_manager.list_prompts = broken  # type: ignore[method-assign]
+    with anyio.move_on_after(seconds):
+        while True:
+            await ctx.session.send_prompt_list_changed()
+            await anyio.sleep(0.002)
+    return "broken"
+
+
 if __name__ == "__main__":
     server.run()
