@@ -168,6 +168,9 @@ def _fields(meta: dict[str, object], body: str) -> tuple[str, str]:
     description = meta.get("description")
     hint = meta.get("argument-hint", "")
     if isinstance(hint, list):  # `argument-hint: [file, focus]` is a YAML list
+        # of words only: nested lists may be aliases of aliases (billions of words in 1 KB)
+        if not all(isinstance(h, str | int | float) for h in hint):
+            raise ValueError("'argument-hint' must be text or a list of words")
         hint = " ".join(f"[{h}]" for h in hint)
     if description is not None and not isinstance(description, str):
         raise ValueError("'description' must be text")

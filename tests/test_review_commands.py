@@ -169,3 +169,35 @@ async def test_a_server_failing_every_relisting_is_told_once(
         await conn.prompt(session_id=sid, prompt=[acp.text_block("hello")])
         told = client.text().count("did not list its prompts")
     assert told == 1, f"told {told} times"
+
+
+LAUGHS = """\
+import resource, sys, time
+from pathlib import Path
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+from crow import prompt_files
+started = time.monotonic()
+commands, problems = prompt_files.scan(Path(sys.argv[1]), Path(sys.argv[1]) / "home")
+print([c.name for c in commands], problems, round(time.monotonic() - started, 1))
+"""
+
+
+def test_a_billion_laughs_argument_hint_is_refused_not_expanded(tmp_path: Path) -> None:
+    """1 KB of YAML aliases as `argument-hint` (a list of lists of ... 9^12 words): the
+    scan (before every prompt) must refuse it, not spell it out until memory runs out."""
+    import subprocess
+
+    lines = ["---", "a0: &a0 [" + ",".join(["lol"] * 9) + "]"]
+    lines += [f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 12)]
+    lines += ["argument-hint: [*a11]", "---", "body"]
+    folder = tmp_path / ".crow" / "commands"
+    folder.mkdir(parents=True)
+    (folder / "laugh.md").write_text("\n".join(lines) + "\n")
+    (folder / "fine.md").write_text("Fine\n")
+    done = subprocess.run(
+        [sys.executable, "-c", LAUGHS, str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-500:]
+    assert done.stdout.startswith(
+        f"""['fine'] ["{folder}/laugh.md: 'argument-hint' must be text or a list of words; skipped"]"""
+    ), done.stdout
