@@ -201,3 +201,78 @@ def test_a_billion_laughs_argument_hint_is_refused_not_expanded(tmp_path: Path) 
     assert done.stdout.startswith(
         f"""['fine'] ["{folder}/laugh.md: 'argument-hint' must be text or a list of words; skipped"]"""
     ), done.stdout
+
+
+async def test_load_resume_and_fork_each_advertise_the_sessions_commands(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    (workspace / ".crow/commands").mkdir(parents=True)
+    (workspace / ".crow/commands/audit.md").write_text("Audit $1\n")
+    llm.default = lambda r: Reply(text="ok")
+
+    async def offered(client: object, sid: str) -> list[str]:
+        for _ in range(400):
+            updates = client.of_type("AvailableCommandsUpdate", sid)  # type: ignore[attr-defined]
+            if updates and "audit" in (names := [c.name for c in updates[-1].available_commands]):
+                return names
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"session {sid}: /audit never advertised")
+
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
+        await conn.initialize(protocol_version=1)
+        sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("/audit a.py")])
+    for how in ("load", "resume", "fork"):
+        async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
+            await conn.initialize(protocol_version=1)
+            if how == "load":
+                await conn.load_session(cwd=str(workspace), session_id=sid, mcp_servers=[])
+                shown = sid
+            elif how == "resume":
+                await conn.resume_session(cwd=str(workspace), session_id=sid, mcp_servers=[])
+                shown = sid
+            else:
+                shown = (await conn.fork_session(cwd=str(workspace), session_id=sid, mcp_servers=[])).session_id
+            names = await offered(client, shown)
+            first = client.of_type("AvailableCommandsUpdate", shown)[0]
+            assert [c.name for c in first.available_commands] == ["compact", "undo", "usage", "mcp", "init"], how
+            assert names[:6] == ["compact", "undo", "usage", "mcp", "init", "audit"], how
+
+
+def test_precedence_within_the_project_and_the_documented_limits(tmp_path: Path) -> None:
+    """docs/commands.md: .crow/commands before .claude/commands; a prompt file before a
+    project skill of the same name; `argument-hint` as a YAML list; 1,000 files a folder;
+    a skill whose name has a space is no command."""
+    import anyio
+
+    from crow import prompt_files
+    from crow.command_catalog import gather
+    from crow.config import Config
+    from crow.hooks import HookRegistry
+    from crow.session import Session
+
+    from builtin_hooks.skills import SkillsHook
+
+    def write(path: Path, text: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+    write(tmp_path / ".crow/commands/same.md", "---\ndescription: crow's\n---\nC\n")
+    write(tmp_path / ".claude/commands/same.md", "---\ndescription: claude's\n---\nX\n")
+    write(tmp_path / ".claude/commands/tidy.md", "---\ndescription: the file\nargument-hint: [path, depth]\n---\nT\n")
+    write(tmp_path / ".crow/skills/tidy/SKILL.md", "---\nname: tidy\ndescription: the skill\n---\nS\n")
+    write(tmp_path / ".crow/skills/spaced/SKILL.md", "---\nname: two words\ndescription: spaced\n---\nS\n")
+    hooks = HookRegistry()
+    hooks.register(SkillsHook(home=tmp_path / "home"))
+    agent = type("A", (), {"config": Config(home=str(tmp_path / "home")), "hooks": hooks})()
+    found, _ = anyio.run(gather, agent, Session("s", tmp_path))
+    assert {n: (c.description, c.hint) for n, c in found.items() if n != "init"} == {
+        "same": ("crow's", ""),
+        "tidy": ("the file", "[path] [depth]"),
+    }
+    many = tmp_path / "many"
+    for i in range(prompt_files.MAX_FILES + 5):
+        write(many / ".crow/commands" / f"c{i:04}.md", "x\n")
+    commands, problems = prompt_files.scan(many, tmp_path / "home")
+    assert len(commands) == prompt_files.MAX_FILES == 1000
+    assert problems == [f"{many}/.crow/commands: over 1000 prompt files; the rest are skipped"]
