@@ -118,7 +118,9 @@ async def test_a_builtin_on_a_line_of_its_own_runs_as_a_prompt_command_does(
             await conn.prompt(session_id=sid, prompt=[acp.text_block(line)])
         assert len(llm.requests) == asked, [r.last_user_text for r in llm.requests[asked:]]
         told = client.text()
-        assert "Nothing compacted" in told and "Usage: Model:" in told and "MCP servers of this session" in told
+        assert (
+            "Nothing compacted" in told and "Usage: Model:" in told and "MCP servers of this session" in told
+        )
 
 
 def test_a_commands_folder_of_countless_entries_is_listed_only_so_far(tmp_path: Path) -> None:
@@ -232,10 +234,18 @@ async def test_load_resume_and_fork_each_advertise_the_sessions_commands(
                 await conn.resume_session(cwd=str(workspace), session_id=sid, mcp_servers=[])
                 shown = sid
             else:
-                shown = (await conn.fork_session(cwd=str(workspace), session_id=sid, mcp_servers=[])).session_id
+                shown = (
+                    await conn.fork_session(cwd=str(workspace), session_id=sid, mcp_servers=[])
+                ).session_id
             names = await offered(client, shown)
             first = client.of_type("AvailableCommandsUpdate", shown)[0]
-            assert [c.name for c in first.available_commands] == ["compact", "undo", "usage", "mcp", "init"], how
+            assert [c.name for c in first.available_commands] == [
+                "compact",
+                "undo",
+                "usage",
+                "mcp",
+                "init",
+            ], how
             assert names[:6] == ["compact", "undo", "usage", "mcp", "init", "audit"], how
 
 
@@ -245,13 +255,12 @@ def test_precedence_within_the_project_and_the_documented_limits(tmp_path: Path)
     a skill whose name has a space is no command."""
     import anyio
 
+    from builtin_hooks.skills import SkillsHook
     from crow import prompt_files
     from crow.command_catalog import gather
     from crow.config import Config
     from crow.hooks import HookRegistry
     from crow.session import Session
-
-    from builtin_hooks.skills import SkillsHook
 
     def write(path: Path, text: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -259,7 +268,10 @@ def test_precedence_within_the_project_and_the_documented_limits(tmp_path: Path)
 
     write(tmp_path / ".crow/commands/same.md", "---\ndescription: crow's\n---\nC\n")
     write(tmp_path / ".claude/commands/same.md", "---\ndescription: claude's\n---\nX\n")
-    write(tmp_path / ".claude/commands/tidy.md", "---\ndescription: the file\nargument-hint: [path, depth]\n---\nT\n")
+    write(
+        tmp_path / ".claude/commands/tidy.md",
+        "---\ndescription: the file\nargument-hint: [path, depth]\n---\nT\n",
+    )
     write(tmp_path / ".crow/skills/tidy/SKILL.md", "---\nname: tidy\ndescription: the skill\n---\nS\n")
     write(tmp_path / ".crow/skills/spaced/SKILL.md", "---\nname: two words\ndescription: spaced\n---\nS\n")
     hooks = HookRegistry()
