@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from crow import images
 from crow.commands import NAME, SCOPES, PromptCommand, init_command
+from crow.errors import CommandError
 from crow.events import CommandsChanged, Emit, Notice
 from crow.messages import Message
 
@@ -164,6 +165,8 @@ def expanded(message: Message, command: PromptCommand, out: str | Message) -> Me
     meta, which is what a replay shows (`crow.acp.view.replay`)."""
     text, extra = (out, ()) if isinstance(out, str) else (out.content, out.images)
     attached = (*message.images, *extra)[: images.MAX_PER_PROMPT]
+    if not text.strip() and not attached:  # as an editor's empty prompt is: providers refuse it
+        raise CommandError(f"/{command.name} expanded to an empty prompt")
     line = {"name": command.name, "line": message.content}
     meta: dict[str, Any] = {**(message.meta or {}), COMMAND_META: line}
     return message.replace(content=text, images=attached, meta=meta)

@@ -93,7 +93,7 @@ def expand_arguments(template: str, arguments: str) -> str:
 
     text = _PLACEHOLDER.sub(replace, template)
     if not found and arguments.strip():
-        text = f"{text.rstrip()}\n\nARGUMENTS: {arguments.strip()}"
+        text = "\n\n".join(filter(None, (text.rstrip(), f"ARGUMENTS: {arguments.strip()}")))
     return text
 
 

@@ -288,3 +288,21 @@ def test_precedence_within_the_project_and_the_documented_limits(tmp_path: Path)
     commands, problems = prompt_files.scan(many, tmp_path / "home")
     assert len(commands) == prompt_files.MAX_FILES == 1000
     assert problems == [f"{many}/.crow/commands: over 1000 prompt files; the rest are skipped"]
+
+
+async def test_a_prompt_file_that_expands_to_nothing_is_refused(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """A prompt file of frontmatter only: no empty user message reaches the model (the
+    Anthropic API refuses one, and an editor's empty prompt is refused too)."""
+    (workspace / ".crow/commands").mkdir(parents=True)
+    (workspace / ".crow/commands/hollow.md").write_text("---\ndescription: nothing inside\n---\n")
+    llm.default = lambda r: Reply(text="ok")
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
+        await conn.initialize(protocol_version=1)
+        sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+        response = await conn.prompt(session_id=sid, prompt=[acp.text_block("/hollow")])
+        assert response.stop_reason == "end_turn" and llm.requests == []
+        assert "/hollow expanded to an empty prompt" in client.text()
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("/hollow with words")])
+        assert llm.requests[-1].last_user_text == "ARGUMENTS: with words"
