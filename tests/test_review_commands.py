@@ -306,3 +306,18 @@ async def test_a_prompt_file_that_expands_to_nothing_is_refused(
         assert "/hollow expanded to an empty prompt" in client.text()
         await conn.prompt(session_id=sid, prompt=[acp.text_block("/hollow with words")])
         assert llm.requests[-1].last_user_text == "ARGUMENTS: with words"
+
+
+def test_crow_run_shows_a_notice_without_its_control_characters(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """A hostile repository names a prompt file with an escape sequence; the warning naming
+    it must not reach the terminal raw (`\\x1b[8m` hides what follows, as in model text)."""
+    from tests.test_cli import crow
+
+    (workspace / ".crow/commands").mkdir(parents=True)
+    (workspace / ".crow/commands/x\x1b[8mhidden.md").write_text("x\n")
+    llm.default = lambda r: Reply(text="ok")
+    done = crow("run", "hello", "--cwd", str(workspace), env=crow_env(llm, home), cwd=workspace)
+    assert done.returncode == 0 and "is not a command name" in done.stderr, done.stderr
+    assert "\x1b" not in done.stderr and "x\\x1b[8mhidden.md" in done.stderr
