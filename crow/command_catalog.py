@@ -33,6 +33,9 @@ log = logging.getLogger("crow.commands")
 
 STATE = "crow.commands"  # session.state: the session's _Book
 COMMAND_META = "command"  # Message.meta of an expanded prompt: {"name", "line"}
+# Message.meta of a prompt with embedded files (`@a.py` in an editor): where in its
+# content they begin; before it is the typed text, where each file is a mention.
+ATTACHED = "attached_from"
 
 
 @dataclass(eq=False)
@@ -150,13 +153,21 @@ async def refresh_logged(agent: Agent, session: Session) -> None:
         log.exception("session %s: its slash commands could not be gathered", session.id)
 
 
-def resolve(session: Session, text: str) -> tuple[PromptCommand, str] | None:
-    """(the command, the rest of the line) when `text` starts with one of the session's
-    prompt commands; None otherwise (an unknown `/word` is an ordinary prompt)."""
+def typed(message: Message) -> tuple[str, str]:
+    """(what the user typed, the embedded files' text after it) of a prompt."""
+    end = (message.meta or {}).get(ATTACHED)
+    if not isinstance(end, int):
+        return message.content, ""
+    return message.content[:end], message.content[end:].lstrip("\n")
+
+
+def resolve(session: Session, message: Message) -> tuple[PromptCommand, str] | None:
+    """(the command, the rest of the line) when the typed text starts with one of the
+    session's prompt commands; None otherwise (an unknown `/word` is an ordinary prompt)."""
     from crow.prompting import parse_command
 
     commands = _book(session).commands
-    parsed = parse_command(text, commands)
+    parsed = parse_command(typed(message)[0], commands)
     return (commands[parsed[0]], parsed[1]) if parsed is not None else None
 
 
@@ -167,8 +178,10 @@ def expanded(message: Message, command: PromptCommand, out: str | Message) -> Me
     attached = (*message.images, *extra)[: images.MAX_PER_PROMPT]
     if not text.strip() and not attached:  # as an editor's empty prompt is: providers refuse it
         raise CommandError(f"/{command.name} expanded to an empty prompt")
-    line = {"name": command.name, "line": message.content}
-    meta: dict[str, Any] = {**(message.meta or {}), COMMAND_META: line}
+    line, files = typed(message)
+    text = "\n\n".join(filter(None, (text, files)))  # the files mentioned follow the expansion
+    meta: dict[str, Any] = {**(message.meta or {}), COMMAND_META: {"name": command.name, "line": line}}
+    meta.pop(ATTACHED, None)
     return message.replace(content=text, images=attached, meta=meta)
 
 

@@ -101,12 +101,12 @@ async def handle(agent: Agent, session: Session, message: Message, emit: Emit) -
     await agent.session_ready(session)
     async with session.exclusive():
         await command_catalog.refresh(agent, session, emit)  # a prompt file added since: offered now
-        command = parse_command(message.content, BUILTINS)
+        typed = command_catalog.typed(message)[0]
+        command = parse_command(typed, BUILTINS)
         if command is not None:
             await session.add(message, in_context=False)  # shown on replay, never sent to the model
             return await BUILTINS[command[0]][1](agent, session, command[1], emit)
-        typed = message.content
-        if (prompt := command_catalog.resolve(session, typed)) is not None:
+        if (prompt := command_catalog.resolve(session, message)) is not None:
             try:
                 message = command_catalog.expanded(message, prompt[0], await prompt[0].expand(prompt[1]))
             except Exception as exc:  # CommandError, or a hook's bug: said, and no turn

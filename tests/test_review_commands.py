@@ -321,3 +321,27 @@ def test_crow_run_shows_a_notice_without_its_control_characters(
     done = crow("run", "hello", "--cwd", str(workspace), env=crow_env(llm, home), cwd=workspace)
     assert done.returncode == 0 and "is not a command name" in done.stderr, done.stderr
     assert "\x1b" not in done.stderr and "x\\x1b[8mhidden.md" in done.stderr
+
+
+async def test_a_slash_command_with_an_at_mention_keeps_its_arguments_and_the_file(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """Zed sends `/review @a.py speed` as text, an embedded resource (crow advertises
+    embeddedContext), text. `$1` must be the mention and `$2` the word after it, and the
+    file's content must still reach the model."""
+    (workspace / ".crow/commands").mkdir(parents=True)
+    (workspace / ".crow/commands/review.md").write_text("Review $1, looking at $2.\n")
+    llm.default = lambda r: Reply(text="ok")
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, _client):
+        await conn.initialize(protocol_version=1)
+        sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+        uri = (workspace / "a.py").as_uri()
+        blocks = [
+            acp.text_block("/review "),
+            acp.resource_block(acp.embedded_text_resource(uri, 'print("it\'s here")')),
+            acp.text_block(" speed"),
+        ]
+        await conn.prompt(session_id=sid, prompt=blocks)
+    sent = llm.requests[-1].last_user_text
+    assert sent.startswith(f"Review [@a.py]({uri}), looking at speed."), sent
+    assert 'print("it\'s here")' in sent, sent
