@@ -23,13 +23,23 @@ import sys
 from typing import Any
 
 
+class _Printable(logging.Formatter):
+    """Log lines with control characters spelled out: a log names files of a repository
+    that may be hostile (`x\x1b[8m.md`), and stderr may be the user's terminal."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        from crow.terminal import printable
+
+        return printable(super().format(record))
+
+
 def _setup_logging(level: str | None, log_file: str | None) -> None:
     # stdout belongs to the protocol: logs go to stderr or a file, configured before
     # anything (MCPServer calls logging.basicConfig) can claim the root logger.
     handler: logging.Handler = (
         logging.FileHandler(log_file) if log_file else logging.StreamHandler(sys.stderr)
     )
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(_Printable("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel((level or os.environ.get("CROW_LOG_LEVEL") or "WARNING").upper())
@@ -208,7 +218,7 @@ async def _run(args: argparse.Namespace) -> int:
             first = (event.result.text.splitlines() or [""])[0][:120]
             print(f"  {mark} {printable(first)}", file=sys.stderr)
         elif isinstance(event, Notice):
-            print(event.full_text, file=sys.stderr)
+            print(printable(event.full_text), file=sys.stderr)  # may name a hostile file
         elif isinstance(event, ModeChanged):
             print(f"  mode: {event.mode}", file=sys.stderr)
 

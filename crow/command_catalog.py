@@ -14,13 +14,13 @@ the `initialize` or `session/new` answers.
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from crow import images
 from crow.commands import NAME, SCOPES, PromptCommand, init_command
+from crow.errors import CommandError
 from crow.events import CommandsChanged, Emit, Notice
 from crow.messages import Message
 
@@ -33,7 +33,9 @@ log = logging.getLogger("crow.commands")
 
 STATE = "crow.commands"  # session.state: the session's _Book
 COMMAND_META = "command"  # Message.meta of an expanded prompt: {"name", "line"}
-_LINE = re.compile(r"/(\S+)(?:\s+(.*))?\Z", re.DOTALL)
+# Message.meta of a prompt with embedded files (`@a.py` in an editor): where in its
+# content they begin; before it is the typed text, where each file is a mention.
+ATTACHED = "attached_from"
 
 
 @dataclass(eq=False)
@@ -151,14 +153,22 @@ async def refresh_logged(agent: Agent, session: Session) -> None:
         log.exception("session %s: its slash commands could not be gathered", session.id)
 
 
-def resolve(session: Session, text: str) -> tuple[PromptCommand, str] | None:
-    """(the command, the rest of the line) when `text` starts with one of the session's
-    prompt commands; None otherwise (an unknown `/word` is an ordinary prompt)."""
-    match = _LINE.match(text)
-    if match is None:
-        return None
-    command = _book(session).commands.get(match.group(1))
-    return (command, (match.group(2) or "").strip()) if command is not None else None
+def typed(message: Message) -> tuple[str, str]:
+    """(what the user typed, the embedded files' text after it) of a prompt."""
+    end = (message.meta or {}).get(ATTACHED)
+    if not isinstance(end, int):
+        return message.content, ""
+    return message.content[:end], message.content[end:].lstrip("\n")
+
+
+def resolve(session: Session, message: Message) -> tuple[PromptCommand, str] | None:
+    """(the command, the rest of the line) when the typed text starts with one of the
+    session's prompt commands; None otherwise (an unknown `/word` is an ordinary prompt)."""
+    from crow.prompting import parse_command
+
+    commands = _book(session).commands
+    parsed = parse_command(typed(message)[0], commands)
+    return (commands[parsed[0]], parsed[1]) if parsed is not None else None
 
 
 def expanded(message: Message, command: PromptCommand, out: str | Message) -> Message:
@@ -166,8 +176,12 @@ def expanded(message: Message, command: PromptCommand, out: str | Message) -> Me
     meta, which is what a replay shows (`crow.acp.view.replay`)."""
     text, extra = (out, ()) if isinstance(out, str) else (out.content, out.images)
     attached = (*message.images, *extra)[: images.MAX_PER_PROMPT]
-    line = {"name": command.name, "line": message.content}
-    meta: dict[str, Any] = {**(message.meta or {}), COMMAND_META: line}
+    if not text.strip() and not attached:  # as an editor's empty prompt is: providers refuse it
+        raise CommandError(f"/{command.name} expanded to an empty prompt")
+    line, files = typed(message)
+    text = "\n\n".join(filter(None, (text, files)))  # the files mentioned follow the expansion
+    meta: dict[str, Any] = {**(message.meta or {}), COMMAND_META: {"name": command.name, "line": line}}
+    meta.pop(ATTACHED, None)
     return message.replace(content=text, images=attached, meta=meta)
 
 

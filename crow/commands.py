@@ -31,6 +31,7 @@ Scope = Literal["builtin", "project", "user", "mcp"]
 SCOPES: tuple[Scope, ...] = ("builtin", "project", "user", "mcp")  # precedence, first wins
 # What a command name may be: typed after `/` up to the first space.
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}")
+SHOWN = 200  # characters of a description or hint the editor is shown
 _PLACEHOLDER = re.compile(r"\$(?:ARGUMENTS\[(\d+)\]|(ARGUMENTS)(?![\w\[])|([1-9]\d*)(?!\w))")
 
 
@@ -52,7 +53,15 @@ class PromptCommand:
     def command(self) -> Command:
         from crow.prompting import Command
 
-        return Command(self.name, self.description, self.hint, self.origin or self.scope)
+        # What the editor is shown, bounded whatever the source (an MCP server may declare
+        # hundreds of long argument names).
+        return Command(self.name, one_line(self.description), one_line(self.hint), self.origin or self.scope)
+
+
+def one_line(text: str) -> str:
+    """`text` on one line, at most `SHOWN` characters (cut ones end with `…`)."""
+    text = " ".join(text.split())
+    return text if len(text) <= SHOWN else text[: SHOWN - 1] + "…"
 
 
 def split_arguments(text: str) -> list[str]:
@@ -84,7 +93,7 @@ def expand_arguments(template: str, arguments: str) -> str:
 
     text = _PLACEHOLDER.sub(replace, template)
     if not found and arguments.strip():
-        text = f"{text.rstrip()}\n\nARGUMENTS: {arguments.strip()}"
+        text = "\n\n".join(filter(None, (text.rstrip(), f"ARGUMENTS: {arguments.strip()}")))
     return text
 
 

@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("crow.commands")
 
 MAX_PROMPTS = 500  # per server: what a listing may hold (pages of a hostile server end there)
+# A server's prompts are listed again at most this often: a server announcing a change
+# every millisecond costs a listing (and an `available_commands_update`) a second, and
+# its last change is still listed.
+RELIST_INTERVAL = 1.0
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
 
 
@@ -60,7 +64,7 @@ async def relisting(
     changed: asyncio.Event, closing: asyncio.Event, relist: Callable[[], Awaitable[None]]
 ) -> None:
     """Until `closing` is set: each time `changed` is set (the server's list_changed came),
-    clear it and `relist()`."""
+    clear it and `relist()`; at most once per `RELIST_INTERVAL`."""
     import anyio
 
     async def watch() -> None:
@@ -68,6 +72,7 @@ async def relisting(
             await changed.wait()
             changed.clear()
             await relist()
+            await anyio.sleep(RELIST_INTERVAL)  # changes meanwhile: one listing after it
 
     async with anyio.create_task_group() as group:
         group.start_soon(watch)
@@ -104,9 +109,9 @@ def commands(hub: ToolHub) -> list[PromptCommand]:
             continue
         declared = list(prompt.arguments or ())
         hint = " ".join(a.name if a.required else f"[{a.name}]" for a in declared)
-        description = " ".join((prompt.description or prompt.title or f"MCP prompt {prompt.name}").split())
+        description = prompt.description or prompt.title or f"MCP prompt {prompt.name}"
         expand = partial(_expand, hub, server, prompt.name, name, declared)
-        out.append(PromptCommand(name, description[:200], expand, hint, "mcp", f"MCP server {server}"))
+        out.append(PromptCommand(name, description, expand, hint, "mcp", f"MCP server {server}"))
     return out
 
 

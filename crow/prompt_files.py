@@ -18,12 +18,13 @@ its size, mtime or inode changed.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import stat
 from pathlib import Path
 
-from crow.commands import NAME, PromptCommand, Scope, expand_arguments
+from crow.commands import NAME, PromptCommand, Scope, expand_arguments, one_line
 from crow.errors import CommandError
 from crow.frontmatter import split_frontmatter
 
@@ -32,6 +33,9 @@ log = logging.getLogger("crow.commands")
 MAX_BYTES = 256 * 1024
 MAX_FILES = 1000  # per folder
 MAX_DEPTH = 4  # folders below the commands folder
+# Entries (files and folders of any kind) listed per commands folder: the folder is listed
+# before every prompt, so a repository's 100,000 empty folders must not cost seconds each.
+MAX_ENTRIES = 10 * MAX_FILES
 FOLDERS: tuple[tuple[str, Scope], ...] = ((".crow/commands", "project"), (".claude/commands", "project"))
 USER_FOLDER = "commands"  # in CROW_HOME
 
@@ -76,13 +80,22 @@ def _walk(folder: Path, problems: list[str], within: Path | None) -> list[tuple[
     out: list[tuple[str, str]] = []
     seen = {str(top)}
     pending: list[tuple[str, tuple[str, ...]]] = [(str(top), ())]
+    budget = MAX_ENTRIES
     while pending:
         where, parts = pending.pop()
         try:
-            entries = sorted(os.scandir(where), key=lambda e: e.name)
+            with os.scandir(where) as listing:
+                entries = list(itertools.islice(listing, budget + 1))
         except OSError as exc:
             problems.append(f"{where}: cannot be listed ({exc.strerror or exc}); skipped")
             continue
+        full = len(entries) > budget
+        if full:
+            problems.append(f"{folder}: over {MAX_ENTRIES} files and folders; the rest are skipped")
+            pending.clear()
+            entries.pop()
+        budget -= len(entries)
+        entries.sort(key=lambda e: e.name)
         for entry in entries:
             if entry.name.startswith("."):
                 continue
@@ -93,7 +106,7 @@ def _walk(folder: Path, problems: list[str], within: Path | None) -> list[tuple[
                     if not Path(real).is_relative_to(top):
                         problems.append(f"{entry.path}: a symlink out of {folder}; skipped")
                         continue
-                is_dir = os.path.isdir(real)
+                is_dir = entry.is_dir()  # from the listing: no stat per entry
             except OSError:
                 continue
             if is_dir:
@@ -107,6 +120,8 @@ def _walk(folder: Path, problems: list[str], within: Path | None) -> list[tuple[
                     problems.append(f"{folder}: over {MAX_FILES} prompt files; the rest are skipped")
                     return sorted(out, key=lambda pair: pair[1])
                 out.append((real, ":".join((*parts, entry.name[:-3]))))
+        if full:  # the folders of this listing are not read
+            break
     return sorted(out, key=lambda pair: pair[1])
 
 
@@ -153,6 +168,9 @@ def _fields(meta: dict[str, object], body: str) -> tuple[str, str]:
     description = meta.get("description")
     hint = meta.get("argument-hint", "")
     if isinstance(hint, list):  # `argument-hint: [file, focus]` is a YAML list
+        # of words only: nested lists may be aliases of aliases (billions of words in 1 KB)
+        if not all(isinstance(h, str | int | float) for h in hint):
+            raise ValueError("'argument-hint' must be text or a list of words")
         hint = " ".join(f"[{h}]" for h in hint)
     if description is not None and not isinstance(description, str):
         raise ValueError("'description' must be text")
@@ -161,7 +179,7 @@ def _fields(meta: dict[str, object], body: str) -> tuple[str, str]:
     if not description:
         first = next((ln for ln in body.splitlines() if ln.strip()), "")
         description = first.strip().lstrip("#").strip() or "(no description)"
-    return " ".join(description.split())[:200], " ".join(hint.split())[:200]
+    return one_line(description), one_line(hint)
 
 
 def read(path: str) -> str:

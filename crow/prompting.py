@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("crow.commands")
 
 TITLE_LENGTH = 80
+_LINE = re.compile(r"/(\S+)(?:\s+(.*))?\Z", re.DOTALL)  # /name, then the rest of the line
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,11 +58,12 @@ Builtin = Callable[["Agent", "Session", str, Emit], Awaitable["TurnResult"]]
 
 def parse_command(text: str, names: Iterable[str]) -> tuple[str, str] | None:
     """`/compact keep the API notes` -> ("compact", "keep the API notes") when "compact" is
-    one of `names`; None for text that names none (an unknown `/word` is an ordinary prompt)."""
-    if not text.startswith("/"):
+    one of `names`; None for text that names none (an unknown `/word` is an ordinary prompt).
+    The name ends at any whitespace: `/compact` then a new line and instructions is /compact."""
+    match = _LINE.match(text)
+    if match is None or match.group(1) not in names:
         return None
-    name, _, rest = text[1:].partition(" ")
-    return (name, rest.strip()) if name in names else None
+    return match.group(1), (match.group(2) or "").strip()
 
 
 def title_of(text: str) -> str:
@@ -98,12 +101,12 @@ async def handle(agent: Agent, session: Session, message: Message, emit: Emit) -
     await agent.session_ready(session)
     async with session.exclusive():
         await command_catalog.refresh(agent, session, emit)  # a prompt file added since: offered now
-        command = parse_command(message.content, BUILTINS)
+        typed = command_catalog.typed(message)[0]
+        command = parse_command(typed, BUILTINS)
         if command is not None:
             await session.add(message, in_context=False)  # shown on replay, never sent to the model
             return await BUILTINS[command[0]][1](agent, session, command[1], emit)
-        typed = message.content
-        if (prompt := command_catalog.resolve(session, typed)) is not None:
+        if (prompt := command_catalog.resolve(session, message)) is not None:
             try:
                 message = command_catalog.expanded(message, prompt[0], await prompt[0].expand(prompt[1]))
             except Exception as exc:  # CommandError, or a hook's bug: said, and no turn

@@ -112,10 +112,13 @@ class Rewound:
     notice: Notice
 
     def to_dict(self) -> dict[str, Any]:
-        """The `_crow.rewind` answer."""
+        """The `_crow.rewind` answer: each prompt as the user typed it (a slash command's
+        line, not its expansion)."""
+        from crow.command_catalog import shown_line
+
         return {
             "turns": len(self.prompts),
-            "prompts": [{"messageId": m.id, "text": m.content} for m in self.prompts],
+            "prompts": [{"messageId": m.id, "text": shown_line(m)} for m in self.prompts],
             "restored": list(self.files.restored),
             "removed": list(self.files.removed),
             "skipped": [{"path": path, "reason": why} for path, why in self.files.skipped],
@@ -125,11 +128,12 @@ class Rewound:
 
 def report(prompts: Sequence[Message], files: Restored) -> Notice:
     """The notice a rewind answers with: the turns taken back, then each file outcome."""
+    from crow.command_catalog import shown_line
     from crow.session import new_message_id
 
     n = len(prompts)
     title = "Undid the last turn" if n == 1 else f"Undid the last {n} turns"
-    quoted = ", ".join(f"“{_excerpt(m.content)}”" for m in prompts[-_QUOTED:])
+    quoted = ", ".join(f"“{_excerpt(shown_line(m))}”" for m in prompts[-_QUOTED:])  # as typed
     if n > _QUOTED:
         quoted = f"{n - _QUOTED} more, {quoted}"
     lines = [f"{title} ({quoted}): the conversation is back to before {'it' if n == 1 else 'them'}."]

@@ -205,7 +205,9 @@ class ToolHub:
         try:
             conn.prompts = await asyncio.wait_for(list_prompts(conn.client), timeout)
         except Exception as exc:  # TimeoutError too: its tools still serve
-            self.failures.append(f"MCP server {conn.spec.name!r} did not list its prompts: {_describe(exc)}")
+            failure = f"MCP server {conn.spec.name!r} did not list its prompts: {_describe(exc)}"
+            if failure not in self.failures:  # a server failing each relisting: told once
+                self.failures.append(failure)
             return False
         return True
 

@@ -22,6 +22,7 @@ from acp.schema import (
 
 from crow import images
 from crow.acp import view as acp_view
+from crow.command_catalog import ATTACHED
 from crow.events import (
     CommandsChanged,
     Event,
@@ -126,6 +127,7 @@ def prompt_message(blocks: list[Any]) -> Message:
     """ACP content blocks -> one user message. Images are checked (`prompt_image`) and
     text is made valid Unicode: what a client sends is stored and re-sent every turn."""
     texts: list[str] = []
+    contexts: list[str] = []  # an embedded file's text follows what was typed
     attached: list[Image] = []
     for block in blocks:
         kind = getattr(block, "type", None)
@@ -140,13 +142,17 @@ def prompt_message(blocks: list[Any]) -> Message:
             texts.append(f"[@{block.name}]({block.uri})")
         elif kind == "resource":
             res = block.resource
-            if getattr(res, "text", None) is not None:
-                texts.append(f'<context ref="{res.uri}">\n{res.text}\n</context>')
+            if getattr(res, "text", None) is not None:  # a mention where it was typed
+                texts.append(f"[@{str(res.uri).rstrip('/').rsplit('/', 1)[-1]}]({res.uri})")
+                contexts.append(f'<context ref="{res.uri}">\n{res.text}\n</context>')
             else:
                 texts.append(f"[attached binary resource {res.uri}]")
         elif kind == "audio":
             texts.append("[audio attachment: not supported]")
-    text = valid_text("\n".join(texts).strip())
+    typed = valid_text("\n".join(texts).strip())
+    text = valid_text("\n\n".join(filter(None, (typed, *contexts))))
     if not text and not attached:
         raise RequestError.invalid_params({"prompt": "the prompt is empty"})
-    return Message("user", text, images=tuple(attached))
+    # A slash command reads its arguments from the typed part only (`command_catalog`).
+    meta = {ATTACHED: len(typed)} if contexts else None
+    return Message("user", text, images=tuple(attached), meta=meta)
