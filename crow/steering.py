@@ -97,14 +97,23 @@ async def deliver(session: Session, emit: Emit) -> None:
     if not isinstance(queue, Queue):
         return
     while queue.waiting:
-        item = queue.waiting[0]  # left queued until stored: a failed store refuses it at `end`
+        # Taken off the queue before the store's await: a sender giving up meanwhile must
+        # not pull it out from under this loop (which would then take another's).
+        item = queue.waiting.pop(0)
         meta = {**(item.message.meta or {}), META_KEY: True}
-        await session.add(item.message.replace(meta=meta))
-        queue.waiting.pop(0)
-        stored = session.messages[-1]
-        item.stored_id = stored.id
-        item.done.set()
-        await emit(UserMessageAdded(stored))
+        at = len(session.messages)  # `add` puts it there before its first await
+        try:
+            await session.add(item.message.replace(meta=meta))
+        except Exception as exc:  # not stored (StoreError): its sender hears so
+            item.refused = f"it could not store the message: {exc}"
+            item.done.set()
+            raise
+        finally:
+            # A cancel keeps the message (its write still lands): it was taken.
+            if not item.done.is_set():
+                item.stored_id = session.messages[at].id
+                item.done.set()
+        await emit(UserMessageAdded(session.messages[at]))
 
 
 async def steer(session: Session, message: Message) -> str:

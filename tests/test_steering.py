@@ -70,3 +70,99 @@ async def test_finish_keeps_the_turn_going_while_messages_wait(tmp_path: Path) -
         steering.end(session, "max_turn_requests")  # the turn ended anyway: refused, not lost
     assert errors and "ended (max_turn_requests) before it took this message" in errors[0]
     assert session.messages == [] and steering.STATE_KEY not in session.state
+
+
+async def test_a_sender_giving_up_while_its_message_is_stored_breaks_nothing(tmp_path: Path) -> None:
+    """The steering request is cancelled ($/cancel_request) while the turn stores its
+    message (a store write awaits): it was taken, so the sender's cancel must not pull it
+    from the queue under `deliver`, which would then pop (and lose) the NEXT sender's
+    message, or fail the turn with IndexError when it was the only one."""
+    from crow.store import SQLiteStore
+
+    async with SQLiteStore(":memory:") as store:
+        await store.create_session(id="s", cwd=str(tmp_path))
+        session = Session("s", tmp_path, store=store)
+        steering.begin(session)
+        results: dict[str, str] = {}
+
+        async def send(word: str) -> None:
+            try:
+                results[word] = await steering.steer(session, human(word))
+            except steering.NoTurnRunning as exc:
+                results[word] = f"refused: {exc}"
+
+        async def emit(event: Event) -> None:
+            pass
+
+        async with anyio.create_task_group() as tg:
+            first = anyio.CancelScope()
+
+            async def send_first() -> None:
+                with first:
+                    await send("one")
+
+            tg.start_soon(send_first)
+            await anyio.lowlevel.checkpoint()
+            tg.start_soon(send, "two")
+            await anyio.lowlevel.checkpoint()
+            original = store.append
+
+            async def append_then_give_up(*args: object, **kwargs: object) -> None:
+                first.cancel()  # the first sender gives up while its message is being stored
+                await anyio.sleep(0.01)
+                await original(*args, **kwargs)  # type: ignore[arg-type]
+
+            store.append = append_then_give_up  # type: ignore[method-assign]
+            try:
+                await steering.deliver(session, emit)
+            finally:
+                store.append = original  # type: ignore[method-assign]
+            # The second sender is answered, never left waiting (the group ends with it).
+            tg.cancel_scope.deadline = anyio.current_time() + 2
+        steering.end(session, "end_turn")
+        assert "two" in results, "the second sender was left waiting"
+        assert [m.content for m in session.messages] == ["one", "two"]
+        assert results["two"] == session.messages[1].id
+        assert [m.content for m in await store.load_context("s")] == ["one", "two"]
+
+
+async def test_a_cancel_while_a_steering_message_is_stored_answers_its_sender_with_the_id(
+    tmp_path: Path,
+) -> None:
+    """The turn is cancelled while it stores a steering message: the write still lands
+    (a cancelled append keeps the message, in memory and in the store), so its sender must
+    hear it was taken, not "send it as a prompt", which would put it in the history twice."""
+    from crow.store import SQLiteStore
+
+    async with SQLiteStore(":memory:") as store:
+        await store.create_session(id="s", cwd=str(tmp_path))
+        session = Session("s", tmp_path, store=store)
+        steering.begin(session)
+        results: list[str] = []
+
+        async def send() -> None:
+            try:
+                results.append(await steering.steer(session, human("keep me")))
+            except steering.NoTurnRunning as exc:
+                results.append(f"refused: {exc}")
+
+        async def emit(event: Event) -> None:
+            pass
+
+        original = store.append
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send)
+            await anyio.lowlevel.checkpoint()
+
+            async def slow_append(*args: object, **kwargs: object) -> None:
+                await original(*args, **kwargs)  # type: ignore[arg-type]
+                await anyio.sleep(0.05)  # issued, not yet confirmed: as a busy worker is
+
+            store.append = slow_append  # type: ignore[method-assign]
+            with anyio.move_on_after(0.01):  # the turn's cancel, mid-store
+                await steering.deliver(session, emit)
+            store.append = original  # type: ignore[method-assign]
+            steering.end(session, "cancelled")
+        assert [m.content for m in session.messages] == ["keep me"]
+        assert [m.content for m in await store.load_context("s")] == ["keep me"]
+        assert results == [session.messages[0].id]
