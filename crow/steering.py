@@ -1,8 +1,10 @@
 """Steering: the user adds a message to a turn while it runs.
 
-A running turn (`crow.loop.Turn`) opens its session's queue (`begin`) and closes it when it
-ends (`end`). `steer(session, message)` queues a user message and waits until the turn has
-taken it: at its next iteration boundary (before its next model call: after the current
+A prompt opens its session's queue when it is taken (`crow.prompting.handle`, before the
+servers start or a command expands: it is busy from then), the turn it runs
+(`crow.loop.Turn`) takes it over, and it closes when the turn ends (`end`; a prompt that
+ran no turn refuses what came). `steer(session, message)` queues a user message and waits
+until the turn has taken it: at its next iteration boundary (before its next model call: after the current
 model call, or after the current tool batch) the loop calls `deliver`, which stores each
 queued message (marked `meta.steering`, so rewind can tell a turn's prompt from text added
 during it), echoes it (`UserMessageAdded`) and wakes its sender with the stored id.
@@ -80,7 +82,10 @@ class Queue:
 
 
 def begin(session: Session) -> Queue:
-    queue = session.state[STATE_KEY] = Queue()
+    """Open the session's queue (the one its prompt opened, if still open)."""
+    queue = session.state.get(STATE_KEY)
+    if not isinstance(queue, Queue) or queue.closed:
+        queue = session.state[STATE_KEY] = Queue()
     return queue
 
 
