@@ -14,8 +14,10 @@ end, the loop asks `finish`: with messages queued the turn goes on for them; oth
 queue closes at once (no await in between), so a later `steer` is refused as if no turn ran.
 A turn that ends another way (a hook's Stop, max_iterations, max_tokens, a failure, a
 cancel) refuses what is still queued with `NoTurnRunning`: the sender learns it was not
-delivered, and may send it as a prompt. A sender that gives up (its request cancelled)
-takes its message back if the turn has not taken it yet.
+delivered, and may send it as a prompt. Every refusal is answered once the prompt is over
+(`end`: after the after_agent hooks, e.g. the checkpoint's workspace snapshot), when a
+prompt sent on it is taken, not refused busy. A sender that gives up (its request
+cancelled) takes its message back if the turn has not taken it yet.
 """
 
 from __future__ import annotations
@@ -54,11 +56,14 @@ class _Queued:
 
 
 class Queue:
-    """The steering messages of one running turn, in the order they came."""
+    """The steering messages of one running prompt, in the order they came."""
 
     def __init__(self) -> None:
         self.waiting: list[_Queued] = []
+        self.refused: list[_Queued] = []  # told at `end`, when a prompt would be taken
         self.closed = False
+        self.why = ""  # why the turn took no more
+        self.over = anyio.Event()  # `end`: the prompt is over
 
     def push(self, message: Message) -> _Queued:
         item = _Queued(message)
@@ -73,12 +78,13 @@ class Queue:
         self.closed = True
         return True
 
-    def refuse(self, why: str) -> None:
+    def close(self, why: str) -> None:
         self.closed = True
+        self.why = self.why or why
         for item in self.waiting:
-            item.refused = why
-            item.done.set()
-        self.waiting.clear()
+            item.refused = self.why
+        self.refused += self.waiting
+        self.waiting = []
 
 
 def begin(session: Session) -> Queue:
@@ -89,11 +95,28 @@ def begin(session: Session) -> Queue:
     return queue
 
 
+def is_open(session: Session) -> bool:
+    queue = session.state.get(STATE_KEY)
+    return isinstance(queue, Queue) and not queue.closed
+
+
+def close(session: Session, why: str) -> None:
+    """The turn is over: it takes nothing more; what it did not take is refused (`why`),
+    its senders told at `end`."""
+    queue = session.state.get(STATE_KEY)
+    if isinstance(queue, Queue):
+        queue.close(why)
+
+
 def end(session: Session, why: str) -> None:
-    """The turn is over: what it did not take is refused (`why`)."""
+    """The prompt is over (a new one would be taken): the senders of what was refused, and
+    of what came after the turn closed, hear so now, not while a prompt is still busy."""
     queue = session.state.pop(STATE_KEY, None)
     if isinstance(queue, Queue):
-        queue.refuse(why)
+        queue.close(why)
+        for item in queue.refused:
+            item.done.set()
+        queue.over.set()
 
 
 async def deliver(session: Session, emit: Emit) -> None:
@@ -109,13 +132,12 @@ async def deliver(session: Session, emit: Emit) -> None:
         at = len(session.messages)  # `add` puts it there before its first await
         try:
             await session.add(item.message.replace(meta=meta))
-        except Exception as exc:  # not stored (StoreError): its sender hears so
+        except Exception as exc:  # not stored (StoreError): its sender hears so at `end`
             item.refused = f"it could not store the message: {exc}"
-            item.done.set()
+            queue.refused.append(item)
             raise
         finally:
-            # A cancel keeps the message (its write still lands): it was taken.
-            if not item.done.is_set():
+            if not item.refused:  # stored, or a cancel kept it (its write still lands): taken
                 item.stored_id = session.messages[at].id
                 item.done.set()
         await emit(UserMessageAdded(session.messages[at]))
@@ -125,8 +147,12 @@ async def steer(session: Session, message: Message) -> str:
     """Add `message` to the session's running turn; the id it is stored under once the
     turn took it. `NoTurnRunning` when no turn runs, or it ended before taking it."""
     queue = session.state.get(STATE_KEY)
-    if not isinstance(queue, Queue) or queue.closed:
-        raise NoTurnRunning(f"no turn is running in session {session.id}; send it as a prompt")
+    no_turn = f"no turn is running in session {session.id}; send it as a prompt"
+    if not isinstance(queue, Queue):
+        raise NoTurnRunning(no_turn)
+    if queue.closed:  # the turn took its last message; its prompt is still busy
+        await queue.over.wait()
+        raise NoTurnRunning(no_turn)
     item = queue.push(message)
     try:
         await item.done.wait()

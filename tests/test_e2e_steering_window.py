@@ -9,6 +9,7 @@ have no way left to say it. It waits, and the turn takes it before its first mod
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,9 @@ import anyio
 import pytest
 from acp import RequestError
 
-from tests.conftest import spawn_crow
+from tests.conftest import crow_env, spawn_crow
 from tests.llm_server import RecordedRequest, Reply, ScriptedLLM
-from tests.test_e2e_steering import steer, text, written
+from tests.test_e2e_steering import start, steer, text, written
 from tests.test_e2e_trust import TrustClient, make_repo, user_env
 
 pytestmark = pytest.mark.anyio
@@ -80,3 +81,55 @@ async def test_steering_while_the_prompt_waits_to_start_reaches_its_turn(
         assert results["steer"]["outcome"] == "injected"
     assert len(llm.requests) == 1
     assert user_texts(llm.requests[0])[-2:] == ["first", "and also this"]
+
+
+async def test_steering_after_the_final_reply_is_refused_when_a_prompt_would_be_taken(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """After the model's last reply the turn takes no more, but the prompt is busy until
+    its after_agent hooks end (the checkpoint's workspace snapshot; here a command hook
+    held by the test). A client told "send it as a prompt" that does so at once must not
+    be refused busy: the refusal comes when the prompt is over."""
+    started, go = workspace / "after-agent-started", workspace / "go"
+    hook = f"touch {started}; while [ ! -e {go} ]; do sleep 0.02; done"
+    (home / "config.yaml").write_text(
+        f"hooks:\n  commands:\n    - {{command: {json.dumps(hook)}, phases: [after_agent], timeout: 30}}\n"
+    )
+    llm.push(Reply(text="first answer"), Reply(text="second answer"))
+    results: dict[str, Any] = {}
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
+        sid = await start(conn, workspace)
+
+        async def steer_then_prompt() -> None:
+            try:
+                results["steer"] = await steer(
+                    conn, sid, text("one more thing"), meta={"steering": {"idleBehavior": "promptRequired"}}
+                )
+                if results["steer"].get("outcome") == "promptRequired":  # as claude-agent-acp's clients do
+                    try:
+                        results["again"] = await conn.prompt(
+                            session_id=sid, prompt=[acp.text_block("one more thing")]
+                        )
+                    except RequestError as exc:
+                        results["again"] = exc
+            finally:
+                go.touch()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: _prompt(conn, sid, results))
+            with anyio.fail_after(20):
+                while not started.exists():  # noqa: ASYNC110  (a file the hook writes)
+                    await anyio.sleep(0.02)
+            tg.start_soon(steer_then_prompt)
+            await written(client, 1)
+            await anyio.sleep(1.0)  # a refusal answered at once has been acted on by now
+            go.touch()
+        assert results["first"].stop_reason == "end_turn"
+        assert results["steer"] == {"outcome": "promptRequired", "reason": "noRunningTurn"}
+        assert not isinstance(results["again"], RequestError), results["again"]
+        assert results["again"].stop_reason == "end_turn"
+    assert user_texts(llm.requests[1])[-1] == "one more thing"
+
+
+async def _prompt(conn: Any, sid: str, results: dict[str, Any]) -> None:
+    results["first"] = await conn.prompt(session_id=sid, prompt=[acp.text_block("first")])

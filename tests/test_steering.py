@@ -41,15 +41,29 @@ async def test_queued_messages_are_delivered_in_order_marked_and_echoed(tmp_path
     steering.end(session, "end_turn")
 
 
-async def test_after_the_turn_decided_to_end_steering_is_refused_at_once(tmp_path: Path) -> None:
-    """Between the last model reply (`finish`) and the turn's end (`end`): after_agent
-    hooks still run, but nothing can be queued that no model call would see."""
+async def test_after_the_turn_decided_to_end_steering_is_refused_when_the_prompt_is_over(
+    tmp_path: Path,
+) -> None:
+    """Between the last model reply (`finish`) and the prompt's end (`end`): after_agent
+    hooks still run, and nothing can be queued that no model call would see; the refusal
+    is answered at `end`, when a prompt sent on it would be taken (not busy)."""
     session = Session("s", tmp_path)
     queue = steering.begin(session)
     assert queue.finish() is True
-    with pytest.raises(steering.NoTurnRunning, match="no turn is running"):
-        await steering.steer(session, human("late"))
-    assert queue.waiting == []
+    errors: list[str] = []
+
+    async def send() -> None:
+        try:
+            await steering.steer(session, human("late"))
+        except steering.NoTurnRunning as exc:
+            errors.append(str(exc))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(send)
+        await anyio.wait_all_tasks_blocked()
+        assert errors == [] and queue.waiting == []  # not queued, not answered yet
+        steering.end(session, "end_turn")
+    assert errors and "no turn is running" in errors[0]
 
 
 async def test_finish_keeps_the_turn_going_while_messages_wait(tmp_path: Path) -> None:
