@@ -3,6 +3,7 @@ turn's end, which the end-to-end tests cannot hit at will."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -14,6 +15,18 @@ from crow.messages import human
 from crow.session import Session
 
 pytestmark = pytest.mark.anyio
+
+
+def sender(session: Session, text: str, answers: list[str]) -> Callable[[], Awaitable[None]]:
+    """Steers `text` into `session`; its stored id, or "refused: why", goes to `answers`."""
+
+    async def send() -> None:
+        try:
+            answers.append(await steering.steer(session, human(text)))
+        except steering.NoTurnRunning as exc:
+            answers.append(f"refused: {exc}")
+
+    return send
 
 
 async def test_queued_messages_are_delivered_in_order_marked_and_echoed(tmp_path: Path) -> None:
@@ -51,15 +64,8 @@ async def test_after_the_turn_decided_to_end_steering_is_refused_when_the_prompt
     queue = steering.begin(session)
     assert queue.finish() is True
     errors: list[str] = []
-
-    async def send() -> None:
-        try:
-            await steering.steer(session, human("late"))
-        except steering.NoTurnRunning as exc:
-            errors.append(str(exc))
-
     async with anyio.create_task_group() as tg:
-        tg.start_soon(send)
+        tg.start_soon(sender(session, "late", errors))
         await anyio.wait_all_tasks_blocked()
         assert errors == [] and queue.waiting == []  # not queued, not answered yet
         steering.end(session, "end_turn")
@@ -70,15 +76,8 @@ async def test_finish_keeps_the_turn_going_while_messages_wait(tmp_path: Path) -
     session = Session("s", tmp_path)
     queue = steering.begin(session)
     errors: list[str] = []
-
-    async def send() -> None:
-        try:
-            await steering.steer(session, human("wait for me"))
-        except steering.NoTurnRunning as exc:
-            errors.append(str(exc))
-
     async with anyio.create_task_group() as tg:
-        tg.start_soon(send)
+        tg.start_soon(sender(session, "wait for me", errors))
         await anyio.lowlevel.checkpoint()
         assert queue.finish() is False and not queue.closed
         steering.end(session, "max_turn_requests")  # the turn ended anyway: refused, not lost
@@ -97,13 +96,8 @@ async def test_a_sender_giving_up_while_its_message_is_stored_breaks_nothing(tmp
         await store.create_session(id="s", cwd=str(tmp_path))
         session = Session("s", tmp_path, store=store)
         steering.begin(session)
-        results: dict[str, str] = {}
-
-        async def send(word: str) -> None:
-            try:
-                results[word] = await steering.steer(session, human(word))
-            except steering.NoTurnRunning as exc:
-                results[word] = f"refused: {exc}"
+        first_answers: list[str] = []
+        second_answers: list[str] = []
 
         async def emit(event: Event) -> None:
             pass
@@ -113,11 +107,11 @@ async def test_a_sender_giving_up_while_its_message_is_stored_breaks_nothing(tmp
 
             async def send_first() -> None:
                 with first:
-                    await send("one")
+                    await sender(session, "one", first_answers)()
 
             tg.start_soon(send_first)
             await anyio.lowlevel.checkpoint()
-            tg.start_soon(send, "two")
+            tg.start_soon(sender(session, "two", second_answers))
             await anyio.lowlevel.checkpoint()
             original = store.append
 
@@ -134,9 +128,9 @@ async def test_a_sender_giving_up_while_its_message_is_stored_breaks_nothing(tmp
             # The second sender is answered, never left waiting (the group ends with it).
             tg.cancel_scope.deadline = anyio.current_time() + 2
         steering.end(session, "end_turn")
-        assert "two" in results, "the second sender was left waiting"
+        assert second_answers, "the second sender was left waiting"
         assert [m.content for m in session.messages] == ["one", "two"]
-        assert results["two"] == session.messages[1].id
+        assert second_answers == [session.messages[1].id]
         assert [m.content for m in await store.load_context("s")] == ["one", "two"]
 
 
@@ -154,18 +148,12 @@ async def test_a_cancel_while_a_steering_message_is_stored_answers_its_sender_wi
         steering.begin(session)
         results: list[str] = []
 
-        async def send() -> None:
-            try:
-                results.append(await steering.steer(session, human("keep me")))
-            except steering.NoTurnRunning as exc:
-                results.append(f"refused: {exc}")
-
         async def emit(event: Event) -> None:
             pass
 
         original = store.append
         async with anyio.create_task_group() as tg:
-            tg.start_soon(send)
+            tg.start_soon(sender(session, "keep me", results))
             await anyio.lowlevel.checkpoint()
 
             async def slow_append(*args: object, **kwargs: object) -> None:
