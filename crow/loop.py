@@ -137,7 +137,7 @@ class Turn:
         )
         await session.add(as_prompt(prompt))  # marked: a rewind counts turns by their prompts
         ctx.prompt_id = session.messages[-1].id
-        owns_steering = not steering.is_open(session)  # else its prompt's: ended with it
+        owns_steering = not steering.opened(session)  # else its prompt's: ended with it
         self._steering, ended = steering.begin(session), "it failed"
         cancelled = False
         try:

@@ -88,16 +88,18 @@ class Queue:
 
 
 def begin(session: Session) -> Queue:
-    """Open the session's queue (the one its prompt opened, if still open)."""
+    """Open the session's queue for a turn: the one its prompt opened (open again for a
+    prompt's second turn: what the first refused waits for `end` in it), or a new one."""
     queue = session.state.get(STATE_KEY)
-    if not isinstance(queue, Queue) or queue.closed:
+    if not isinstance(queue, Queue):
         queue = session.state[STATE_KEY] = Queue()
+    queue.closed, queue.why = False, ""
     return queue
 
 
-def is_open(session: Session) -> bool:
-    queue = session.state.get(STATE_KEY)
-    return isinstance(queue, Queue) and not queue.closed
+def opened(session: Session) -> bool:
+    """Whether a queue is open in the session (its prompt's, which `end`s it)."""
+    return isinstance(session.state.get(STATE_KEY), Queue)
 
 
 def close(session: Session, why: str) -> None:

@@ -168,3 +168,35 @@ async def test_a_cancel_while_a_steering_message_is_stored_answers_its_sender_wi
         assert [m.content for m in session.messages] == ["keep me"]
         assert [m.content for m in await store.load_context("s")] == ["keep me"]
         assert results == [session.messages[0].id]
+
+
+async def test_a_prompt_with_two_turns_answers_every_sender_at_its_end(tmp_path: Path) -> None:
+    """The prompt's queue serves each turn it runs; what the first turn refused, and what
+    came while none took messages, is answered when the prompt ends, never left waiting."""
+    session = Session("s", tmp_path)
+    steering.begin(session)  # the prompt
+    first: list[str] = []
+    late: list[str] = []
+    second: list[str] = []
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            steering.begin(session)  # its first turn
+            tg.start_soon(sender(session, "too late for the first", first))
+            await anyio.wait_all_tasks_blocked()
+            steering.close(session, "max_turn_requests")
+            tg.start_soon(sender(session, "between turns", late))
+            await anyio.wait_all_tasks_blocked()
+            queue = steering.begin(session)  # its second turn
+            tg.start_soon(sender(session, "for the second", second))
+            await anyio.wait_all_tasks_blocked()
+            await steering.deliver(session, _ignore)
+            assert queue.finish() is True
+            steering.close(session, "end_turn")
+            assert first == late == []  # not while the prompt is busy
+            steering.end(session, "no turn ran")
+    assert "ended (max_turn_requests)" in first[0] and "no turn is running" in late[0]
+    assert second == [session.messages[0].id]
+
+
+async def _ignore(event: Event) -> None:
+    pass
