@@ -1,17 +1,19 @@
 """Steering: the user adds a message to a turn while it runs.
 
 A prompt opens its session's queue when it is taken (`crow.prompting.handle`, before the
-servers start or a command expands: it is busy from then), the turn it runs
-(`crow.loop.Turn`) takes it over, and it closes when the turn ends (`end`; a prompt that
-ran no turn refuses what came). `steer(session, message)` queues a user message and waits
-until the turn has taken it: at its next iteration boundary (before its next model call: after the current
-model call, or after the current tool batch) the loop calls `deliver`, which stores each
-queued message (marked `meta.steering`, so rewind can tell a turn's prompt from text added
-during it), echoes it (`UserMessageAdded`) and wakes its sender with the stored id.
+servers start or a command expands: it is busy from then); the turn it runs
+(`crow.loop.Turn`) takes messages from it (`begin`) until the turn is over (`close`), and
+the prompt's end (`end`) answers what no turn took. `steer(session, message)` queues a
+user message and waits until the turn has taken it: at its next iteration boundary
+(before its next model call: after the current model call, or after the current tool
+batch) the loop calls `deliver`, which stores each queued message (marked
+`meta.steering`, so rewind can tell a turn's prompt from text added during it), echoes it
+(`UserMessageAdded`) and wakes its sender with the stored id.
 
 Nothing accepted is lost. When the model answers without tool calls and the turn would
 end, the loop asks `finish`: with messages queued the turn goes on for them; otherwise the
-queue closes at once (no await in between), so a later `steer` is refused as if no turn ran.
+queue closes at once (no await in between), so a later `steer` is refused as if no turn
+ran.
 A turn that ends another way (a hook's Stop, max_iterations, max_tokens, a failure, a
 cancel) refuses what is still queued with `NoTurnRunning`: the sender learns it was not
 delivered, and may send it as a prompt. Every refusal is answered once the prompt is over
