@@ -78,9 +78,13 @@ class Question:
 
     @classmethod
     def of(cls, args: Mapping[str, Any]) -> Question:
-        """From arguments `problem` found nothing wrong with."""
+        """From arguments `problem` found nothing wrong with. `multiple` is read as the
+        tool's server validated it ("false" is false there, and not to `bool`)."""
+        from pydantic import TypeAdapter
+
         options = tuple(o.strip() for o in args.get("options") or ())
-        return cls(str(args["question"]).strip(), options, bool(args.get("multiple")) and bool(options))
+        multiple = TypeAdapter(bool).validate_python(args.get("multiple") or False)
+        return cls(str(args["question"]).strip(), options, multiple and bool(options))
 
     def schema(self) -> dict[str, Any]:
         """The form: one field, `answer`."""

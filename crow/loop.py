@@ -137,6 +137,7 @@ class Turn:
         )
         await session.add(as_prompt(prompt))  # marked: a rewind counts turns by their prompts
         ctx.prompt_id = session.messages[-1].id
+        owns_steering = not steering.opened(session)  # else its prompt's: ended with it
         self._steering, ended = steering.begin(session), "it failed"
         cancelled = False
         try:
@@ -156,7 +157,8 @@ class Turn:
                 log.exception("could not settle the history of a failed turn")
             raise
         finally:
-            steering.end(session, ended)  # what it did not take is refused, never dropped
+            # What it did not take is refused, never dropped (told when the prompt is over).
+            (steering.end if owns_steering else steering.close)(session, ended)
             await self._after_agent(ctx, cancelled)
 
     async def _after_agent(self, ctx: HookContext, cancelled: bool) -> None:

@@ -95,6 +95,19 @@ def keeping_notices(session: Session, emit: Emit) -> Emit:
 async def handle(agent: Agent, session: Session, message: Message, emit: Emit) -> TurnResult:
     """Run one user prompt: a command, or a turn. Raises `SessionBusy` while another crow
     process runs a turn in the session; nothing is stored before the session is held."""
+    from crow import steering
+
+    # Steering waits from the moment the prompt is taken (a second prompt is busy from
+    # then): starting servers, expanding a command or the trust question can take long,
+    # and "no turn is running, send it as a prompt" would leave the user no way to say it.
+    steering.begin(session)
+    try:
+        return await _handle(agent, session, message, emit)
+    finally:
+        steering.end(session, "no turn ran")  # a turn that ran ended it, with its reason
+
+
+async def _handle(agent: Agent, session: Session, message: Message, emit: Emit) -> TurnResult:
     from crow import command_catalog
 
     emit = keeping_notices(session, emit)

@@ -1,19 +1,25 @@
 """Steering: the user adds a message to a turn while it runs.
 
-A running turn (`crow.loop.Turn`) opens its session's queue (`begin`) and closes it when it
-ends (`end`). `steer(session, message)` queues a user message and waits until the turn has
-taken it: at its next iteration boundary (before its next model call: after the current
-model call, or after the current tool batch) the loop calls `deliver`, which stores each
-queued message (marked `meta.steering`, so rewind can tell a turn's prompt from text added
-during it), echoes it (`UserMessageAdded`) and wakes its sender with the stored id.
+A prompt opens its session's queue when it is taken (`crow.prompting.handle`, before the
+servers start or a command expands: it is busy from then); the turn it runs
+(`crow.loop.Turn`) takes messages from it (`begin`) until the turn is over (`close`), and
+the prompt's end (`end`) answers what no turn took. `steer(session, message)` queues a
+user message and waits until the turn has taken it: at its next iteration boundary
+(before its next model call: after the current model call, or after the current tool
+batch) the loop calls `deliver`, which stores each queued message (marked
+`meta.steering`, so rewind can tell a turn's prompt from text added during it), echoes it
+(`UserMessageAdded`) and wakes its sender with the stored id.
 
 Nothing accepted is lost. When the model answers without tool calls and the turn would
 end, the loop asks `finish`: with messages queued the turn goes on for them; otherwise the
-queue closes at once (no await in between), so a later `steer` is refused as if no turn ran.
+queue closes at once (no await in between), so a later `steer` is refused as if no turn
+ran.
 A turn that ends another way (a hook's Stop, max_iterations, max_tokens, a failure, a
 cancel) refuses what is still queued with `NoTurnRunning`: the sender learns it was not
-delivered, and may send it as a prompt. A sender that gives up (its request cancelled)
-takes its message back if the turn has not taken it yet.
+delivered, and may send it as a prompt. Every refusal is answered once the prompt is over
+(`end`: after the after_agent hooks, e.g. the checkpoint's workspace snapshot), when a
+prompt sent on it is taken, not refused busy. A sender that gives up (its request
+cancelled) takes its message back if the turn has not taken it yet.
 """
 
 from __future__ import annotations
@@ -52,11 +58,14 @@ class _Queued:
 
 
 class Queue:
-    """The steering messages of one running turn, in the order they came."""
+    """The steering messages of one running prompt, in the order they came."""
 
     def __init__(self) -> None:
         self.waiting: list[_Queued] = []
+        self.refused: list[_Queued] = []  # told at `end`, when a prompt would be taken
         self.closed = False
+        self.why = ""  # why the turn took no more
+        self.over = anyio.Event()  # `end`: the prompt is over
 
     def push(self, message: Message) -> _Queued:
         item = _Queued(message)
@@ -71,24 +80,47 @@ class Queue:
         self.closed = True
         return True
 
-    def refuse(self, why: str) -> None:
+    def close(self, why: str) -> None:
         self.closed = True
+        self.why = self.why or why
         for item in self.waiting:
-            item.refused = why
-            item.done.set()
-        self.waiting.clear()
+            item.refused = self.why
+        self.refused += self.waiting
+        self.waiting = []
 
 
 def begin(session: Session) -> Queue:
-    queue = session.state[STATE_KEY] = Queue()
+    """Open the session's queue for a turn: the one its prompt opened (open again for a
+    prompt's second turn: what the first refused waits for `end` in it), or a new one."""
+    queue = session.state.get(STATE_KEY)
+    if not isinstance(queue, Queue):
+        queue = session.state[STATE_KEY] = Queue()
+    queue.closed, queue.why = False, ""
     return queue
 
 
+def opened(session: Session) -> bool:
+    """Whether a queue is open in the session (its prompt's, which `end`s it)."""
+    return isinstance(session.state.get(STATE_KEY), Queue)
+
+
+def close(session: Session, why: str) -> None:
+    """The turn is over: it takes nothing more; what it did not take is refused (`why`),
+    its senders told at `end`."""
+    queue = session.state.get(STATE_KEY)
+    if isinstance(queue, Queue):
+        queue.close(why)
+
+
 def end(session: Session, why: str) -> None:
-    """The turn is over: what it did not take is refused (`why`)."""
+    """The prompt is over (a new one would be taken): the senders of what was refused, and
+    of what came after the turn closed, hear so now, not while a prompt is still busy."""
     queue = session.state.pop(STATE_KEY, None)
     if isinstance(queue, Queue):
-        queue.refuse(why)
+        queue.close(why)
+        for item in queue.refused:
+            item.done.set()
+        queue.over.set()
 
 
 async def deliver(session: Session, emit: Emit) -> None:
@@ -97,22 +129,34 @@ async def deliver(session: Session, emit: Emit) -> None:
     if not isinstance(queue, Queue):
         return
     while queue.waiting:
-        item = queue.waiting[0]  # left queued until stored: a failed store refuses it at `end`
+        # Taken off the queue before the store's await: a sender giving up meanwhile must
+        # not pull it out from under this loop (which would then take another's).
+        item = queue.waiting.pop(0)
         meta = {**(item.message.meta or {}), META_KEY: True}
-        await session.add(item.message.replace(meta=meta))
-        queue.waiting.pop(0)
-        stored = session.messages[-1]
-        item.stored_id = stored.id
-        item.done.set()
-        await emit(UserMessageAdded(stored))
+        at = len(session.messages)  # `add` puts it there before its first await
+        try:
+            await session.add(item.message.replace(meta=meta))
+        except Exception as exc:  # not stored (StoreError): its sender hears so at `end`
+            item.refused = f"it could not store the message: {exc}"
+            queue.refused.append(item)
+            raise
+        finally:
+            if not item.refused:  # stored, or a cancel kept it (its write still lands): taken
+                item.stored_id = session.messages[at].id
+                item.done.set()
+        await emit(UserMessageAdded(session.messages[at]))
 
 
 async def steer(session: Session, message: Message) -> str:
     """Add `message` to the session's running turn; the id it is stored under once the
     turn took it. `NoTurnRunning` when no turn runs, or it ended before taking it."""
     queue = session.state.get(STATE_KEY)
-    if not isinstance(queue, Queue) or queue.closed:
-        raise NoTurnRunning(f"no turn is running in session {session.id}; send it as a prompt")
+    no_turn = f"no turn is running in session {session.id}; send it as a prompt"
+    if not isinstance(queue, Queue):
+        raise NoTurnRunning(no_turn)
+    if queue.closed:  # the turn took its last message; its prompt is still busy
+        await queue.over.wait()
+        raise NoTurnRunning(no_turn)
     item = queue.push(message)
     try:
         await item.done.wait()
