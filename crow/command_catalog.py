@@ -14,6 +14,7 @@ the `initialize` or `session/new` answers.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,10 +43,21 @@ ATTACHED = "attached_from"
 class _Book:
     commands: dict[str, PromptCommand] = field(default_factory=dict)
     gathered: bool = False
+    gathered_at: float = float("-inf")  # time.monotonic() of the last gathering
     shown: tuple[Command, ...] | None = None  # what the front end was last told
     sink: Emit | None = None  # the front end's, outside a prompt
     told: set[str] = field(default_factory=set)
     untold: list[str] = field(default_factory=list)
+
+
+# A prompt that names no command gathers the commands again at most this often (seconds):
+# one a person types always does; a script's rapid prompts do not pay a scan each.
+REFRESH_EVERY = 1.0
+
+
+def stale(session: Session) -> bool:
+    """Whether a prompt that names no command should gather the session's commands again."""
+    return time.monotonic() - _book(session).gathered_at >= REFRESH_EVERY
 
 
 def _book(session: Session) -> _Book:
@@ -116,7 +128,7 @@ async def refresh(agent: Agent, session: Session, emit: Emit | None = None) -> N
     `emit`, else the watcher's sink), and, with `emit`, the problems not told yet."""
     book = _book(session)
     book.commands, problems = await gather(agent, session)
-    book.gathered = True
+    book.gathered, book.gathered_at = True, time.monotonic()
     for problem in problems:
         if problem not in book.told:
             book.told.add(problem)

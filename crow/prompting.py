@@ -22,6 +22,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from crow import notices, report_commands
 from crow.errors import AuthError, AuthRequired, CommandError, ConfigError, CrowError, MissingKeyError
 from crow.events import Emit, Event, ModeChanged, Notice, TitleChanged
@@ -113,8 +115,10 @@ async def _handle(agent: Agent, session: Session, message: Message, emit: Emit) 
     emit = keeping_notices(session, emit)
     await agent.session_ready(session)
     async with session.exclusive():
-        await command_catalog.refresh(agent, session, emit)  # a prompt file added since: offered now
         typed = command_catalog.typed(message)[0]
+        if not typed.startswith("/"):  # no command: the catalog is refreshed beside the turn
+            return await _turn(agent, session, message, typed, emit, refresh=command_catalog.stale(session))
+        await command_catalog.refresh(agent, session, emit)  # a prompt file added since: offered now
         command = parse_command(typed, BUILTINS)
         if command is not None:
             await session.add(message, in_context=False)  # shown on replay, never sent to the model
@@ -124,12 +128,40 @@ async def _handle(agent: Agent, session: Session, message: Message, emit: Emit) 
                 message = command_catalog.expanded(message, prompt[0], await prompt[0].expand(prompt[1]))
             except Exception as exc:  # CommandError, or a hook's bug: said, and no turn
                 return await _refused(session, message, f"/{prompt[0].name}", exc, emit)
-        if not session.title:
-            await session.save(title=title_of(typed))
-            await emit(TitleChanged(session.title))
-        if await agent.settle_project(session, emit):
-            await emit(ModeChanged(session.mode))  # front ends show the mode (and its options)
+        return await _turn(agent, session, message, typed, emit)
+
+
+async def _turn(
+    agent: Agent, session: Session, message: Message, typed: str, emit: Emit, *, refresh: bool = False
+) -> TurnResult:
+    """The turn of a prompt (its title first). With `refresh`, the session's slash commands
+    are gathered again at the same time (a prompt file added since is advertised during the
+    turn): off the prompt's round trip, and a failure there is logged, never the turn's. A
+    prompt that starts with `/` gathers them before, always (`_handle`)."""
+    from crow import command_catalog
+
+    if not session.title:
+        await session.save(title=title_of(typed))
+        await emit(TitleChanged(session.title))
+    if await agent.settle_project(session, emit):
+        await emit(ModeChanged(session.mode))  # front ends show the mode (and its options)
+    if not refresh:
         return await agent.run_turn(session, message, emit)
+
+    async def gather() -> None:
+        try:
+            await command_catalog.refresh(agent, session, emit)
+        except Exception:
+            log.exception("session %s: its slash commands could not be gathered", session.id)
+
+    failure: Exception | None = None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(gather)
+        try:
+            return await agent.run_turn(session, message, emit)
+        except Exception as exc:  # raised as itself below, not in a task group's ExceptionGroup
+            failure = exc
+    raise failure
 
 
 async def _refused(session: Session, message: Message, name: str, exc: Exception, emit: Emit) -> TurnResult:

@@ -229,3 +229,45 @@ async def test_precedence_and_a_failing_hook(tmp_path: Path) -> None:
         "hook 'broken' could not list its commands: boom",
         "hook 'offers': 'bad name' is no command name; skipped",
     ]
+
+
+async def test_an_ordinary_prompt_gathers_the_commands_beside_its_turn_at_most_once_a_second(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt that starts with `/` gathers the commands before it (a file added a moment
+    ago is found); any other prompt gathers them beside its turn, at most once a second, so
+    a script's rapid prompts do not pay a scan each and a person's always see the change."""
+    from crow import command_catalog
+    from crow.agent import Agent
+    from crow.config import Config
+    from crow.events import CommandsChanged, Event
+    from crow.llm.base import ModelRequest, ModelResponse, ScriptedProvider
+    from crow.messages import ai, human
+
+    def answer(request: ModelRequest) -> ModelResponse:
+        return ModelResponse(ai("ok"))
+
+    events: list[Event] = []
+
+    async def emit(event: Event) -> None:
+        events.append(event)
+
+    def advertised() -> list[list[str]]:
+        return [[c.name for c in e.commands] for e in events if isinstance(e, CommandsChanged)]
+
+    folder = tmp_path / "ws" / ".crow" / "commands"
+    folder.mkdir(parents=True)
+    agent = Agent(Config(home=tmp_path / "home"), provider=ScriptedProvider(answer), builtin_hooks=False)
+    async with agent:
+        session = agent.create_session(tmp_path / "ws")
+        await agent.prompt(session, human("first"), emit)
+        (folder / "later.md").write_text("---\ndescription: Added later\n---\nLater.\n")
+        await agent.prompt(session, human("second, within the second"), emit)
+        assert not any("later" in names for names in advertised()), "gathered again within a second"
+        monkeypatch.setattr(command_catalog, "REFRESH_EVERY", 0.0)  # a second has passed
+        await agent.prompt(session, human("third"), emit)
+        assert "later" in advertised()[-1], "an ordinary prompt a second later gathers beside its turn"
+        (folder / "soon.md").write_text("---\ndescription: Soon\n---\nSoon.\n")
+        monkeypatch.setattr(command_catalog, "REFRESH_EVERY", 3600.0)
+        await agent.prompt(session, human("/soon"), emit)
+        assert "soon" in advertised()[-1], "a prompt starting with / always gathers first"
