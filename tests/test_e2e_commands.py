@@ -20,12 +20,19 @@ from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
 pytestmark = pytest.mark.anyio
 
 SUPPORT = Path(__file__).parent / "support"
-PROMPTS = McpServerStdio(
-    name="prompts",
-    command=sys.executable,
-    args=[str(SUPPORT / "prompts_mcp.py")],
-    env=[EnvVariable(name="PYTHONPATH", value=str(SUPPORT))],
-)
+
+
+def support_server(name: str, script: str) -> McpServerStdio:
+    """One of tests/support's stdio MCP servers, as an editor passes it in `session/new`."""
+    return McpServerStdio(
+        name=name,
+        command=sys.executable,
+        args=[str(SUPPORT / script)],
+        env=[EnvVariable(name="PYTHONPATH", value=str(SUPPORT))],
+    )
+
+
+PROMPTS = support_server("prompts", "prompts_mcp.py")
 
 
 def write(path: Path, text: str) -> Path:

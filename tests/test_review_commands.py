@@ -11,21 +11,14 @@ from pathlib import Path
 
 import acp
 import pytest
-from acp.schema import EnvVariable, McpServerStdio
 
 from tests.conftest import crow_env, spawn_crow
 from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
-from tests.test_e2e_commands import advertised, latest
+from tests.test_e2e_commands import advertised, latest, support_server
 
 pytestmark = pytest.mark.anyio
 
-SUPPORT = Path(__file__).parent / "support"
-HOSTILE = McpServerStdio(
-    name="hostile",
-    command=sys.executable,
-    args=[str(SUPPORT / "hostile_prompts_mcp.py")],
-    env=[EnvVariable(name="PYTHONPATH", value=str(SUPPORT))],
-)
+HOSTILE = support_server("hostile", "hostile_prompts_mcp.py")
 
 
 async def test_a_hanging_mcp_prompt_is_cancelled_and_the_session_goes_on(
