@@ -1,7 +1,9 @@
 """The `crow` command.
 
-    crow                      serve ACP over stdio (what an editor launches)
-    crow run "PROMPT"         one prompt in the terminal: text to stdout, tools to stderr
+    crow                      on a terminal: chat (below); piped: serve ACP over stdio
+    crow serve                serve ACP over stdio, always (what an editor launches)
+    crow chat                 the interactive front end in the terminal (crow.tui)
+    crow run "PROMPT" | -     one prompt for scripts: the answer on stdout (crow.cli_run)
     crow mcp filesystem|todos run a builtin MCP server over stdio
     crow sessions ...         list / show / delete / export / rewind stored sessions
     crow compact SESSION_ID   compact a stored session
@@ -20,7 +22,6 @@ import argparse
 import logging
 import os
 import sys
-from typing import Any
 
 
 class _Printable(logging.Formatter):
@@ -52,12 +53,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log-file", help="write logs here instead of stderr")
     p.add_argument("--version", action="version", version=f"crow {_version()}")
     sub = p.add_subparsers(dest="command")
-    sub.add_parser("serve", help="serve ACP over stdio (the default)")
-    run = sub.add_parser("run", help="run one prompt in the terminal")
-    run.add_argument("prompt", nargs="+")
-    run.add_argument("--cwd", default=os.getcwd(), help="workspace (default: current directory)")
-    run.add_argument("--model", help="provider:model, overrides CROW_MODEL")
-    run.add_argument("--yolo", action="store_true", help="allow edits and commands without asking")
+    sub.add_parser("serve", help="serve ACP over stdio (the default when stdio is not a terminal)")
+    chat = sub.add_parser("chat", help="talk to crow in the terminal (the default on a terminal)")
+    _session_flags(chat)
+    run = sub.add_parser("run", help="run one prompt for a script: the answer on stdout")
+    run.add_argument("prompt", nargs="+", help="the prompt's words, or - to read it from stdin")
+    _session_flags(run)
+    run.add_argument(
+        "--output",
+        choices=["text", "json", "stream-json"],
+        default="text",
+        help="text (default), json (one object at the end) or stream-json (one object per line)",
+    )
     mcp = sub.add_parser("mcp", help="run a builtin MCP server over stdio")
     mcp.add_argument("server", choices=["filesystem", "todos"])
     mcp.add_argument("rest", nargs=argparse.REMAINDER)
@@ -83,6 +90,17 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _session_flags(p: argparse.ArgumentParser) -> None:
+    """The flags `crow chat` and `crow run` share: where, which model, which session."""
+    p.add_argument("--cwd", default=os.getcwd(), help="workspace (default: current directory)")
+    p.add_argument("--model", help="provider:model, overrides CROW_MODEL")
+    p.add_argument("--yolo", action="store_true", help="allow edits and commands without asking")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("-c", "--continue", dest="cont", action="store_true",
+                       help="continue the last session in this folder")  # fmt: skip
+    which.add_argument("-r", "--resume", metavar="ID", help="continue session ID (any unique prefix)")
+
+
 def _version() -> str:
     from crow import __version__  # the package is loaded already: this costs nothing
 
@@ -92,11 +110,13 @@ def _version() -> str:
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     _setup_logging(args.log_level, args.log_file)
-    command = args.command or "serve"
+    command = args.command or ("chat" if _on_a_terminal() else "serve")
+    if command == "chat" and not args.command:  # bare `crow`: chat's flags at their defaults
+        args = _parser().parse_args([*(argv if argv is not None else sys.argv[1:]), "chat"])
     if command == "mcp":
         _run_mcp(args.server, args.rest)
         return
-    if command in ("serve", "run"):
+    if command in ("serve", "run", "chat"):
         import asyncio
 
         from crow.startup import configure_process
@@ -108,8 +128,15 @@ def main(argv: list[str] | None = None) -> None:
         if command == "serve":
             asyncio.run(_serve(args.config))
         elif command == "run":
+            from crow import cli_run
+
             args.cwd = os.path.abspath(args.cwd)
-            sys.exit(asyncio.run(_run(args)))
+            sys.exit(asyncio.run(cli_run.main(args)))
+        elif command == "chat":
+            from crow.tui import chat
+
+            args.cwd = os.path.abspath(args.cwd)
+            sys.exit(asyncio.run(chat.main(args)))
         elif command in ("trust", "untrust"):
             sys.exit(_trust(args))
         elif command in ("login", "logout"):
@@ -125,6 +152,15 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)
+
+
+def _on_a_terminal() -> bool:
+    """Bare `crow` chats when a person is at a terminal (stdin and stdout both ttys); an
+    editor launches it with pipes, and gets ACP."""
+    try:
+        return os.isatty(0) and os.isatty(1)
+    except OSError:
+        return False
 
 
 async def _serve(config_path: str | None) -> None:
@@ -184,51 +220,3 @@ def _run_mcp(server: str, rest: list[str]) -> None:
         from mcp_servers.todos.__main__ import main as todos_main
 
         todos_main(rest)
-
-
-async def _run(args: argparse.Namespace) -> int:
-    """The loop in a terminal: the answer on stdout, tool activity on stderr."""
-    from crow.agent import Agent
-    from crow.config import load_config
-    from crow.events import Event, ModeChanged, Notice, TextDelta, ToolCallEnd, ToolCallStart
-    from crow.messages import human
-    from crow.startup import imports_done
-    from crow.terminal import TerminalClient, printable
-
-    # Flags are the top layer: a project's crow.yaml cannot override them.
-    overrides: dict[str, Any] = {"model": args.model} if args.model else {}
-    if args.yolo:
-        overrides["mode"] = "yolo"
-    wrote_text = False
-
-    async def emit(event: Event) -> None:
-        nonlocal wrote_text
-        # The model's text and the tools' output share the terminal with the permission
-        # questions: an escape sequence in them could hide a question (`\x1b[8m`) or fake one.
-        if isinstance(event, TextDelta):
-            sys.stdout.write(printable(event.text) if sys.stdout.isatty() else event.text)
-            sys.stdout.flush()
-            wrote_text = True
-        elif isinstance(event, ToolCallStart):
-            from crow.acp.view import tool_title
-
-            print(f"\n→ {printable(tool_title(event.call, event.spec))}", file=sys.stderr)
-        elif isinstance(event, ToolCallEnd):
-            mark = "✗" if event.result.is_error else "✓"
-            first = (event.result.text.splitlines() or [""])[0][:120]
-            print(f"  {mark} {printable(first)}", file=sys.stderr)
-        elif isinstance(event, Notice):
-            print(printable(event.full_text), file=sys.stderr)  # may name a hostile file
-        elif isinstance(event, ModeChanged):
-            print(f"  mode: {event.mode}", file=sys.stderr)
-
-    async with Agent(load_config(args.config, overrides=overrides)) as agent:
-        agent.on_ready(imports_done)
-        agent.warm_up()
-        session = agent.create_session(args.cwd)
-        if sys.stdin.isatty():
-            session.client = TerminalClient(args.cwd)
-        result = await agent.prompt(session, human(" ".join(args.prompt)), emit)
-        if wrote_text:
-            sys.stdout.write("\n")
-        return 1 if result.error else 0

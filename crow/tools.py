@@ -55,6 +55,10 @@ def import_mcp() -> None:
     import mcp
     import mcp.server.mcpserver  # noqa: F401
 
+    from crow.startup import mcp_imported
+
+    mcp_imported()
+
 
 @dataclass
 class ServerSpec:

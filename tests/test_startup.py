@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.llm_server import Reply, ScriptedLLM
 
 
@@ -177,3 +179,26 @@ def test_the_crow_command_sets_them_before_serving() -> None:
         cli.main(["serve"])
         """
     )
+
+
+@pytest.mark.anyio
+async def test_the_acp_path_never_imports_the_terminal_front_end(
+    llm: ScriptedLLM, tmp_path: Path
+) -> None:
+    """rich and prompt_toolkit are crow's dependencies for the terminal only: an editor's
+    crow (pipes, ACP) never pays for importing them, through a whole prompt."""
+    import acp
+
+    from tests.conftest import crow_env, spawn_crow
+
+    llm.push(Reply(text="hi"))
+    err = tmp_path / "importtime.log"
+    env = crow_env(llm, tmp_path / "home", PYTHONPROFILEIMPORTTIME="1")
+    async with spawn_crow(env, stderr_path=err) as (conn, _proc, _client):
+        await conn.initialize(protocol_version=1)
+        sid = (await conn.new_session(cwd=str(tmp_path), mcp_servers=[])).session_id
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("hello")])
+    imported = {line.rsplit("|", 1)[-1].strip() for line in err.read_text().splitlines() if "|" in line}
+    assert "crow.acp.server" in imported  # the log is the import log
+    front_end = {m for m in imported if m.split(".")[0] in ("rich", "prompt_toolkit") or m.startswith("crow.tui")}
+    assert not front_end
