@@ -83,3 +83,32 @@ def presented(result: ToolResult, call: ToolCall, spec: ToolSpec | None) -> Tool
     title = render_title(spec.title, call.args, spec.parameters)
     shown = {"kind": spec.kind, **({"title": title} if title else {})}
     return result.replace(meta={**(result.meta or {}), PRESENTATION: shown})
+
+
+def path_arg(args: Mapping[str, Any]) -> str | None:
+    for key in ("path", "file_path", "file"):
+        value = args.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def tool_title(call: ToolCall, spec: ToolSpec | None = None) -> str:
+    """The call's title from its tool's template (`Read {path}`, see `render_title`); without
+    one: the tool's name and its path, if any."""
+    title = render_title(spec.title, call.args, spec.parameters) if spec is not None else None
+    if title:
+        return title
+    path = path_arg(call.args)
+    return f"{call.name} {path}" if path else call.name
+
+
+def edit_diff(meta: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The before/after of an edit a tool reported in its result's meta (`crow/diff`:
+    path, old_text, new_text), None when it reported none."""
+    if not meta:
+        return None
+    for candidate in (meta.get("crow/diff"), meta.get("diff"), meta.get("structured")):
+        if isinstance(candidate, Mapping) and "new_text" in candidate and "path" in candidate:
+            return candidate
+    return None

@@ -31,7 +31,9 @@ from crow.acp.protocol import ToolCallStart
 from crow.command_catalog import shown_line
 from crow.llm.base import ToolSpec
 from crow.messages import Message, ToolCall, ToolResult
-from crow.tool_kinds import PRESENTATION, render_title
+from crow.tool_kinds import PRESENTATION, tool_title
+from crow.tool_kinds import edit_diff as _diff
+from crow.tool_kinds import path_arg as _path_arg
 
 _MAX_SHOWN = 20_000  # characters of tool output shown in the editor
 _PLACE_KINDS = frozenset({"read", "edit", "delete", "move"})  # a call of these is at its path
@@ -40,24 +42,6 @@ _PLACE_KINDS = frozenset({"read", "edit", "delete", "move"})  # a call of these 
 def tool_kind(spec: ToolSpec | None) -> str:
     """The ACP kind a tool's server declared (ToolHub reads `_meta.crow` and annotations)."""
     return spec.kind if spec is not None else "other"
-
-
-def _path_arg(args: Mapping[str, Any]) -> str | None:
-    for key in ("path", "file_path", "file"):
-        value = args.get(key)
-        if isinstance(value, str) and value:
-            return value
-    return None
-
-
-def tool_title(call: ToolCall, spec: ToolSpec | None = None) -> str:
-    """The call's title from its tool's template (`Read {path}`, see `render_title`); without
-    one: the tool's name and its path, if any."""
-    title = render_title(spec.title, call.args, spec.parameters) if spec is not None else None
-    if title:
-        return title
-    path = _path_arg(call.args)
-    return f"{call.name} {path}" if path else call.name
 
 
 def absolute(path: str, cwd: Path | str) -> str:
@@ -95,15 +79,6 @@ def start_update(call: ToolCall, cwd: Path, spec: ToolSpec | None = None) -> Any
 
 def running_update(call: ToolCall) -> Any:
     return update_tool_call(call.id, status="in_progress")
-
-
-def _diff(meta: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-    if not meta:
-        return None
-    for candidate in (meta.get("crow/diff"), meta.get("diff"), meta.get("structured")):
-        if isinstance(candidate, Mapping) and "new_text" in candidate and "path" in candidate:
-            return candidate
-    return None
 
 
 def preview(call: ToolCall, cwd: Path | str = ".", spec: ToolSpec | None = None) -> list[Any] | None:

@@ -1,0 +1,86 @@
+"""A streamed Markdown answer cut into finished blocks and an unfinished tail.
+
+A finished block (a paragraph or list ended by a blank line, a heading, a closed code
+fence) will not change however the answer goes on, so the terminal prints it once to the
+scrollback; only the tail stays live. Re-rendering the whole answer per chunk would cost
+O(n²) over an answer; this costs O(chunk) per chunk. Pure: no I/O, no rich.
+"""
+
+from __future__ import annotations
+
+import re
+
+_FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
+_HEADING = re.compile(r" {0,3}#{1,6}(?:[ \t]|$)")
+
+
+class MarkdownBlocks:
+    """Feed text as it streams (`feed`), get the blocks it finished; `tail()` is the rest."""
+
+    def __init__(self) -> None:
+        self._lines: list[str] = []  # the unfinished block's complete lines
+        self._partial: list[str] = []  # the line being written (its pieces, joined on need)
+        self._fence = ""  # the open code fence's marker ("```", "~~~~"), "" outside one
+
+    def feed(self, text: str) -> list[str]:
+        """Add streamed text; the blocks it finished, in order."""
+        done: list[str] = []
+        while text:
+            line, newline, text = text.partition("\n")
+            if not newline:
+                self._partial.append(line)
+                break
+            if self._partial:
+                line = "".join(self._partial) + line
+                self._partial.clear()
+            self._line(line, done)
+        return done
+
+    def tail(self) -> str:
+        """The unfinished block as it stands (an open code fence included)."""
+        return "\n".join([*self._lines, "".join(self._partial)]).strip("\n")
+
+    @property
+    def in_fence(self) -> bool:
+        return bool(self._fence)
+
+    def fence_opening(self) -> str:
+        """The open code fence's first line ("" outside one): a cut tail needs it back."""
+        return self._lines[0] if self._fence and self._lines else ""
+
+    def flush(self) -> str:
+        """Everything not yet returned, as the last block (the stream ended); then empty."""
+        rest = self.tail()
+        self._lines.clear()
+        self._partial.clear()
+        self._fence = ""
+        return rest
+
+    def _line(self, line: str, done: list[str]) -> None:
+        if self._fence:
+            self._lines.append(line)
+            stripped = line.strip()
+            if stripped.startswith(self._fence) and not stripped.strip(self._fence[0]):
+                self._fence = ""
+                self._finish(done)
+            return
+        if not line.strip():
+            self._finish(done)
+            return
+        fence = _FENCE.match(line)
+        if fence:
+            # A fence may interrupt a paragraph: what came before is a block of its own.
+            self._finish(done)
+            self._fence = fence[1]
+            self._lines.append(line)
+        elif _HEADING.match(line):
+            self._finish(done)
+            self._lines.append(line)
+            self._finish(done)
+        else:
+            self._lines.append(line)
+
+    def _finish(self, done: list[str]) -> None:
+        if self._lines:
+            done.append("\n".join(self._lines))
+            self._lines.clear()

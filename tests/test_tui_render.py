@@ -1,0 +1,381 @@
+"""crow.tui.render.Renderer fed events, read from its console: the streamed Markdown answer,
+folded reasoning, tool lines, diffs, the plan, notices, the turn's summary, `paused()` and
+`expand()`, and hostile text. The screen through a real terminal: tests/test_tui_chat.py."""
+
+from __future__ import annotations
+
+import io
+import re
+import time
+from typing import Any
+
+import anyio
+import pytest
+from rich.cells import cell_len
+from rich.console import Console
+
+from crow.events import (
+    CompactionFinished,
+    CompactionStarted,
+    Event,
+    ModeChanged,
+    Notice,
+    PlanUpdated,
+    TextDelta,
+    ThoughtDelta,
+    TitleChanged,
+    ToolCallEnd,
+    ToolCallRunning,
+    ToolCallStart,
+    UsageUpdated,
+    UserMessageAdded,
+)
+from crow.llm.base import ToolSpec
+from crow.loop import CANCELLED, TurnResult
+from crow.messages import ToolCall, ToolResult, human
+from crow.tui.blocks import MarkdownBlocks
+from crow.tui.render import Renderer
+from crow.tui.text import clip
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+HOSTILE = "[red]fake[/red] \x1b[8mhidden\x1b[0m \x1b]8;;http://evil\x07link \ud800 end"
+RUN = ToolSpec("execute", "", {}, kind="execute", title="Run {command}")
+EDIT = ToolSpec("edit_file", "", {}, kind="edit", title="Edit {path}")
+
+
+def console(*, terminal: bool = False, width: int = 80) -> tuple[Console, io.StringIO]:
+    """A console writing to a buffer; `terminal`: it is a terminal (the live part runs)."""
+    out = io.StringIO()
+    return Console(file=out, force_terminal=terminal, width=width, height=24, color_system="standard"), out
+
+
+def turn(renderer: Renderer, *events: Event, result: TurnResult | None = None, **end: Any) -> None:
+    async def feed() -> None:
+        renderer.start_turn()
+        for event in events:
+            await renderer.emit(event)
+        renderer.end_turn(result or TurnResult("end_turn"), **end)
+
+    anyio.run(feed)
+
+
+async def until(test: Any, timeout: float = 10.0) -> None:
+    """Wait for the live part's thread to draw what `test` looks for."""
+    with anyio.fail_after(timeout):
+        while True:
+            if test():
+                return
+            await anyio.sleep(0.02)
+
+
+def plain(out: io.StringIO) -> str:
+    return "\n".join(line.rstrip() for line in ANSI.sub("", out.getvalue()).splitlines())
+
+
+def chunks(text: str, size: int = 3, message_id: str = "m1") -> list[Event]:
+    return [TextDelta(text[i : i + size], message_id) for i in range(0, len(text), size)]
+
+
+def tool(call_id: str, spec: ToolSpec, args: dict[str, Any], result: ToolResult) -> list[Event]:
+    call = ToolCall(call_id, spec.name, args)
+    return [ToolCallStart(call, spec), ToolCallRunning(call), ToolCallEnd(call, result)]
+
+
+# ------------------------------------------------------------------ the answer
+
+
+def test_markdown_blocks_end_at_blank_lines_headings_and_closed_fences() -> None:
+    blocks = MarkdownBlocks()
+    got: list[str] = []
+    for piece in [
+        "# Ti",
+        "tle\nPara",
+        " one\nstill one\n\n- a\n- b\n",
+        "\n```py\nx = 1\n\ny = 2\n",
+        "``",
+        "`\nafter",
+    ]:
+        got += blocks.feed(piece)
+    assert got == ["# Title", "Para one\nstill one", "- a\n- b", "```py\nx = 1\n\ny = 2\n```"]
+    assert blocks.tail() == "after"
+    assert blocks.flush() == "after" and blocks.tail() == ""
+
+
+def test_a_fence_interrupts_a_paragraph_and_closes_only_on_its_own_marker() -> None:
+    blocks = MarkdownBlocks()
+    got = blocks.feed("text\n~~~~\n```\n~~~\nstill code\n~~~~~\n")
+    assert got == ["text", "~~~~\n```\n~~~\nstill code\n~~~~~"]
+    assert blocks.feed("```\nopen\n") == [] and blocks.in_fence and blocks.fence_opening() == "```"
+
+
+def test_the_answer_is_markdown_each_finished_block_printed_once() -> None:
+    con, out = console()
+    paragraphs = [f"Paragraph number {n} with **bold** words." for n in range(200)]
+    answer = "\n\n".join(paragraphs) + "\n\n```python\ndef f():\n    return 1\n```\n\n- one\n- two\n"
+    turn(Renderer(con), *chunks(answer))
+    shown = plain(out)
+    for n in range(200):
+        assert shown.count(f"Paragraph number {n} with bold words.") == 1
+    assert "**" not in shown and "```" not in shown
+    assert "def f():" in shown and "• one" in shown and "• two" in shown
+
+
+def test_a_new_assistant_message_starts_a_new_block() -> None:
+    con, out = console()
+    turn(Renderer(con), TextDelta("First message", "m1"), TextDelta("Second message", "m2"))
+    assert "First message\n\nSecond message" in plain(out)
+
+
+def test_live_rendering_costs_a_bounded_amount_per_chunk_on_a_terminal() -> None:
+    """Re-rendering the whole answer per chunk would write O(n²) to the terminal; the
+    renderer writes each finished block once plus a few frames of the unfinished one."""
+    answer = "\n\n".join(f"Paragraph {n}: " + "word " * 30 for n in range(150))
+    con, out = console(terminal=True)
+    began = time.process_time()
+    turn(Renderer(con), *chunks(answer, size=4))
+    cpu = time.process_time() - began
+    assert all(f"Paragraph {n}:" in out.getvalue() for n in range(150))
+    assert len(out.getvalue()) < 4 * len(answer) + 50_000, len(out.getvalue())
+    assert cpu < 5.0  # ~6,000 chunks; O(n²) re-rendering takes minutes
+
+
+def test_a_huge_line_without_newlines_streams_in_bounded_time() -> None:
+    con, out = console(terminal=True, width=20)
+    began = time.monotonic()
+    turn(Renderer(con), *chunks("x" * 200_000, size=100))
+    assert time.monotonic() - began < 10
+    assert plain(out).count("x") >= 200_000
+
+
+def test_hostile_text_shows_literally_everywhere() -> None:
+    con, out = console(terminal=True, width=200)
+    result = ToolResult("c1", "execute", output=HOSTILE)
+    todos = [{"title": HOSTILE, "status": "pending"}]
+    turn(
+        Renderer(con),
+        ThoughtDelta(HOSTILE, "m1"),
+        *chunks(HOSTILE + "\n\n[link](http://evil.example)\n\n", size=5),
+        *tool(
+            "c1", ToolSpec("execute", "", {}, kind="execute", title="{command}"), {"command": HOSTILE}, result
+        ),
+        PlanUpdated(todos),
+        Notice(HOSTILE, "warning"),
+        ModeChanged(HOSTILE),
+        TitleChanged(HOSTILE),
+        UserMessageAdded(human(HOSTILE)),
+        result=TurnResult("end_turn", error=HOSTILE),
+    )
+    raw = out.getvalue()
+    assert "\x1b[8m" not in raw and "\x1b]8" not in raw and "\x07" not in raw and "\ud800" not in raw
+    shown = plain(out)
+    assert (
+        shown.count("[red]fake[/red] \\x1b[8mhidden\\x1b[0m \\x1b]8;;http://evil\\x07link \\xd800 end") >= 8
+    )
+    assert "link (http://evil.example)" in shown  # the address shown, not hidden in an OSC 8 link
+
+
+# ------------------------------------------------------------------ reasoning
+
+
+def test_reasoning_is_folded_to_one_line_and_expand_prints_it() -> None:
+    con, out = console()
+    renderer = Renderer(con)
+    assert renderer.expand() is False
+    turn(
+        renderer,
+        ThoughtDelta("Secret plan: ", "m1"),
+        ThoughtDelta("first A, then B.", "m1"),
+        TextDelta("Answer.", "m1"),
+    )
+    shown = plain(out)
+    assert re.search(r"∴ Thought for \d+\.\d s \(Ctrl-O to expand\)\n\nAnswer\.", shown), shown
+    assert "Secret plan" not in shown
+    assert renderer.expand() is True
+    assert "Secret plan: first A, then B." in plain(out)
+
+
+# ------------------------------------------------------------------ tools
+
+
+def test_a_tool_call_is_one_line_with_a_preview_folded_and_expandable() -> None:
+    con, out = console(width=40)
+    renderer = Renderer(con)
+    output = "alpha beta gamma delta epsilon zeta eta theta iota kappa\n" + "".join(
+        f"row {n}\n" for n in range(10)
+    )
+    turn(
+        renderer,
+        *tool("c1", RUN, {"command": "pytest -q\nsecond line"}, ToolResult("c1", "execute", output=output)),
+    )
+    lines = plain(out).splitlines()
+    assert re.fullmatch(r"✓ Run pytest -q … · \d+\.\d s", lines[0]), lines
+    assert lines[1] == "  │ alpha beta gamma delta epsilon zeta…"  # cut after a word
+    assert lines[2:5] == ["  │ row 0", "  │ row 1", "  … 8 more lines"]
+    assert "row 9" not in plain(out)
+    assert renderer.expand() is True
+    assert "row 9" in plain(out) and "kappa" in plain(out)
+
+
+def test_failed_and_cancelled_calls_say_so() -> None:
+    con, out = console()
+    failed = ToolResult("c1", "execute", error="exit 2")
+    cancelled = ToolResult("c2", "execute", error=CANCELLED)
+    turn(
+        Renderer(con),
+        *tool("c1", RUN, {"command": "make"}, failed),
+        *tool("c2", RUN, {"command": "sleep 9"}, cancelled),
+    )
+    shown = plain(out)
+    assert re.search(r"✗ Run make · failed after \d+\.\d s\n  │ Error: exit 2", shown), shown
+    assert re.search(r"■ Run sleep 9 · cancelled after \d+\.\d s", shown), shown
+
+
+def test_an_edit_shows_its_diff_in_colour_folded_beyond_a_few_lines() -> None:
+    con, out = console(width=60)
+    renderer = Renderer(con)
+    old = "".join(f"line {n}\n" for n in range(40))
+    new = old.replace("line 3\n", "line three\n").replace("line 2", "line 2x")  # 2, 20-29: changed
+    meta = {"crow/diff": {"path": "/w/a.py", "old_text": old, "new_text": new}}
+    small = {"crow/diff": {"path": "/w/b.py", "old_text": "a\nb\n", "new_text": "a\nB\n"}}
+    turn(
+        renderer,
+        *tool("c1", EDIT, {"path": "b.py"}, ToolResult("c1", "edit_file", output="ok", meta=small)),
+        *tool("c2", EDIT, {"path": "a.py"}, ToolResult("c2", "edit_file", output="ok", meta=meta)),
+    )
+    raw = out.getvalue()
+    assert "\x1b[31m-b" in raw and "\x1b[32m+B" in raw  # red, green
+    shown = plain(out)
+    assert re.search(r"✓ Edit b\.py · \d+\.\d s\n  @@ -1,2 \+1,2 @@\n   a\n  -b\n  \+B\n", shown), shown
+    assert "+line three" in shown and "+line 2x9" not in shown and "more lines of diff" in shown
+    assert renderer.expand() is True
+    assert "+line 2x9" in plain(out)
+
+
+def test_on_a_20_column_terminal_no_line_is_wider_and_wide_characters_count_double() -> None:
+    con, out = console(terminal=True, width=20)
+    title = {"command": "编辑文件 " * 10}
+    result = ToolResult("c1", "execute", output="词 " * 50 + "\n" + "x" * 300)
+    turn(
+        Renderer(con),
+        *chunks("A paragraph " * 20 + "\n\n"),
+        *tool("c1", RUN, title, result),
+        UsageUpdated(5000, 8000, 0.5),
+    )
+    for line in plain(out).splitlines():
+        assert cell_len(line) <= 20, line
+
+
+def test_clip_never_cuts_inside_an_escape() -> None:
+    assert clip("abc\x1bdef", 6) == "abc…"
+    assert clip("abc\x1bdef", 8) == "abc\\x1b…"
+    assert clip("one two three", 10) == "one two…"
+
+
+# ------------------------------------------------------------------ plan, notices, summary
+
+
+def test_the_plan_is_a_checklist_printed_when_it_changes() -> None:
+    con, out = console()
+    plan = [
+        {"title": "Read the code", "status": "done"},
+        {"title": "Fix the bug", "status": "in_progress"},
+        {"title": "Run the tests", "status": "pending"},
+    ]
+    later = [{**t, "status": "done"} for t in plan]
+    turn(Renderer(con), PlanUpdated(plan), PlanUpdated(plan), PlanUpdated(later))
+    shown = plain(out)
+    assert "Plan\n☑ Read the code\n◐ Fix the bug\n☐ Run the tests" in shown
+    assert shown.count("Plan\n") == 2 and "☑ Run the tests" in shown
+
+
+def test_notices_compaction_mode_title_and_steering_are_shown_apart_from_the_answer() -> None:
+    con, out = console(terminal=True)
+    turn(
+        Renderer(con),
+        Notice("Disk almost full", "warning"),
+        Notice("Hook failed", "error"),
+        Notice("Compacted: 10 messages", "info", compaction="k1"),
+        CompactionStarted("k1"),
+        CompactionFinished("k1", "completed", summary="..."),
+        CompactionStarted("k2"),
+        CompactionFinished("k2", "failed", error="model down"),
+        ModeChanged("yolo"),
+        TitleChanged("Fix the parser"),
+        UserMessageAdded(human("also run the linter")),
+    )
+    shown, raw = plain(out), out.getvalue()
+    assert "⚠ Disk almost full" in shown and "\x1b[33m⚠" in raw
+    assert "✗ Hook failed" in shown and "\x1b[31m✗" in raw
+    assert "Compacted: 10 messages" not in shown  # CompactionFinished says it
+    assert "⟳ Context compacted" in shown
+    assert "✗ Compaction failed (the context is unchanged): model down" in shown
+    assert "Mode: yolo" in shown and "Session: Fix the parser" in shown and "› also run the linter" in shown
+
+
+@pytest.mark.parametrize(
+    ("result", "cancelled", "expected"),
+    [
+        (TurnResult("end_turn"), False, r"✓ \d+\.\d s · 12\.4k/128k tokens \(90% left\) · \$0\.012$"),
+        (None, True, r"■ Cancelled after \d+\.\d s · 12\.4k/128k"),
+        (
+            TurnResult("end_turn", error="HTTP 500 from the model"),
+            False,
+            r"✗ Failed after \d+\.\d s: HTTP 500 from the model",
+        ),
+        (
+            TurnResult("max_turn_requests"),
+            False,
+            r"⚠ Stopped after \d+\.\d s: the turn reached its limit of model requests",
+        ),
+    ],
+)
+def test_the_turn_ends_with_a_one_line_summary(
+    result: TurnResult | None, cancelled: bool, expected: str
+) -> None:
+    con, out = console(terminal=True)
+    turn(Renderer(con), UsageUpdated(12400, 128000, 0.0123), result=result, cancelled=cancelled)
+    assert re.search(expected, plain(out), re.M), plain(out)
+
+
+# ------------------------------------------------------------------ paused, live
+
+
+def test_paused_clears_the_live_part_holds_output_and_nests() -> None:
+    con, out = console(terminal=True)
+    renderer = Renderer(con)
+    with renderer.paused():  # no turn: harmless
+        pass
+
+    async def run() -> None:
+        renderer.start_turn()
+        await renderer.emit(TextDelta("Streaming tail", "m1"))
+        await until(lambda: "Streaming tail" in out.getvalue())  # the live frame drew it
+        with renderer.paused():
+            with renderer.paused():
+                cleared = out.getvalue()
+                await renderer.emit(TextDelta("\n\nMore", "m1"))
+                await renderer.emit(PlanUpdated([{"title": "step", "status": "pending"}]))
+                await anyio.sleep(0.3)  # a live refresh would draw now: none may
+                assert out.getvalue() == cleared
+            assert out.getvalue() == cleared
+        assert "☐ step" in out.getvalue()[len(cleared) :]
+        await until(lambda: "Writing" in out.getvalue()[len(cleared) :])  # the status line is back
+        renderer.end_turn(TurnResult("end_turn"))
+
+    anyio.run(run)
+    cleared_at = out.getvalue().index("Streaming tail")
+    assert "\x1b[2K" in out.getvalue()[cleared_at:]  # the live lines were erased
+
+
+def test_the_status_line_shows_the_phase_elapsed_time_and_usage_while_waiting() -> None:
+    con, out = console(terminal=True)
+    renderer = Renderer(con)
+
+    async def run() -> None:
+        renderer.start_turn()
+        await renderer.emit(UsageUpdated(64000, 128000, 1.5))
+        status = re.compile(r"Waiting for the model · \d\.\d s · 64k/128k tokens \(50% left\) · \$1\.50")
+        await until(lambda: status.search(plain(out)))
+        renderer.end_turn(TurnResult("end_turn"))
+
+    anyio.run(run)
