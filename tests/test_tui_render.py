@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -36,6 +37,8 @@ from crow.messages import ToolCall, ToolResult, human
 from crow.tui.blocks import MarkdownBlocks
 from crow.tui.render import Renderer
 from crow.tui.text import clip
+from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
+from tests.test_tui_chat import terminal_for  # noqa: F401 (a fixture)
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 HOSTILE = "[red]fake[/red] \x1b[8mhidden\x1b[0m \x1b]8;;http://evil\x07link \ud800 end"
@@ -379,3 +382,82 @@ def test_the_status_line_shows_the_phase_elapsed_time_and_usage_while_waiting() 
         renderer.end_turn(TurnResult("end_turn"))
 
     anyio.run(run)
+
+
+def test_log_lines_print_above_the_live_part_escaped(capsys: pytest.CaptureFixture[str]) -> None:
+    """crow's log handler writes to stderr: while the live part is drawn that would tear it
+    (tmux showed a status line left behind); the renderer routes it through the console."""
+    import logging
+    import sys
+
+    handler = logging.StreamHandler(sys.stderr)
+    logging.getLogger().addHandler(handler)
+    try:
+        con, out = console(terminal=True)
+        renderer = Renderer(con)
+        renderer.start_turn()
+        logging.getLogger("crow.test").warning("a log line \x1b[8mnamed")
+        assert handler.stream is not sys.stderr
+        renderer.end_turn(TurnResult("end_turn"))
+        assert handler.stream is sys.stderr
+        assert "a log line \\x1b[8mnamed" in plain(out)
+        assert "a log line" not in capsys.readouterr().err
+    finally:
+        logging.getLogger().removeHandler(handler)
+
+
+# ------------------------------------------------------------------ through a real terminal
+
+ANSWER = """## Result
+
+The notes say **hello**. Here is the greeting as code:
+
+```python
+def greet(name):
+    return f"hello {name}"
+```
+
+- first point
+- second point
+
+Done [red]literally[/red].
+"""
+
+
+def test_crow_chat_on_a_terminal_shows_reasoning_tools_plan_and_markdown(
+    terminal_for: Any,  # noqa: F811 (the fixture imported above)
+    llm: ScriptedLLM,
+    home: Path,
+    workspace: Path,
+) -> None:
+    (workspace / "notes.txt").write_text("hello\n")
+    todos = [
+        {"id": "1", "title": "Read the notes", "status": "done"},
+        {"id": "2", "title": "Answer", "status": "in_progress"},
+        {"id": "3", "title": "Celebrate", "status": "pending"},
+    ]
+    llm.push(
+        Reply(
+            reasoning="I should read the notes first.",
+            tool_calls=[
+                ToolCallSpec("write_todos", {"todos": todos}),
+                ToolCallSpec("read_file", {"path": "notes.txt"}),
+            ],
+        ),
+        Reply(text=ANSWER, chunk_size=4, chunk_delay=0.002),
+    )
+    term = terminal_for(llm, home, workspace, "chat")
+    term.wait_for("›")
+    term.type("what do the notes say?")
+    screen = term.wait_for(lambda s: re.search(r"^✓ \d+\.\d s", s, re.M) is not None, timeout=30)
+    assert re.search(r"∴ Thought for \d+\.\d s \(Ctrl-O to expand\)", screen), screen
+    assert "I should read the notes first." not in screen  # folded
+    assert re.search(r"^✓ Read notes\.txt · \d+\.\d s$", screen, re.M), screen
+    assert "☑ Read the notes\n◐ Answer\n☐ Celebrate" in screen
+    assert "Result" in screen and "## Result" not in screen and "**" not in screen
+    assert 'def greet(name):\n     return f"hello {name}"' in screen and "```" not in screen
+    assert "• first point\n • second point" in screen
+    assert "Done [red]literally[/red]." in screen
+    assert "Traceback" not in screen and "Waiting for the model" not in screen
+    term.send("C-d")
+    assert term.wait_exit() == 0

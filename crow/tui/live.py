@@ -9,6 +9,9 @@ model is silent. Its height is bounded (half the terminal) so it can always be e
 
 from __future__ import annotations
 
+import io
+import logging
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -121,3 +124,37 @@ class LiveView:
             line.append(" · " + usage(s.used, s.size, s.cost), style="dim")
         line.truncate(width, overflow="ellipsis")
         return line
+
+
+class LogsAbove(io.TextIOBase):
+    """While the live part is drawn, crow's log lines on stderr print above it through the
+    console (a bare write would land inside it and leave a torn status line behind);
+    escaped like any untrusted text: a log line may name a hostile file."""
+
+    def __init__(self, console: Console) -> None:
+        self._console = console
+        self._partial = ""
+        self._handlers: list[tuple[logging.StreamHandler[Any], Any]] = []
+
+    def write(self, text: str) -> int:
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()
+        if lines:
+            self._console.print(Text(printable("\n".join(lines)), style="dim"))
+        return len(text)
+
+    def flush(self) -> None:
+        if self._partial:
+            self.write("\n")
+
+    def take_over(self) -> None:
+        """Point the root logger's stderr handlers here (`give_back` undoes it)."""
+        for handler in logging.getLogger().handlers:
+            if type(handler) is logging.StreamHandler and handler.stream in (sys.stderr, sys.__stderr__):
+                self._handlers.append((handler, handler.setStream(self)))
+
+    def give_back(self) -> None:
+        self.flush()
+        for handler, stream in self._handlers:
+            handler.setStream(stream)
+        self._handlers.clear()

@@ -42,7 +42,7 @@ from crow.events import (
 )
 from crow.terminal import printable
 from crow.tui import tools
-from crow.tui.live import FPS, Block, LiveView, TurnState
+from crow.tui.live import FPS, Block, LiveView, LogsAbove, TurnState
 from crow.tui.text import clip, seconds, usage
 
 if TYPE_CHECKING:
@@ -69,6 +69,7 @@ class Renderer:
         self.expand_key = expand_key
         self._state: TurnState | None = None  # while a turn runs
         self._live: Live | None = None
+        self._logs = LogsAbove(self.console)
         self._pauses = 0
         self._held: list[RenderableType] = []  # printed while paused: shown after
         self._message_id: str | None = None  # the answer message streaming now
@@ -207,9 +208,9 @@ class Renderer:
             self._state.phase = "Waiting for the model"
         width = self.console.width
         line = tools.tool_line(call, spec, event.result, time.monotonic() - since, width)
-        body, folded = tools.tool_body(event.result, width)
+        body, folded = tools.tool_body(event.result, spec, width)
         if folded:
-            whole, _ = tools.tool_body(event.result, width, full=True)
+            whole, _ = tools.tool_body(event.result, spec, width, full=True)
             self._folded.append((line, whole or Text()))
         self._print(line, *([body] if body is not None else []), gap=self._after == "text")
         self._after = "tool"
@@ -285,10 +286,12 @@ class Renderer:
                 vertical_overflow="crop",
             )
             self._live.start()
+            self._logs.take_over()
 
     def _stop_live(self) -> None:
         live, self._live = self._live, None
         if live is not None:
+            self._logs.give_back()
             live.stop()
 
     @contextlib.contextmanager

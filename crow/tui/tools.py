@@ -38,11 +38,12 @@ def title_of(call: ToolCall, spec: ToolSpec | None) -> str:
     return one_line(tool_title(call, spec))
 
 
-def _label(title: str, spec: ToolSpec | None) -> str:
-    """The kind's word before the title, unless the title says it already ("Run pytest")."""
-    kind = spec.kind if spec is not None else "other"
-    label = LABELS.get(kind, "")
-    return "" if kind == "other" or title.lower().startswith(label.lower()) else label + " "
+def _label(spec: ToolSpec | None) -> str:
+    """The kind's word before the title, for a tool whose title is only its name (crow's
+    own tools have titles that say it: "Run pytest", "Read a.py")."""
+    if spec is None or spec.title or spec.kind in ("other", "think"):
+        return ""
+    return LABELS.get(spec.kind, "") + " "
 
 
 def status_of(result: ToolResult) -> tuple[str, str, str]:
@@ -58,7 +59,7 @@ def tool_line(call: ToolCall, spec: ToolSpec | None, result: ToolResult, took: f
     """`✓ Run  pytest -q · 1.2 s` on one line of at most `width` cells."""
     mark, word, style = status_of(result)
     title = title_of(call, spec)
-    label = _label(title, spec)
+    label = _label(spec)
     tail = f" · {word + ' after ' if word else ''}{seconds(took)}"
     room = max(1, width - len(label) - 2 - len(tail))
     line = Text(no_wrap=True, overflow="ellipsis")
@@ -71,22 +72,27 @@ def tool_line(call: ToolCall, spec: ToolSpec | None, result: ToolResult, took: f
 
 def running_line(call: ToolCall, spec: ToolSpec | None, width: int) -> Text:
     title = title_of(call, spec)
-    label = _label(title, spec)
+    label = _label(spec)
     line = Text(no_wrap=True, overflow="ellipsis", style="dim")
     line.append(f"⋯ {label}")
     line.append(clip(title, max(1, width - len(label) - 2)))
     return line
 
 
-def tool_body(result: ToolResult, width: int, *, full: bool = False) -> tuple[RenderableType | None, bool]:
+def tool_body(
+    result: ToolResult, spec: ToolSpec | None, width: int, *, full: bool = False
+) -> tuple[RenderableType | None, bool]:
     """What shows under a call's line (its diff, else its output or error) and whether
-    some of it was folded away (`full`: nothing is)."""
+    some of it was folded away (`full`: nothing is). A "think" tool's output (the plan)
+    is folded whole: the plan shows as a checklist."""
     diff = edit_diff(result.meta) if not result.is_error else None
     if diff is not None:
         return _diff(diff, width, full=full)
     text = result.text
     if not text.strip():
         return None, False
+    if not full and not result.is_error and spec is not None and spec.kind == "think":
+        return None, True
     if full:
         return Text(printable(text.rstrip("\n")), style="dim"), False
     lines, hidden = preview(text, max(1, width - 4), PREVIEW_LINES)
