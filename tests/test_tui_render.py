@@ -384,6 +384,21 @@ def test_the_status_line_shows_the_phase_elapsed_time_and_usage_while_waiting() 
     anyio.run(run)
 
 
+def test_a_turn_started_twice_shows_the_new_turn_live() -> None:
+    con, out = console(terminal=True)
+    renderer = Renderer(con)
+
+    async def run() -> None:
+        renderer.start_turn()
+        renderer.start_turn()  # the front end lost an end_turn (a crash in its loop)
+        await renderer.emit(UsageUpdated(64000, 128000))
+        await until(lambda: "64k/128k tokens" in plain(out))
+        renderer.end_turn(TurnResult("end_turn"))
+
+    anyio.run(run)
+    assert re.search(r"^✓ \d+\.\d s · 64k/128k", plain(out), re.M)
+
+
 def test_log_lines_print_above_the_live_part_escaped(capsys: pytest.CaptureFixture[str]) -> None:
     """crow's log handler writes to stderr: while the live part is drawn that would tear it
     (tmux showed a status line left behind); the renderer routes it through the console."""

@@ -48,7 +48,7 @@ class Block:
         self.markdown = markdown(text)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Any]:
-        lines = console.render_lines(self.markdown, options, pad=False)
+        lines = render_markdown(console, self.markdown, options)
         while lines and _blank(lines[0]):
             lines.pop(0)
         while lines and _blank(lines[-1]):
@@ -56,6 +56,15 @@ class Block:
         for line in lines:
             yield from line
             yield Segment.line()
+
+
+def render_markdown(console: Console, md: Markdown, options: ConsoleOptions) -> list[list[Segment]]:
+    """`md`'s lines; its plain text should rich's Markdown fail on some input (the answer
+    must show whatever the model wrote, and a failure in `Live`'s thread would be lost)."""
+    try:
+        return console.render_lines(md, options, pad=False)
+    except Exception:
+        return console.render_lines(Text(md.markup), options, pad=False)
 
 
 def _blank(line: list[Segment]) -> bool:
@@ -95,7 +104,7 @@ class LiveView:
         tail = s.answer.tail()
         if tail:
             lines += self._tail(console, options, tail, room)
-        for line in list(s.running.values())[-3:]:
+        for line in list(s.running.values())[-min(3, room) :]:
             lines.append(list(line.render(console)))
         lines.append(list(self._status(width).render(console)))
         for line in lines:
@@ -109,7 +118,7 @@ class LiveView:
             opening = self.state.answer.fence_opening()
             if len(shown) < len(tail) and opening:
                 shown = opening + "\n" + shown.partition("\n")[2]
-            rendered = console.render_lines(markdown(shown), options.update(height=None), pad=False)
+            rendered = render_markdown(console, markdown(shown), options.update(height=None))
             self._cache = (tail, options.max_width, rendered)
         return rendered[-room:]
 

@@ -83,6 +83,7 @@ class Renderer:
     # -------------------------------------------------------------- the turn
 
     def start_turn(self) -> None:
+        self._stop_live()  # a turn that never ended: its live part goes
         self._state = TurnState()
         self._message_id = None
         self._after = ""

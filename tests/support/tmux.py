@@ -93,7 +93,22 @@ class Terminal:
         dead, status, signal = (self._tmux("list-panes", "-t", "0", "-F", fmt).strip() + "::").split(":")[:3]
         if dead != "1":
             return None
-        return int(status) if status else -int(signal or 1)
+        if not (status or signal):  # tmux (3.3a) sometimes never reaps the program
+            return self._zombie_status()
+        return int(status) if status else -int(signal)
+
+    def _zombie_status(self) -> int | None:
+        """The exit status of the pane's exited, unreaped program (/proc/PID/stat's
+        exit_code, as waitpid reports it), None while it runs."""
+        try:
+            with open(f"/proc/{self.pid()}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            return None
+        if fields[0] != "Z":
+            return None
+        code = int(fields[49])  # field 52 of the line, 50th after the command name
+        return code >> 8 if code & 0x7F == 0 else -(code & 0x7F)
 
     def wait_exit(self, timeout: float = 10.0) -> int:
         end = time.monotonic() + timeout
