@@ -123,6 +123,12 @@ def test_the_answer_is_markdown_each_finished_block_printed_once() -> None:
     assert "def f():" in shown and "• one" in shown and "• two" in shown
 
 
+def test_code_blocks_are_highlighted_in_the_terminals_own_colours() -> None:
+    con, out = console(terminal=True)
+    turn(Renderer(con), *chunks("Code:\n\n```python\ndef f():\n    return 1\n```\n"))
+    assert "\x1b[94mdef\x1b[0m" in out.getvalue()  # a keyword, in the palette's bright blue
+
+
 def test_a_new_assistant_message_starts_a_new_block() -> None:
     con, out = console()
     turn(Renderer(con), TextDelta("First message", "m1"), TextDelta("Second message", "m2"))
