@@ -25,6 +25,7 @@ from rich.live import Live
 from rich.text import Text
 
 from crow.events import (
+    CommandsChanged,
     CompactionFinished,
     CompactionStarted,
     Event,
@@ -74,8 +75,7 @@ class Renderer:
         self._held: list[RenderableType] = []  # printed while paused: shown after
         self._message_id: str | None = None  # the answer message streaming now
         self._after = ""  # what was printed last: "", "text", "tool", "other"
-        self._thought_since = 0.0
-        self._thought_until = 0.0
+        self._thought_since = 0.0  # when the reasoning streaming now began
         self._calls: dict[str, tuple[ToolCall, ToolSpec | None, float]] = {}
         self._plan: list[tuple[str, str]] | None = None
         self._folded: list[tuple[Text, RenderableType]] = []  # the last turn's, for expand()
@@ -131,7 +131,7 @@ class Renderer:
                 state.phase = "Running " + printable(tools.title_of(call, spec))
         elif isinstance(event, ToolCallEnd):
             self._tool_end(event)
-        else:
+        elif not isinstance(event, CommandsChanged):  # the chat's completion reads those
             self._settle()
             self._other(event)
 
@@ -175,7 +175,6 @@ class Renderer:
             self._thought_since = now
             self._state.phase = "Thinking"
         self._state.thought.append(event.text)
-        self._thought_until = now
 
     def _fold_thought(self) -> None:
         """The reasoning that streamed, folded to one line (its text kept for expand())."""
@@ -187,7 +186,7 @@ class Renderer:
         state.phase = "Waiting for the model"
         if not text:
             return
-        took = seconds(self._thought_until - self._thought_since)
+        took = seconds(time.monotonic() - self._thought_since)  # until the answer or a call begins
         line = Text(f"∴ Thought for {took} ({self.expand_key} to expand)", style="dim italic")
         self._folded.append((Text("∴ Thought", style="dim bold"), Text(printable(text), style="dim italic")))
         self._print(line, gap=self._after == "text")
@@ -247,8 +246,6 @@ class Renderer:
             from crow.command_catalog import shown_line
 
             self._print(Text("› ", style="bold cyan").append(printable(shown_line(event.message))))
-        else:
-            return  # CommandsChanged: the chat's completion reads the session's commands
         self._after = "other"
 
     def _plan_updated(self, todos: Sequence[Mapping[str, Any]]) -> None:
