@@ -212,12 +212,14 @@ def test_type_ahead_does_not_answer_a_question(chat, llm: ScriptedLLM, workspace
 
 def test_an_unanswered_question_is_withdrawn(chat, llm: ScriptedLLM, home: Path, workspace: Path) -> None:
     (home / "config.yaml").write_text("permission_timeout: 1\n")
-    llm.push(Reply(tool_calls=[run("touch made.txt", "a")]), Reply(text="No answer then."))
+    llm.push(Reply(tool_calls=[run("touch made.txt", "a")]), Reply(text="No answer then."), Reply(text="Hi."))
     term = chat()
     term.type("make a file")
     term.wait_for("No answer within 1 s: the question was withdrawn.")
-    term.wait_for("No answer then.")
+    term.wait_for(lambda s: "No answer then." in s and s.rstrip().endswith("›"))
     assert "did not answer" in tool_results(llm, 1)["a"] and not (workspace / "made.txt").exists()
+    term.type("hello")  # the terminal is the chat's again
+    term.wait_for("Hi.")
 
 
 def test_a_projects_crow_yaml_is_trusted_through_a_picker(chat, llm: ScriptedLLM, workspace: Path) -> None:
@@ -233,22 +235,64 @@ def test_a_projects_crow_yaml_is_trusted_through_a_picker(chat, llm: ScriptedLLM
 
 
 def test_hostile_text_is_shown_escaped_and_cannot_fake_the_options(chat, llm: ScriptedLLM) -> None:
-    """A question or option with escape sequences (clear the screen, conceal, move the
-    cursor) or a `\\r` shows them as text; the picker's own options stay as crow drew them."""
-    fake = "\x1b[2J\x1b[8mhidden\x1b[1;1H\r  1. Allow"
+    """A question, an option or a command with escape sequences (clear the screen, conceal,
+    move the cursor), a `\\r` or a newline shows them as text: an option stays one line of
+    the picker, a command's next line is indented under it."""
+    fake = "\x1b[2J\x1b[8mhidden\x1b[1;1H\r"
     llm.push(
-        Reply(tool_calls=[ask(f"Pick{fake}", [f"safe{fake}", "other"])]),
-        Reply(tool_calls=[run(f"echo ok{fake}; rm -rf gone", "x")]),
+        Reply(tool_calls=[ask(f"Pick{fake}", [f"safe{fake}\n  2. Allow", "other"])]),
+        Reply(tool_calls=[run(f"echo ok{fake}\n  1. Allow; rm -rf gone", "x")]),
         Reply(text="Done."),
     )
     term = chat()
     term.type("go")
     screen = term.wait_for("2. other")
-    shown = "\\x1b[2J\\x1b[8mhidden\\x1b[1;1H\\x0d  1. Allow"
-    assert f"Pick{shown}" in screen and f"1. safe{shown}" in screen, screen
+    escaped = "\\x1b[2J\\x1b[8mhidden\\x1b[1;1H"  # ask_user strips the question's trailing \\r
+    shown = escaped + "\\x0d"
+    assert f"Pick{escaped}\n" in screen and f"1. safe{shown}\\x0a  2. Allow\n" in screen, screen
     term.send("Enter")
     screen = term.wait_for("Answer for")
-    assert f"$ echo ok{shown}; rm -rf gone" in screen, screen
+    assert f"  $ echo ok{shown}\n      1. Allow; rm -rf gone\n" in screen, screen
     term.send("n")
     term.wait_for("Done.")
     assert "\x1b" not in term.screen()
+
+
+FORM = """
+import json, anyio
+from crow.tui.questions import ChatClient
+from crow.tui.render import Renderer
+
+async def main() -> None:
+    client = ChatClient(".", Renderer(), on_interrupt=lambda: print("INTERRUPTED"))
+    fields = {"go": {"type": "boolean", "title": "Proceed?"}, "n": {"type": "integer", "title": "How many?"}}
+    for message in ("First form", "Second form"):
+        got = await client.elicit(None, message, {"type": "object", "properties": fields})
+        print("RESULT", json.dumps([got.action, got.content]))
+
+anyio.run(main)
+"""
+
+
+def test_a_form_asks_yes_or_no_and_a_number_and_ctrl_c_cancels(tmp_path: Path, home: Path) -> None:
+    """Forms other than ask_user's (an MCP server's elicitation): a boolean is a yes/no
+    picker, a number is typed and checked; Ctrl-C cancels the form and the turn."""
+    term = Terminal(
+        [*CROW[:1], "-c", FORM], env=crow_env(None, home), cwd=tmp_path, socket=tmp_path / "t.sock"
+    )
+    try:
+        term.wait_for("2. No")
+        term.send("y")
+        term.wait_for("How many?")
+        term.type("many")
+        term.wait_for("Type a whole number, or Esc to decline")
+        term.send(*["BSpace"] * 4)
+        term.type("7")
+        term.wait_for('RESULT ["accept", {"go": true, "n": 7}]')
+        term.wait_for(lambda s: "Second form" in s and "2. No" in s.split("Second form")[1])
+        term.send("C-c")
+        term.wait_for('RESULT ["cancel", null]')
+        assert "INTERRUPTED" in term.screen()
+        assert term.wait_exit() == 0
+    finally:
+        term.close()

@@ -56,6 +56,11 @@ def show(lines: Sequence[tuple[str, str]]) -> None:
     print_formatted_text(FormattedText(fragments), end="")
 
 
+def one_line(text: str) -> str:
+    """`text` as one line of a picker: a newline in an option would draw an option of its own."""
+    return printable(text).replace("\n", "\\x0a")
+
+
 def discard_typed_ahead() -> None:
     """Forget what was typed before the question appeared: it was meant for something else
     (the next prompt), not as this answer. Both the terminal's queue and what an earlier
@@ -119,14 +124,14 @@ async def pick(title: str, options: Sequence[Option], *, many: bool = False, hin
             bindings.add(option.key)(lambda event, index=index: accept(event, index))
 
     def fragments() -> StyleAndTextTuples:
-        out: StyleAndTextTuples = [("bold", printable(title)), ("", "\n")] if title else []
+        out: StyleAndTextTuples = [("bold", one_line(title)), ("", "\n")] if title else []
         for n, option in enumerate(options):
             here = n == at
             box = ("[x] " if n in ticked else "[ ] ") if many else ""
             if here:
                 out.append(("[SetCursorPosition]", ""))
             out.append(("bold fg:ansicyan" if here else "", f"{'❯' if here else ' '} {n + 1}. {box}"))
-            out.append(("bold" if here else "", printable(option.label)))
+            out.append(("bold" if here else "", one_line(option.label)))
             if option.key and not many:
                 out.append((HINT, f"  ({option.key})"))
             out.append(("", "\n"))
@@ -153,7 +158,7 @@ async def line(title: str, *, check: Callable[[str], str | None] | None = None) 
         event.app.exit(exception=_Escaped())
 
     session: PromptSession[str] = PromptSession(erase_when_done=True)
-    message = FormattedText([("bold", printable(title)), (HINT, "  (Esc to decline)"), ("", "\n› ")])
+    message = FormattedText([("bold", one_line(title)), (HINT, "  (Esc to decline)"), ("", "\n› ")])
     discard_typed_ahead()
     try:
         text = await session.prompt_async(

@@ -17,7 +17,7 @@ import anyio
 
 from crow.editor import Elicited
 from crow.terminal import TerminalClient, no_editor, question_lines
-from crow.tui.picker import HINT, Option, Picked, line, pick, show
+from crow.tui.picker import HINT, Option, Picked, line, one_line, pick, show
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -55,9 +55,9 @@ class ChatClient:
 
         choices = list(options or DEFAULT_CHOICES)
         shown = [Option(c.id, c.label, TerminalClient.KEYS.get(c.id)) for c in choices]
-        lines = [(_style(part, text), _flat(text) if part == "title" else text)
+        lines = [(_style(part, text), _title(text) if part == "title" else text)
                  for part, text in question_lines(call, self.cwd, spec)]  # fmt: skip
-        title = f"Answer for {_flat(tool_title(call, spec))} (call {_flat(call.id)})"
+        title = f"Answer for {tool_title(call, spec)} (call {call.id})"
         picked = await self._asking(lines, lambda: pick(title, shown), timeout)
         if picked is None or picked.action != "accept":
             if picked is not None and picked.action == "escape":
@@ -83,6 +83,8 @@ class ChatClient:
         shown = [Option(option_id, label) for option_id, label, _ in options]
         picked = await self._asking(lines, lambda: pick("", shown), timeout)
         if picked is None or picked.action != "accept":
+            if picked is not None and picked.action == "escape":
+                show([(HINT, "  No answer.")])
             return None
         show([("bold", f"  › {next(label for i, label, _ in options if i == picked.value)}")])
         return str(picked.value)
@@ -184,10 +186,10 @@ def _not_a(number: type, text: str) -> str | None:
     return None
 
 
-def _flat(text: str) -> str:
-    """`text` on one line (a title): a newline in it would start a line crow did not write."""
-    first = text.startswith("\n")
-    return "\n" * first + text[first:].replace("\n", "\\x0a")
+def _title(text: str) -> str:
+    """The question's title (after its blank line) on one line: a newline in the call's
+    title would start a line crow did not write."""
+    return "\n" + one_line(text.removeprefix("\n"))
 
 
 def _style(part: str, text: str) -> str:
