@@ -69,6 +69,17 @@ def test_reject_does_not_run_the_command_and_the_model_is_told(
     assert "✗ Reject" in term.screen()
 
 
+def test_escape_leaves_a_permission_unanswered(chat, llm: ScriptedLLM, workspace: Path) -> None:
+    llm.push(Reply(tool_calls=[run("touch made.txt", "a")]), Reply(text="Skipped."))
+    term = chat()
+    term.type("make a file")
+    term.wait_for("Answer for")
+    term.send("Escape")
+    term.wait_for("Skipped.")
+    assert "did not answer" in tool_results(llm, 1)["a"] and not (workspace / "made.txt").exists()
+    assert "No answer: not run." in term.screen()
+
+
 def test_always_for_the_command_does_not_ask_again(chat, llm: ScriptedLLM) -> None:
     llm.push(
         Reply(tool_calls=[run("echo again", "a")]),

@@ -145,8 +145,11 @@ async def pick(title: str, options: Sequence[Option], *, many: bool = False, hin
         erase_when_done=True,
     )
     discard_typed_ahead()
-    # Not prompt_toolkit's SIGINT handler: it would replace (and then remove) the chat's own.
-    return await app.run_async(handle_sigint=False)
+    try:
+        # Not prompt_toolkit's SIGINT handler: it would replace (and then remove) the chat's own.
+        return await app.run_async(handle_sigint=False)
+    except EOFError:  # the terminal's input closed: nobody left to answer
+        return Picked("escape")
 
 
 async def line(title: str, *, check: Callable[[str], str | None] | None = None) -> Picked:
