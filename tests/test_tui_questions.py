@@ -299,7 +299,8 @@ def test_a_form_asks_yes_or_no_and_a_number_and_ctrl_c_cancels(tmp_path: Path, h
         term.wait_for("Type a whole number, or Esc to decline")
         term.send(*["BSpace"] * 4)
         term.type("7")
-        term.wait_for('RESULT ["accept", {"go": true, "n": 7}]')
+        screen = term.wait_for('RESULT ["accept", {"go": true, "n": 7}]')
+        assert "  › yes\n" in screen and "  › 7\n" in screen, screen
         term.wait_for(lambda s: "Second form" in s and "2. No" in s.split("Second form")[1])
         term.send("C-c")
         term.wait_for('RESULT ["cancel", null]')

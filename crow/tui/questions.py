@@ -64,8 +64,8 @@ class ChatClient:
                 show([(HINT, "  No answer: not run.")])
             return None
         choice = next(c for c in choices if c.id == picked.value)
-        allowed = choice.kind.startswith("allow")
-        show([("fg:ansigreen" if allowed else "fg:ansired", f"  {'✓' if allowed else '✗'} {choice.label}")])
+        mark = ("fg:ansigreen", "✓") if choice.kind.startswith("allow") else ("fg:ansired", "✗")
+        show([(mark[0], f"  {mark[1]} {one_line(choice.label)}")])
         return choice.id
 
     async def ask(
@@ -79,14 +79,14 @@ class ChatClient:
         timeout: float = 600.0,
     ) -> str | None:
         """`text`, then its options to pick one from; Esc: no answer (None)."""
-        lines = [("bold", f"\n{title}"), *(("", f"  {t}") for t in text.rstrip().split("\n"))]
+        lines = [("bold", _title(title)), *(("", f"  {t}") for t in text.rstrip().split("\n"))]
         shown = [Option(option_id, label) for option_id, label, _ in options]
         picked = await self._asking(lines, lambda: pick("", shown), timeout)
         if picked is None or picked.action != "accept":
             if picked is not None and picked.action == "escape":
                 show([(HINT, "  No answer.")])
             return None
-        show([("bold", f"  › {next(label for i, label, _ in options if i == picked.value)}")])
+        show([("bold", f"  › {one_line(next(label for i, label, _ in options if i == picked.value))}")])
         return str(picked.value)
 
     async def ask_choice(
@@ -111,9 +111,7 @@ class ChatClient:
                 if picked.action != "accept":
                     return picked
                 content[str(name)] = picked.value
-                answer = picked.value
-                answer = ", ".join(map(str, answer)) if isinstance(answer, list) else str(answer)
-                show([("bold", f"  › {answer or '(none)'}")])
+                show([("bold", f"  › {_shown(picked.value)}")])
             return Picked("accept", content)
 
         lines = [("bold", t) for t in f"\n{message.rstrip()}".split("\n")]
@@ -186,9 +184,18 @@ def _not_a(number: type, text: str) -> str | None:
     return None
 
 
+def _shown(value: Any) -> str:
+    """A field's answer, as the line under the question shows it."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list):
+        return ", ".join(map(one_line, map(str, value))) or "(none)"
+    return one_line(str(value))
+
+
 def _title(text: str) -> str:
-    """The question's title (after its blank line) on one line: a newline in the call's
-    title would start a line crow did not write."""
+    """A question's title after a blank line, on one line: a newline in the call's (the
+    model's) title would start a line crow did not write."""
     return "\n" + one_line(text.removeprefix("\n"))
 
 
