@@ -96,8 +96,8 @@ def test_always_for_the_command_does_not_ask_again(chat, llm: ScriptedLLM) -> No
 
 
 def test_two_questions_at_once_are_asked_one_at_a_time(chat, llm: ScriptedLLM, workspace: Path) -> None:
-    """Two writes to different files run side by side (crow.batch), so both ask at once:
-    the second question waits until the first is answered."""
+    """Two writes to different files run side by side (crow.batch): the second permission
+    question waits until the first is answered."""
     write = [ToolCallSpec(name="write_file", arguments={"path": f"{n}.txt", "content": f"{n}\n"}, id=n)
              for n in ("one", "two")]  # fmt: skip
     llm.push(Reply(tool_calls=write), Reply(text="Both asked."))
@@ -116,6 +116,30 @@ def test_two_questions_at_once_are_asked_one_at_a_time(chat, llm: ScriptedLLM, w
     term.send("n")
     term.wait_for("Both asked.")
     assert (workspace / f"{asked}.txt").exists() and not (workspace / f"{other}.txt").exists()
+
+
+def test_two_ask_user_questions_at_once_are_asked_one_at_a_time(chat, llm: ScriptedLLM) -> None:
+    """Questions are read-only, so two in one reply run side by side and ask at once (the
+    permissions hook's own lock does not cover them): one picker at a time, each answer to
+    its own question."""
+    pair = [ask("Which colour?", ["red", "green"], id="c"), ask("Which size?", ["small", "large"], id="s")]
+    llm.push(Reply(tool_calls=pair), Reply(text="Both answered."))
+    term = chat()
+    term.type("choose")
+    first = term.wait_for("2. ")
+    with pytest.raises(AssertionError):  # the second question does not show meanwhile
+        term.wait_for(lambda s: "Which colour?" in s and "Which size?" in s, timeout=1.5)
+    colour_first = "Which colour?" in first
+    term.send("2")
+    term.wait_for(lambda s: "Which colour?" in s and "Which size?" in s and "2. " in s.split("› ")[-1])
+    term.send("1")
+    term.wait_for("Both answered.")
+    results = tool_results(llm, 1)
+    assert results == (
+        {"c": 'The user chose "green".', "s": 'The user chose "small".'}
+        if colour_first
+        else {"s": 'The user chose "large".', "c": 'The user chose "red".'}
+    )
 
 
 def test_an_edit_shows_its_diff_in_colour(chat, llm: ScriptedLLM, workspace: Path) -> None:
