@@ -329,6 +329,5 @@ def test_a_form_asks_yes_or_no_and_a_number_and_ctrl_c_cancels(tmp_path: Path, h
         term.send("C-c")
         term.wait_for('RESULT ["cancel", null]')
         assert "INTERRUPTED" in term.screen()
-        assert term.wait_exit() == 0
     finally:
         term.close()

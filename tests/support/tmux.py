@@ -92,8 +92,8 @@ class Terminal:
         """The program's exit status (-N when signal N killed it), None while it runs."""
         fmt = "#{pane_dead}:#{pane_dead_status}:#{pane_dead_signal}"
         dead, status, signal = (self._tmux("list-panes", "-t", "0", "-F", fmt).strip() + "::").split(":")[:3]
-        if dead != "1" or not (status or signal):
-            return None  # running, or its pty closed before tmux reaped it (no status yet)
+        if dead != "1":
+            return None
         return int(status) if status else -int(signal or 1)
 
     def wait_exit(self, timeout: float = 10.0) -> int:
