@@ -55,6 +55,20 @@ def test_allow_once_runs_the_command_and_the_model_reads_its_output(chat, llm: S
     assert "✓ Allow" in term.screen()
 
 
+def test_a_long_command_in_a_small_terminal(chat, llm: ScriptedLLM) -> None:
+    """The command is shown whole above the picker; the picker's title is cut short, so
+    the options keep their room in 40x12."""
+    command = "echo " + "x" * 300
+    llm.push(Reply(tool_calls=[run(command, "a")]), Reply(text="Long."))
+    term = chat(width=40, height=12)
+    term.type("go")
+    screen = term.wait_for("1. Allow")
+    assert f"  $ {command}\n" in screen and "x" * 30 + "… (call a)" in screen
+    term.send("Enter")
+    term.wait_for("Long.")
+    assert tool_results(llm, 1)["a"].startswith("x" * 300)
+
+
 def test_reject_does_not_run_the_command_and_the_model_is_told(
     chat, llm: ScriptedLLM, workspace: Path
 ) -> None:

@@ -57,7 +57,8 @@ class ChatClient:
         shown = [Option(c.id, c.label, TerminalClient.KEYS.get(c.id)) for c in choices]
         lines = [(_style(part, text), _title(text) if part == "title" else text)
                  for part, text in question_lines(call, self.cwd, spec)]  # fmt: skip
-        title = f"Answer for {tool_title(call, spec)} (call {call.id})"
+        name = tool_title(call, spec)  # in full above: here short, to leave the options room
+        title = f"Answer for {name if len(name) <= 60 else name[:59] + '…'} (call {call.id})"
         picked = await self._asking(lines, lambda: pick(title, shown), timeout)
         if picked is None or picked.action != "accept":
             if picked is not None and picked.action == "escape":
