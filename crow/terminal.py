@@ -174,15 +174,15 @@ class TerminalClient:
             print(f"  Please answer with {hint}.", file=sys.stderr)
 
     async def read_text(self, path: Path) -> str:
-        raise _no_editor("read", path)
+        raise no_editor("read", path)
 
     async def write_text(self, path: Path, text: str) -> None:
-        raise _no_editor("write", path)
+        raise no_editor("write", path)
 
     async def run_in_terminal(
         self, command: str, cwd: Path, timeout: float, env: dict[str, str] | None = None
     ) -> dict[str, Any]:
-        raise _no_editor("run a command in", cwd)
+        raise no_editor("run a command in", cwd)
 
     def _discard_typed_ahead(self) -> None:
         import termios
@@ -225,10 +225,10 @@ def _typed(text: str, kind: str, choices: list[str], many: bool) -> Any:
     return text
 
 
-def _no_editor(verb: str, path: Path) -> OSError:
+def no_editor(verb: str, path: Path, front: str = "crow run") -> OSError:
     """What a hook gets for calling a method whose `can_*` flag is False."""
     return OSError(
-        f"cannot {verb} {path} through the terminal: crow run has no editor "
+        f"cannot {verb} {path} through the terminal: {front} has no editor "
         "(can_read, can_write and can_terminal are False)"
     )
 
@@ -246,18 +246,29 @@ def _call_name(call: ToolCall, spec: ToolSpec | None = None) -> str:
 
 
 def _question(call: ToolCall, cwd: str, spec: ToolSpec | None = None) -> str:
-    """The call and what it would do: the command, a unified diff, or its arguments."""
+    """The call and what it would do, as `crow run` prints it."""
+    return "\n".join(text for _, text in question_lines(call, cwd, spec))
+
+
+def question_lines(call: ToolCall, cwd: str, spec: ToolSpec | None = None) -> list[tuple[str, str]]:
+    """The call and what it would do: the command, a unified diff, or its arguments, as
+    (part, line) pairs, `part` one of "title", "command", "diff", "more", "argument" (for
+    front ends that colour them). The lines are the model's text: pass them through
+    `printable` before they reach a terminal."""
     import difflib
 
     from crow.acp.view import current_text, tool_title
 
     args = call.args
-    lines = [f"\nAllow {tool_title(call, spec)}?"]
+    lines = [("title", f"\nAllow {tool_title(call, spec)}?")]
     kind = spec.kind if spec is not None else "other"
     path = args.get("path") if isinstance(args.get("path"), str) else None
     writes = isinstance(args.get("content"), str)  # a whole file, else old_text -> new_text
     if kind == "execute":
-        lines.append(f"  $ {args.get('command', '')}")
+        # Each line of the command indented: a line of it cannot pass for what crow prints.
+        first, *rest = str(args.get("command", "")).split("\n")
+        lines.append(("command", f"  $ {first}"))
+        lines.extend(("command", f"    {line}") for line in rest)
     elif kind == "edit" and path and (writes or isinstance(args.get("new_text"), str)):
         if writes:
             old = current_text(os.path.join(cwd, path))
@@ -275,11 +286,11 @@ def _question(call: ToolCall, cwd: str, spec: ToolSpec | None = None) -> str:
             else:
                 diff[0:2] = ["--- /dev/null", f"+++ b/{path} (new file)"]
         shown = diff[:60]
-        lines.extend(f"  {d}" for d in shown)
+        lines.extend(("diff", f"  {d}") for d in shown)
         if len(diff) > len(shown):
-            lines.append(f"  … {len(diff) - len(shown)} more lines")
+            lines.append(("more", f"  … {len(diff) - len(shown)} more lines"))
     else:
         for key, value in args.items():
             text = value if isinstance(value, str) else repr(value)
-            lines.append(f"  {key}: {text if len(text) <= 200 else text[:197] + '...'}")
-    return "\n".join(lines)
+            lines.append(("argument", f"  {key}: {text if len(text) <= 200 else text[:197] + '...'}"))
+    return lines

@@ -19,7 +19,7 @@ async def main(args: argparse.Namespace) -> int:
     from crow.messages import human
     from crow.session_lookup import open_session
     from crow.startup import imports_done
-    from crow.terminal import TerminalClient
+    from crow.tui.questions import ChatClient
     from crow.tui.render import Renderer
 
     overrides: dict[str, Any] = {"model": args.model} if args.model else {}
@@ -30,7 +30,7 @@ async def main(args: argparse.Namespace) -> int:
         agent.on_ready(imports_done)
         agent.warm_up()
         session = await open_session(agent, args.cwd, cont=args.cont, resume=args.resume)
-        session.client = TerminalClient(args.cwd)
+        session.client = ChatClient(args.cwd, renderer, on_interrupt=lambda: scope.cancel())  # the turn's
         prompt: PromptSession[str] = PromptSession()
         while True:
             try:
