@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from crow.tui.prompt_input import EXIT_HINT
 from tests.conftest import CROW, crow_env
 from tests.llm_server import Reply, ScriptedLLM
 from tests.support.tmux import Terminal
@@ -16,8 +19,9 @@ from tests.support.tmux import Terminal
 def terminal_for(tmp_path: Path) -> Iterator[object]:
     opened: list[Terminal] = []
 
-    def open_(llm: ScriptedLLM, home: Path, workspace: Path, *args: str) -> Terminal:
-        term = Terminal([*CROW, *args], env=crow_env(llm, home), cwd=workspace, socket=tmp_path / "tmux.sock")
+    def open_(llm: ScriptedLLM, home: Path, workspace: Path, *args: str, **env: str) -> Terminal:
+        socket = tmp_path / f"tmux{len(opened)}.sock"
+        term = Terminal([*CROW, *args], env=crow_env(llm, home, **env), cwd=workspace, socket=socket)
         opened.append(term)
         return term
 
@@ -26,15 +30,215 @@ def terminal_for(tmp_path: Path) -> Iterator[object]:
         term.close()
 
 
+def at_prompt(screen: str) -> bool:
+    """The input prompt is up and empty (its last line, or above the Ctrl-C hint)."""
+    return screen.replace(EXIT_HINT, "").rstrip().endswith("›")
+
+
 def test_bare_crow_on_a_terminal_chats_and_ctrl_d_exits_cleanly(
     terminal_for, llm: ScriptedLLM, home: Path, workspace: Path
 ) -> None:
     llm.push(Reply(text="Hello from the scripted model."))
     term = terminal_for(llm, home, workspace)
-    term.wait_for("›")
+    banner = term.wait_for("/help for commands, Ctrl-D to exit")
+    assert "openai:scripted" in banner and "mode ask" in banner
+    term.wait_for(at_prompt)
     term.type("say hello")
     term.wait_for("Hello from the scripted model.")
-    term.wait_for(lambda s: s.rstrip().endswith("›"))
+    term.wait_for(at_prompt)
+    term.send("C-d")
+    assert term.wait_exit() == 0
+    assert "Traceback" not in term.screen()
+
+
+def test_ctrl_c_cancels_a_slow_answer_and_the_next_prompt_works(
+    terminal_for, llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    llm.push(Reply(text="slowly " * 400, chunk_size=7, chunk_delay=0.05), Reply(text="The second answer."))
+    term = terminal_for(llm, home, workspace, "chat")
+    term.wait_for(at_prompt)
+    term.type("tell me slowly")
+    term.wait_for("slowly slowly slowly")
+    term.send("zzz")  # typed during the turn: neither echoed nor kept for the next prompt
+    term.send("C-c")
+    term.wait_for(at_prompt, timeout=20)
+    assert EXIT_HINT in term.screen()  # one more Ctrl-C would exit
+    assert "zzz" not in term.screen()
+    assert term.screen().count("slowly") < 400  # it stopped
+    term.type("and now?")
+    term.wait_for("The second answer.")
+    second = llm.requests[1].messages
+    users = [m["content"] for m in second if m["role"] == "user"]
+    assert users[0] == "tell me slowly" and users[-1] == "and now?"
+    assert [m["role"] for m in second[1:]] == ["user", "assistant", "user"]  # after the system prompt
+    term.wait_for(at_prompt)
+    term.send("C-d")
+    status = term.wait_exit()
+    assert status == 0, term.screen()
+
+
+def test_ctrl_c_twice_during_a_turn_exits(terminal_for, llm: ScriptedLLM, home: Path, workspace: Path) -> None:
+    llm.push(Reply(text="slowly " * 400, chunk_size=7, chunk_delay=0.05))
+    term = terminal_for(llm, home, workspace, "chat")
+    term.wait_for(at_prompt)
+    term.type("tell me slowly")
+    term.wait_for("slowly slowly slowly")
+    term.send("C-c", "C-c")
+    assert term.wait_exit(timeout=20) == 0
+    assert "Traceback" not in term.screen()
+
+
+def test_undo_and_usage(terminal_for, llm: ScriptedLLM, home: Path, workspace: Path) -> None:
+    llm.push(Reply(text="First answer.", usage=(1200, 34)), Reply(text="Third answer."))
+    term = terminal_for(llm, home, workspace, "chat")
+    term.wait_for(at_prompt)
+    term.type("first prompt")
+    term.wait_for("First answer.")
+    term.wait_for(at_prompt)
+    term.type("/usage")
+    term.wait_for("1,200 in, 34 out")
+    term.wait_for(at_prompt)
+    term.type("/undo")
+    term.wait_for("the conversation is back to before it")
+    term.wait_for(at_prompt)
+    term.type("third prompt")
+    term.wait_for("Third answer.")
+    assert [m["content"] for m in llm.requests[-1].messages if m["role"] == "user"] == ["third prompt"]
+    assert len(llm.requests) == 2  # /usage and /undo asked the model nothing
+
+
+def test_up_recalls_a_prompt_of_an_earlier_run_from_a_private_file(
+    terminal_for, llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    llm.push(Reply(text="Noted."))
+    first = terminal_for(llm, home, workspace, "chat")
+    first.wait_for(at_prompt)
+    first.type("remember this prompt")
+    first.wait_for("Noted.")
+    first.wait_for(at_prompt)
+    first.send("C-d")
+    assert first.wait_exit() == 0
+    history = home / "prompt_history"
+    assert stat.S_IMODE(os.stat(history).st_mode) == 0o600
+    second = terminal_for(llm, home, workspace, "chat")
+    second.wait_for(at_prompt)
+    second.send("Up")
+    second.wait_for(lambda s: s.rstrip().endswith("› remember this prompt"))
+
+
+def test_a_loose_history_file_is_made_private(
+    terminal_for, llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    history = home / "prompt_history"
+    history.parent.mkdir(parents=True, exist_ok=True)
+    history.write_text("\n# old\n+an old prompt\n")
+    history.chmod(0o644)
+    term = terminal_for(llm, home, workspace, "chat")
+    term.wait_for(at_prompt)
+    term.send("Up")
+    term.wait_for(lambda s: s.rstrip().endswith("› an old prompt"))
+    assert stat.S_IMODE(os.stat(history).st_mode) == 0o600
+
+
+def test_tab_completes_a_slash_command(terminal_for, llm: ScriptedLLM, home: Path, workspace: Path) -> None:
+    term = terminal_for(llm, home, workspace, "chat")
+    term.wait_for(at_prompt)
+    term.send("/us")
+    term.wait_for("Tokens, cost and context left")  # offered as it is typed, with its description
+    term.send("Tab")
+    term.wait_for(lambda s: "› /usage" in s)
+    term.send("Enter")
+    term.wait_for("Tokens since crow opened this session: no model call yet")
+    assert llm.requests == []
+
+
+def test_a_prompt_file_is_offered_once_the_catalog_is_gathered(
+    terminal_for, llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    commands = workspace / ".crow" / "commands"
+    commands.mkdir(parents=True)
+    (commands / "review.md").write_text("---\ndescription: Review the staged change\n---\nReview it.\n")
+    term = terminal_for(llm, home, workspace, "chat")
+    term.wait_for(at_prompt)
+    term.send("/rev")
+    term.wait_for("Review the staged change")
+
+
+def test_multi_line_input_reaches_the_model_as_one_prompt(
+    terminal_for, llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    llm.push(Reply(text="Got three lines."), Reply(text="Got two lines."))
+    term = terminal_for(llm, home, workspace, "chat")
+    term.wait_for(at_prompt)
+    term.send("line one", "M-Enter", "line two", "C-j", "line three", "Enter")
+    term.wait_for("Got three lines.")
+    assert llm.requests[0].last_user_text == "line one\nline two\nline three"
+    term.wait_for(at_prompt)
+    term.send("first half \\", "Enter", "second half", "Enter")  # a trailing backslash continues
+    term.wait_for("Got two lines.")
+    assert llm.requests[1].last_user_text == "first half \nsecond half"
+
+
+def test_help_lists_the_commands_and_asks_the_model_nothing(
+    terminal_for, llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    term = terminal_for(llm, home, workspace, "chat")
+    term.wait_for(at_prompt)
+    term.type("/help")
+    screen = term.wait_for("Commands of the session:")
+    for name in ("/exit", "/expand", "/clear", "/compact", "/undo", "/usage", "/mcp", "/init"):
+        assert name in screen, name
+    term.wait_for(at_prompt)
+    term.type("/quit")
+    assert term.wait_exit() == 0
+    assert llm.requests == []
+
+
+def test_ctrl_c_clears_the_line_then_twice_at_an_empty_prompt_exits(
+    terminal_for, llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    term = terminal_for(llm, home, workspace, "chat")
+    term.wait_for(at_prompt)
+    term.send("some words")
+    term.wait_for("› some words")
+    term.send("C-c")
+    term.wait_for(lambda s: "some words" not in s)
+    term.send("C-c")
+    term.wait_for(EXIT_HINT)
+    assert term.exit_status() is None
+    term.send("C-c")
+    assert term.wait_exit() == 0
+    assert "Traceback" not in term.screen()
+
+
+def test_clear_starts_a_new_session(terminal_for, llm: ScriptedLLM, home: Path, workspace: Path) -> None:
+    llm.push(Reply(text="One."), Reply(text="Two."))
+    term = terminal_for(llm, home, workspace, "chat")
+    term.wait_for(at_prompt)
+    term.type("before clearing")
+    term.wait_for("One.")
+    term.wait_for(at_prompt)
+    term.type("/clear")
+    term.wait_for("New session")
+    term.wait_for(at_prompt)
+    term.type("after clearing")
+    term.wait_for("Two.")
+    assert [m["content"] for m in llm.requests[-1].messages if m["role"] == "user"] == ["after clearing"]
+
+
+def test_a_broken_plugin_is_an_error_and_the_chat_goes_on(
+    terminal_for, llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.yaml").write_text("tools: ['no_such_module_here:tool']\n")
+    term = terminal_for(llm, home, workspace, "chat")
+    term.wait_for(at_prompt)
+    term.type("hello")
+    term.wait_for("no_such_module_here")
+    term.wait_for(at_prompt)
+    term.type("/help")
+    term.wait_for("Commands of the session:")
+    term.wait_for(at_prompt)
     term.send("C-d")
     assert term.wait_exit() == 0
     assert "Traceback" not in term.screen()

@@ -93,7 +93,22 @@ class Terminal:
         dead, status, signal = (self._tmux("list-panes", "-t", "0", "-F", fmt).strip() + "::").split(":")[:3]
         if dead != "1":
             return None
-        return int(status) if status else -int(signal or 1)
+        if status or signal:
+            return int(status) if status else -int(signal)
+        return self._zombie_status()
+
+    def _zombie_status(self) -> int | None:
+        """The status of a program that ended and tmux has not reaped: tmux (3.3a) at times
+        misses the SIGCHLD and leaves it a zombie, whose status Linux still shows (field 52
+        of /proc/PID/stat, as waitpid gives it)."""
+        try:
+            fields = Path(f"/proc/{self.pid()}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            return None
+        if fields[0] != "Z":
+            return None
+        code = int(fields[49])
+        return -(code & 0x7F) if code & 0x7F else code >> 8
 
     def wait_exit(self, timeout: float = 10.0) -> int:
         end = time.monotonic() + timeout
