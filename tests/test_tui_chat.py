@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -77,7 +78,9 @@ def test_ctrl_c_cancels_a_slow_answer_and_the_next_prompt_works(
     assert status == 0, term.screen()
 
 
-def test_ctrl_c_twice_during_a_turn_exits(terminal_for, llm: ScriptedLLM, home: Path, workspace: Path) -> None:
+def test_ctrl_c_twice_during_a_turn_exits(
+    terminal_for, llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
     llm.push(Reply(text="slowly " * 400, chunk_size=7, chunk_delay=0.05))
     term = terminal_for(llm, home, workspace, "chat")
     term.wait_for(at_prompt)
@@ -242,3 +245,94 @@ def test_a_broken_plugin_is_an_error_and_the_chat_goes_on(
     term.send("C-d")
     assert term.wait_exit() == 0
     assert "Traceback" not in term.screen()
+
+
+def _cpu_and_switches(pid: int) -> tuple[float, int]:
+    """CPU seconds and context switches of all of `pid`'s threads."""
+    cpu, switches = 0.0, 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            cpu += int((task / "schedstat").read_text().split()[0]) / 1e9
+            status = (task / "status").read_text().splitlines()
+        except OSError:  # a thread that ended
+            continue
+        switches += sum(
+            int(line.split()[1])
+            for line in status
+            if line.endswith(tuple("0123456789")) and "ctxt_switches" in line
+        )
+    return cpu, switches
+
+
+@pytest.mark.skipif(not Path("/proc/self/schedstat").exists(), reason="Linux /proc needed")
+def test_a_chat_waiting_for_input_never_wakes_up(
+    terminal_for, llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    term = terminal_for(llm, home, workspace, "chat")
+    term.wait_for(at_prompt)
+    pid = term.pid()
+    before, _ = _cpu_and_switches(pid)
+    for _ in range(60):  # the warm-up ends: a second without CPU
+        time.sleep(1.0)
+        now, _ = _cpu_and_switches(pid)
+        if now - before < 0.005:
+            break
+        before = now
+    _, woke = _cpu_and_switches(pid)
+    time.sleep(3.0)  # measuring a quiet stretch: nothing to wait for
+    assert _cpu_and_switches(pid)[1] - woke <= 2  # prompt_toolkit's size polling: 6 in 3 s
+
+
+def test_a_closed_terminal_ends_the_chat_without_a_traceback(
+    tmp_path: Path, llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    llm.push(Reply(text="slowly " * 400, chunk_size=7, chunk_delay=0.05))
+    errors = tmp_path / "stderr.txt"
+    cmd = ["sh", "-c", f'exec "$@" 2>{errors}', "sh", *CROW, "chat"]
+    term = Terminal(cmd, env=crow_env(llm, home), cwd=workspace, socket=tmp_path / "tmux.sock")
+    try:
+        term.wait_for(at_prompt)
+        pid = term.pid()
+        term.type("tell me slowly")
+        term.wait_for("slowly slowly slowly")
+    finally:
+        term.close()  # the terminal goes away mid-turn: SIGHUP
+    deadline = time.monotonic() + 20
+    while _alive(pid):
+        assert time.monotonic() < deadline, "crow still runs after its terminal closed"
+        time.sleep(0.05)
+    assert "Traceback" not in errors.read_text()
+
+
+@pytest.mark.parametrize("mid_turn", [False, True], ids=["at-the-prompt", "mid-turn"])
+def test_a_terminal_that_fails_before_its_hangup_is_told_ends_the_chat_quietly(
+    tmp_path: Path, llm: ScriptedLLM, home: Path, workspace: Path, mid_turn: bool
+) -> None:
+    """The shell ignores SIGHUP for crow (`trap "" HUP`): only the terminal's EIO says it is
+    gone, as when a write fails before the SIGHUP is handled."""
+    llm.push(Reply(text="slowly " * 400, chunk_size=7, chunk_delay=0.05))
+    errors, status = tmp_path / "stderr.txt", tmp_path / "status.txt"
+    script = f'trap "" HUP; "$@" 2>{errors}; echo $? >{status}'
+    term = Terminal(["sh", "-c", script, "sh", *CROW, "chat"], env=crow_env(llm, home), cwd=workspace,
+                    socket=tmp_path / "tmux.sock")  # fmt: skip
+    try:
+        term.wait_for(at_prompt)
+        if mid_turn:
+            term.type("tell me slowly")
+            term.wait_for("slowly slowly slowly")
+    finally:
+        term.close()
+    deadline = time.monotonic() + 20
+    while not status.exists() or not status.read_text().strip():
+        assert time.monotonic() < deadline, "crow still runs after its terminal closed"
+        time.sleep(0.05)
+    assert "Traceback" not in errors.read_text()
+    assert status.read_text().strip() == "129"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -100,20 +101,28 @@ class Chat:
         banner(self.renderer, self.agent, self.session)
         if resumed:
             recap(self.renderer, self.session)
-        with _signals(self._sigint, self._sighup), self._whole:
-            while not self.turns.quit:
-                armed, self.armed = self.armed, False
-                text = await self.input.read(armed=armed)
-                if text is None:
-                    return 0
-                if not text.strip():
-                    continue
-                if await self.commands.handle(text):
-                    if self.commands.leaving:
-                        return 0
-                    continue
-                await self.turn(text)
+        with _signals(self._sigint, self._hang_up), self._whole:
+            try:
+                await self._converse()
+            except OSError as exc:  # the terminal went away before its SIGHUP was handled
+                if not _terminal_lost(exc):
+                    raise
+                self._hang_up()
         return HANGUP_STATUS if self.hung_up else 0
+
+    async def _converse(self) -> None:
+        while not self.turns.quit:
+            armed, self.armed = self.armed, False
+            text = await self.input.read(armed=armed)
+            if text is None:
+                return
+            if not text.strip():
+                continue
+            if await self.commands.handle(text):
+                if self.commands.leaving:
+                    return
+                continue
+            await self.turn(text)
 
     async def turn(self, text: str) -> None:
         from crow.errors import CrowError
@@ -127,9 +136,13 @@ class Chat:
                 result = await self.agent.prompt(self.session, human(text), self.renderer.emit)
             except CrowError as exc:  # SessionBusy, a broken plugin or setting: said, the chat goes on
                 problem = str(exc)
-            except Exception as exc:  # a bug: its traceback goes to the log, not over the screen
-                log.exception("the prompt failed")
+            except Exception as exc:
+                if _terminal_lost(exc):  # the answer could not be shown: the terminal is gone
+                    self._hang_up()
+                    return
                 problem = f"crow failed: {type(exc).__name__}: {exc}"
+                log.error("the prompt failed: %s", problem)
+                log.debug("the prompt failed", exc_info=True)  # a bug's traceback: not over the screen
         if self.hung_up:
             return
         self.renderer.end_turn(result, cancelled=scope.cancelled_caught)
@@ -148,7 +161,7 @@ class Chat:
         else:  # a `kill -INT`, or the key pressed before the prompt took the terminal
             self.input.interrupt()  # (no callback runs between a turn and the next prompt)
 
-    def _sighup(self) -> None:
+    def _hang_up(self) -> None:
         """The terminal is gone: nothing more can be shown or typed. What runs is cancelled
         (the turn ends as a cancelled one does, its history valid), then crow exits."""
         self.hung_up = True
@@ -188,6 +201,11 @@ def _signals(on_sigint: Callable[[], None], on_sighup: Callable[[], None]) -> It
     finally:
         loop.remove_signal_handler(signal.SIGINT)
         loop.remove_signal_handler(signal.SIGHUP)
+
+
+def _terminal_lost(exc: BaseException) -> bool:
+    """A write to (or read of) a terminal that was closed: EIO."""
+    return isinstance(exc, OSError) and exc.errno == errno.EIO
 
 
 def _detach_terminal() -> None:
