@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -328,6 +329,13 @@ def test_a_terminal_that_fails_before_its_hangup_is_told_ends_the_chat_quietly(
         time.sleep(0.05)
     assert "Traceback" not in errors.read_text()
     assert status.read_text().strip() == "129"
+    if mid_turn:  # the turn was stored as one the user cancelled, not as a failure
+        env = crow_env(None, home)
+        listed = subprocess.run([*CROW, "sessions", "list"], env=env, capture_output=True, text=True, timeout=60)
+        session_id = listed.stdout.split()[0]
+        shown = subprocess.run([*CROW, "sessions", "show", session_id], env=env, capture_output=True, text=True,
+                               timeout=60).stdout  # fmt: skip
+        assert "tell me slowly" in shown and "[interrupted by the user]" in shown
 
 
 def _alive(pid: int) -> bool:
@@ -336,3 +344,24 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_chat_without_a_terminal_points_to_crow_run(home: Path, workspace: Path) -> None:
+    done = subprocess.run([*CROW, "chat"], input="hello\n", capture_output=True, text=True, timeout=60,
+                          cwd=workspace, env=crow_env(None, home))  # fmt: skip
+    assert done.returncode == 2
+    assert "crow chat needs a terminal" in done.stderr and "crow run" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_no_model_is_said_and_the_chat_goes_on(terminal_for, home: Path, workspace: Path) -> None:
+    term = terminal_for(None, home, workspace, "chat")
+    term.wait_for("no model set")
+    term.wait_for(at_prompt)
+    term.type("hello")
+    term.wait_for("CROW_MODEL=")  # the notice says how to choose one
+    term.wait_for(at_prompt)
+    term.send("C-o")
+    term.wait_for("Nothing to expand.")
+    term.send("C-d")
+    assert term.wait_exit() == 0

@@ -18,6 +18,7 @@ import errno
 import logging
 import os
 import signal
+import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -133,7 +134,7 @@ class Chat:
         result, problem = None, None
         with keys_unechoed(), self.turns.run() as scope:
             try:
-                result = await self.agent.prompt(self.session, human(text), self.renderer.emit)
+                result = await self.agent.prompt(self.session, human(text), self._emit)
             except CrowError as exc:  # SessionBusy, a broken plugin or setting: said, the chat goes on
                 problem = str(exc)
             except Exception as exc:
@@ -149,6 +150,14 @@ class Chat:
         self.armed = scope.cancelled_caught  # the Ctrl-C that cancelled it was the first of two
         if problem:
             self.renderer.error(problem)
+
+    async def _emit(self, event: Event) -> None:
+        try:
+            await self.renderer.emit(event)
+        except OSError as exc:  # the terminal is gone: the turn ends as a cancelled one
+            if not _terminal_lost(exc):
+                raise
+            self._hang_up()
 
     def expand(self) -> None:
         """Ctrl-O and /expand: what the last turn folded away, printed in full."""
@@ -177,6 +186,9 @@ async def main(args: argparse.Namespace) -> int:
     from crow.startup import imports_done
     from crow.tui.render import Renderer
 
+    if not (os.isatty(0) and os.isatty(1)):  # prompt_toolkit would half-work on a pipe
+        print("crow: crow chat needs a terminal; for a script use crow run PROMPT (or -)", file=sys.stderr)
+        return 2
     overrides: dict[str, Any] = {"model": args.model} if args.model else {}
     if args.yolo:
         overrides["mode"] = "yolo"
