@@ -21,9 +21,13 @@ from tests.support.tmux import Terminal
 def terminal_for(tmp_path: Path) -> Iterator[object]:
     opened: list[Terminal] = []
 
-    def open_(llm: ScriptedLLM, home: Path, workspace: Path, *args: str, **env: str) -> Terminal:
+    def open_(
+        llm: ScriptedLLM | None, home: Path, workspace: Path, *args: str, width: int = 120, **env: str
+    ) -> Terminal:
         socket = tmp_path / f"tmux{len(opened)}.sock"
-        term = Terminal([*CROW, *args], env=crow_env(llm, home, **env), cwd=workspace, socket=socket)
+        term = Terminal(
+            [*CROW, *args], env=crow_env(llm, home, **env), cwd=workspace, socket=socket, width=width
+        )
         opened.append(term)
         return term
 
@@ -166,6 +170,25 @@ def test_a_prompt_file_is_offered_once_the_catalog_is_gathered(
     term.wait_for(at_prompt)
     term.send("/rev")
     term.wait_for("Review the staged change")
+
+
+def test_a_tiny_terminal_still_completes_and_chats(
+    terminal_for, llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    llm.push(Reply(text="Short."))
+    term = terminal_for(llm, home, workspace, "chat", width=20)
+    term.wait_for(at_prompt)
+    term.send("/us", "Tab")
+    term.wait_for(lambda s: "› /usage" in s)
+    term.send("Enter")
+    term.wait_for("no model call yet")
+    term.wait_for(at_prompt)
+    term.type("a prompt much longer than the twenty columns of this terminal")
+    term.wait_for("Short.")
+    assert llm.requests[0].last_user_text == "a prompt much longer than the twenty columns of this terminal"
+    term.wait_for(at_prompt)
+    term.send("C-d")
+    assert term.wait_exit() == 0
 
 
 def test_multi_line_input_reaches_the_model_as_one_prompt(
@@ -331,7 +354,9 @@ def test_a_terminal_that_fails_before_its_hangup_is_told_ends_the_chat_quietly(
     assert status.read_text().strip() == "129"
     if mid_turn:  # the turn was stored as one the user cancelled, not as a failure
         env = crow_env(None, home)
-        listed = subprocess.run([*CROW, "sessions", "list"], env=env, capture_output=True, text=True, timeout=60)
+        listed = subprocess.run(
+            [*CROW, "sessions", "list"], env=env, capture_output=True, text=True, timeout=60
+        )
         session_id = listed.stdout.split()[0]
         shown = subprocess.run([*CROW, "sessions", "show", session_id], env=env, capture_output=True, text=True,
                                timeout=60).stdout  # fmt: skip

@@ -19,7 +19,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -102,17 +102,31 @@ class Chat:
         banner(self.renderer, self.agent, self.session)
         if resumed:
             recap(self.renderer, self.session)
-        with _signals(self._sigint, self._hang_up), self._whole:
-            try:
+        try:
+            with self._whole:
                 await self._converse()
-            except OSError as exc:  # the terminal went away before its SIGHUP was handled
-                if not _terminal_lost(exc):
-                    raise
-                self._hang_up()
+        except OSError as exc:  # the terminal went away before its SIGHUP was handled
+            if not _terminal_lost(exc):
+                raise
+            self._hang_up()
+        finally:
+            loop = asyncio.get_running_loop()
+            loop.remove_signal_handler(signal.SIGINT)
+            loop.remove_signal_handler(signal.SIGHUP)
         return HANGUP_STATUS if self.hung_up else 0
+
+    def _claim_signals(self) -> None:
+        """SIGINT and SIGHUP are the chat's (prompt_toolkit is told to leave SIGINT alone):
+        a Ctrl-C between two prompts must not become a KeyboardInterrupt. Claimed again
+        before each prompt and turn: an Application run with `handle_sigint` (a picker)
+        removes the handler it displaced when it ends."""
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGINT, self._sigint)
+        loop.add_signal_handler(signal.SIGHUP, self._hang_up)
 
     async def _converse(self) -> None:
         while not self.turns.quit:
+            self._claim_signals()
             armed, self.armed = self.armed, False
             text = await self.input.read(armed=armed)
             if text is None:
@@ -130,6 +144,7 @@ class Chat:
         from crow.messages import human
         from crow.tui.prompt_input import keys_unechoed
 
+        self._claim_signals()
         self.renderer.start_turn()
         result, problem = None, None
         with keys_unechoed(), self.turns.run() as scope:
@@ -199,20 +214,6 @@ async def main(args: argparse.Namespace) -> int:
         session = await open_session(agent, args.cwd, cont=args.cont, resume=args.resume)
         chat = Chat(agent, session, renderer, args.cwd)
         return await chat.run(resumed=bool(args.cont or args.resume))
-
-
-@contextlib.contextmanager
-def _signals(on_sigint: Callable[[], None], on_sighup: Callable[[], None]) -> Iterator[None]:
-    """SIGINT and SIGHUP are the chat's for its whole life (prompt_toolkit is told to leave
-    SIGINT alone): a Ctrl-C between two prompts must not become a KeyboardInterrupt."""
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGINT, on_sigint)
-    loop.add_signal_handler(signal.SIGHUP, on_sighup)
-    try:
-        yield
-    finally:
-        loop.remove_signal_handler(signal.SIGINT)
-        loop.remove_signal_handler(signal.SIGHUP)
 
 
 def _terminal_lost(exc: BaseException) -> bool:
