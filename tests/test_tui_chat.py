@@ -390,3 +390,19 @@ def test_no_model_is_said_and_the_chat_goes_on(terminal_for, home: Path, workspa
     term.wait_for("Nothing to expand.")
     term.send("C-d")
     assert term.wait_exit() == 0
+
+
+def test_a_history_file_that_cannot_be_used_costs_only_the_history(
+    terminal_for, llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    (home / "prompt_history").mkdir(parents=True)  # neither readable nor writable as a file
+    llm.push(Reply(text="Still answered."))
+    term = terminal_for(llm, home, workspace, "chat")
+    term.wait_for(at_prompt)
+    term.type("hello")
+    term.wait_for("Still answered.")
+    term.wait_for(at_prompt)
+    term.send("C-d")
+    assert term.wait_exit() == 0
+    screen = term.screen()
+    assert "Traceback" not in screen and "cannot keep the prompt" in screen

@@ -22,13 +22,14 @@ from prompt_toolkit import PromptSession
 from prompt_toolkit.completion import CompleteEvent, Completer, Completion
 from prompt_toolkit.document import Document
 from prompt_toolkit.formatted_text import HTML
-from prompt_toolkit.history import FileHistory, ThreadedHistory
+from prompt_toolkit.history import FileHistory, History, InMemoryHistory, ThreadedHistory
 from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
 from prompt_toolkit.styles import Style
 
 from crow.private import DIR_MODE, FILE_MODE, tighten
 from crow.terminal import printable
 
+log = logging.getLogger("crow.chat")
 HISTORY_FILE = "prompt_history"  # in CROW_HOME: the prompts typed in `crow chat`, 0600
 EXIT_HINT = "Press Ctrl-C again to exit (or Ctrl-D)"
 DESCRIPTION_WIDTH = 70  # a completion's description, cut to one short line
@@ -46,12 +47,32 @@ class PrivateHistory(FileHistory):
         tighten(path, FILE_MODE)
         super().__init__(path)
 
+    def load_history_strings(self) -> Iterable[str]:
+        try:
+            return list(super().load_history_strings())
+        except OSError as exc:  # unreadable: the chat starts with no history
+            log.warning("cannot read the prompt history %s: %s", self.filename, exc)
+            return []
+
     def store_string(self, string: str) -> None:
+        # FileHistory's format: a comment line, then each line of the entry after a "+"
+        entry = "\n#\n" + "".join(f"+{line}\n" for line in string.split("\n"))
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-        with os.fdopen(os.open(self.filename, flags, FILE_MODE), "ab") as f:
-            # FileHistory's format: a comment line, then each line of the entry after a "+"
-            lines = "".join(f"+{line}\n" for line in string.split("\n"))
-            f.write(f"\n#\n{lines}".encode("utf-8", errors="replace"))
+        try:
+            with os.fdopen(os.open(self.filename, flags, FILE_MODE), "ab") as f:
+                f.write(entry.encode("utf-8", errors="replace"))  # one write: O_APPEND keeps it whole
+        except OSError as exc:  # a full disk, a read-only home: the prompt is still sent
+            log.warning("cannot keep the prompt in %s: %s", self.filename, exc)
+
+
+def _history(path: Path) -> History:
+    """The history file, read in a thread (off the start-up path); in memory only when
+    the file cannot be had."""
+    try:
+        return ThreadedHistory(PrivateHistory(path))
+    except OSError as exc:
+        log.warning("prompt history is not kept: %s", exc)
+        return InMemoryHistory()
 
 
 class SlashCompleter(Completer):
@@ -69,7 +90,9 @@ class SlashCompleter(Completer):
                 line = printable(" ".join(description.split()))
                 if len(line) > DESCRIPTION_WIDTH:
                     line = line[: DESCRIPTION_WIDTH - 1] + "…"
-                yield Completion(f"/{name}", start_position=-len(typed), display_meta=line)
+                yield Completion(
+                    f"/{name}", start_position=-len(typed), display=printable(f"/{name}"), display_meta=line
+                )
 
 
 class ChatInput:
@@ -79,7 +102,7 @@ class ChatInput:
     def __init__(self, home: Path, commands: CommandList, expand: Callable[[], None]) -> None:
         self._armed = False  # Ctrl-C was pressed at an empty line: the next one exits
         self.session: PromptSession[str] = PromptSession(
-            history=ThreadedHistory(PrivateHistory(home / HISTORY_FILE)),  # read off the start-up path
+            history=_history(home / HISTORY_FILE),
             completer=SlashCompleter(commands),
             complete_while_typing=True,
             key_bindings=self._keys(expand),
