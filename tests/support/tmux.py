@@ -68,10 +68,9 @@ class Terminal:
         """`text` then Enter."""
         self.send(text, "Enter")
 
-    def screen(self, history: bool = True, colours: bool = False) -> str:
-        """What the pane shows (with its scrollback when `history`), trailing blanks cut;
-        `colours`: with the escape sequences of its colours and attributes."""
-        args = ["capture-pane", "-p", "-t", "0", "-J", *(["-e"] if colours else [])]
+    def screen(self, history: bool = True) -> str:
+        """What the pane shows (with its scrollback when `history`), trailing blanks cut."""
+        args = ["capture-pane", "-p", "-t", "0", "-J"]
         if history:
             args += ["-S", "-"]
         return "\n".join(line.rstrip() for line in self._tmux(*args).splitlines()).rstrip()
@@ -94,22 +93,22 @@ class Terminal:
         dead, status, signal = (self._tmux("list-panes", "-t", "0", "-F", fmt).strip() + "::").split(":")[:3]
         if dead != "1":
             return None
-        if not (status or signal):  # tmux (3.3a) sometimes never reaps the program
-            return self._zombie_status()
-        return int(status) if status else -int(signal)
+        if status or signal:
+            return int(status) if status else -int(signal)
+        return self._zombie_status()
 
     def _zombie_status(self) -> int | None:
-        """The exit status of the pane's exited, unreaped program (/proc/PID/stat's
-        exit_code, as waitpid reports it), None while it runs."""
+        """The status of a program that ended and tmux has not reaped: tmux (3.3a) at times
+        misses the SIGCHLD and leaves it a zombie, whose status Linux still shows (field 52
+        of /proc/PID/stat, as waitpid gives it)."""
         try:
-            with open(f"/proc/{self.pid()}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
+            fields = Path(f"/proc/{self.pid()}/stat").read_text().rpartition(")")[2].split()
         except OSError:
             return None
         if fields[0] != "Z":
             return None
-        code = int(fields[49])  # field 52 of the line, 50th after the command name
-        return code >> 8 if code & 0x7F == 0 else -(code & 0x7F)
+        code = int(fields[49])
+        return -(code & 0x7F) if code & 0x7F else code >> 8
 
     def wait_exit(self, timeout: float = 10.0) -> int:
         end = time.monotonic() + timeout
