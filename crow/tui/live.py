@@ -159,7 +159,10 @@ class LogsAbove(io.TextIOBase):
     def take_over(self) -> None:
         """Point the root logger's stderr handlers here (`give_back` undoes it)."""
         for handler in logging.getLogger().handlers:
-            if type(handler) is logging.StreamHandler and handler.stream in (sys.stderr, sys.__stderr__):
+            stream = handler.stream
+            if type(handler) is logging.StreamHandler and (
+                stream in (sys.stderr, sys.__stderr__) or isinstance(stream, StderrNow)
+            ):
                 self._handlers.append((handler, handler.setStream(self)))
 
     def give_back(self) -> None:
@@ -167,3 +170,14 @@ class LogsAbove(io.TextIOBase):
         for handler, stream in self._handlers:
             handler.setStream(stream)
         self._handlers.clear()
+
+
+class StderrNow:
+    """`sys.stderr` as it is at each write: under prompt_toolkit's `patch_stdout` (the chat's
+    prompt is up), its proxy, which prints above the prompt (`crow.tui.prompt_input`)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()

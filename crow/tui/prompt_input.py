@@ -28,6 +28,7 @@ from prompt_toolkit.styles import Style
 
 from crow.private import DIR_MODE, FILE_MODE, tighten
 from crow.terminal import printable
+from crow.tui.live import StderrNow
 
 log = logging.getLogger("crow.chat")
 HISTORY_FILE = "prompt_history"  # in CROW_HOME: the prompts typed in `crow chat`, 0600
@@ -197,23 +198,13 @@ class ChatInput:
         return kb
 
 
-class _StderrNow:
-    """`sys.stderr` as it is at each write: under `patch_stdout`, the prompt's proxy."""
-
-    def write(self, text: str) -> int:
-        return sys.stderr.write(text)
-
-    def flush(self) -> None:
-        sys.stderr.flush()
-
-
 def logs_through_sys_stderr() -> None:
     """The log handler writing to the terminal's stderr writes to `sys.stderr` as it is at
     each line (it kept the stream it was given), so that lines logged while the prompt is
     up land above it."""
     for handler in logging.getLogger().handlers:
         if type(handler) is logging.StreamHandler and handler.stream is sys.__stderr__:
-            handler.setStream(_StderrNow())  # type: ignore[arg-type]
+            handler.setStream(StderrNow())  # type: ignore[arg-type]
 
 
 @contextlib.contextmanager

@@ -69,7 +69,7 @@ class Renderer:
         self.cwd = cwd
         self.expand_key = expand_key
         self._state: TurnState | None = None  # while a turn runs
-        self._live: Live | None = None
+        self._live: _Live | None = None
         self._logs = LogsAbove(self.console)
         self._pauses = 0
         self._held: list[RenderableType] = []  # printed while paused: shown after
@@ -112,6 +112,8 @@ class Renderer:
         self._print(line, gap=True)
 
     async def emit(self, event: Event) -> None:
+        if self._live is not None and self._live.failure is not None:
+            raise self._live.failure  # the terminal is gone: the turn hears it here
         state = self._state
         if isinstance(event, TextDelta):
             self._text(event)
@@ -274,7 +276,7 @@ class Renderer:
 
     def _start_live(self) -> None:
         if self._live is None and self._state is not None and not self._pauses and self.console.is_terminal:
-            self._live = Live(
+            self._live = _Live(
                 LiveView(self._state),
                 console=self.console,
                 refresh_per_second=FPS,
@@ -322,3 +324,16 @@ class Renderer:
 
     def error(self, text: str) -> None:
         self.console.print(Text(printable(text), style="red"))
+
+
+class _Live(Live):
+    """rich's `Live`, keeping what failed its refresh thread's write (a terminal gone, EIO)
+    for `Renderer.emit` to raise in the turn: in that thread it would end unheard."""
+
+    failure: OSError | None = None
+
+    def refresh(self) -> None:
+        try:
+            super().refresh()
+        except OSError as exc:
+            self.failure = exc

@@ -68,9 +68,10 @@ class Terminal:
         """`text` then Enter."""
         self.send(text, "Enter")
 
-    def screen(self, history: bool = True) -> str:
-        """What the pane shows (with its scrollback when `history`), trailing blanks cut."""
-        args = ["capture-pane", "-p", "-t", "0", "-J"]
+    def screen(self, history: bool = True, colours: bool = False) -> str:
+        """What the pane shows (with its scrollback when `history`), trailing blanks cut;
+        `colours`: with the escape sequences of its colours and attributes."""
+        args = ["capture-pane", "-p", "-t", "0", "-J", *(["-e"] if colours else [])]
         if history:
             args += ["-S", "-"]
         return "\n".join(line.rstrip() for line in self._tmux(*args).splitlines()).rstrip()
