@@ -108,6 +108,23 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Every command; a reader that closes stdout early (`crow sessions list | head -1`)
+    ends it quietly with status 141 (128 + SIGPIPE, as a shell tool killed by it)."""
+    try:
+        try:
+            _command(argv)
+        finally:
+            if sys.stdout is not None:
+                sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
+    except BrokenPipeError:
+        # What is still buffered goes nowhere, instead of failing again at exit (Python's
+        # documented recipe, "Note on SIGPIPE" in the signal module).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(141)
+
+
+def _command(argv: list[str] | None) -> None:
     args = _parser().parse_args(argv)
     _setup_logging(args.log_level, args.log_file)
     command = args.command or ("chat" if _on_a_terminal() else "serve")

@@ -83,7 +83,7 @@ def _only_session(env: dict[str, str], cwd: Path) -> list[str]:
     listed = crow("sessions", "list", env=env, cwd=cwd)
     assert listed.returncode == 0, listed.stderr
     [line] = listed.stdout.splitlines()
-    return line.split("  ")
+    return line.split("\t")
 
 
 def test_run_names_the_session_after_its_prompt(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
