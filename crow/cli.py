@@ -232,8 +232,8 @@ def _run_mcp(server: str, rest: list[str]) -> None:
     if server == "filesystem":
         from mcp_servers.filesystem.__main__ import main as fs_main
 
-        fs_main(rest)
+        fs_main(rest, prog="crow mcp filesystem")
     else:
         from mcp_servers.todos.__main__ import main as todos_main
 
-        todos_main(rest)
+        todos_main(rest, prog="crow mcp todos")
