@@ -44,7 +44,7 @@ def test_run_without_a_terminal_refuses_edits_unless_yolo(
     llm.push(write, Reply(text="could not"), write, Reply(text="wrote it"))
     env = crow_env(llm, home)
     refused = crow("run", "write b", "--cwd", str(workspace), env=env, cwd=workspace)
-    assert refused.returncode == 0 and "--yolo" in refused.stderr and not (workspace / "b.txt").exists()
+    assert refused.returncode == 4 and "--yolo" in refused.stderr and not (workspace / "b.txt").exists()
     allowed = crow("run", "write b", "--yolo", "--cwd", str(workspace), env=env, cwd=workspace)
     assert allowed.returncode == 0 and (workspace / "b.txt").read_text() == "x"
 
@@ -139,3 +139,38 @@ def test_version(home: Path, workspace: Path) -> None:
 
     done = crow("--version", env=crow_env(None, home), cwd=workspace)
     assert done.returncode == 0 and done.stdout == f"crow {__version__}\n"
+
+
+def test_mcp_servers_answer_help(home: Path, workspace: Path) -> None:
+    """`crow mcp todos --help` started the server, which waited on stdin."""
+    for server in ("todos", "filesystem"):
+        done = crow("mcp", server, "--help", env=crow_env(None, home), cwd=workspace)
+        assert done.returncode == 0 and done.stdout.startswith(f"usage: crow mcp {server} "), done.stderr
+    refused = crow("mcp", "todos", "--root", "x", env=crow_env(None, home), cwd=workspace)
+    assert refused.returncode == 2 and "unrecognized arguments: --root x" in refused.stderr
+
+
+def test_run_on_a_terminal_shows_hostile_text_harmlessly(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
+    """stdout a terminal: the answer goes through the renderer, control characters spelled out."""
+    import os
+    import pty
+
+    llm.push(Reply(text="safe \x1b[8mhidden\x1b[0m end"))
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "crow", "run", "hi"],
+        env=crow_env(llm, home), cwd=workspace, stdin=subprocess.DEVNULL, stdout=follower, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    os.close(follower)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO: the writer is gone
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(leader)
+    assert proc.wait(timeout=60) == 0
+    assert b"\x1b[8m" not in out and b"\\x1b[8mhidden" in out
