@@ -152,25 +152,9 @@ def test_mcp_servers_answer_help(home: Path, workspace: Path) -> None:
 
 def test_run_on_a_terminal_shows_hostile_text_harmlessly(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
     """stdout a terminal: the answer goes through the renderer, control characters spelled out."""
-    import os
-    import pty
+    from tests.support.on_pty import stdout_on_pty
 
     llm.push(Reply(text="safe \x1b[8mhidden\x1b[0m end"))
-    leader, follower = pty.openpty()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "crow", "run", "hi"],
-        env=crow_env(llm, home), cwd=workspace, stdin=subprocess.DEVNULL, stdout=follower, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    os.close(follower)
-    out = b""
-    while True:
-        try:
-            chunk = os.read(leader, 4096)
-        except OSError:  # EIO: the writer is gone
-            break
-        if not chunk:
-            break
-        out += chunk
-    os.close(leader)
-    assert proc.wait(timeout=60) == 0
+    status, out = stdout_on_pty([sys.executable, "-m", "crow", "run", "hi"], env=crow_env(llm, home), cwd=workspace)
+    assert status == 0
     assert b"\x1b[8m" not in out and b"\\x1b[8mhidden" in out

@@ -145,11 +145,7 @@ def test_sessions_list_piped_is_tab_separated_and_whole(home: Path, workspace: P
 
 
 def test_sessions_list_on_a_terminal_shows_short_ids_and_relative_times(home: Path, workspace: Path) -> None:
-    import fcntl
-    import os
-    import pty
-    import struct
-    import termios
+    from tests.support.on_pty import stdout_on_pty
 
     _stored(
         home,
@@ -160,23 +156,8 @@ def test_sessions_list_on_a_terminal_shows_short_ids_and_relative_times(home: Pa
             "fedcba98" + "0" * 24: {"title": "old work", "updated_at": _ago(40 * 86400)},
         },
     )
-    leader, follower = pty.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 200, 0, 0))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "crow", "sessions", "list"], env=crow_env(None, home), stdout=follower
-    )
-    os.close(follower)
-    out = b""
-    while True:
-        try:
-            chunk = os.read(leader, 4096)
-        except OSError:  # EIO: the writer is gone
-            break
-        if not chunk:
-            break
-        out += chunk
-    os.close(leader)
-    assert proc.wait(timeout=30) == 0
+    status, out = stdout_on_pty([sys.executable, "-m", "crow", "sessions", "list"], env=crow_env(None, home))
+    assert status == 0
     lines = out.decode().replace("\r\n", "\n").splitlines()
     assert [line.split("  ")[0] for line in lines] == ["0123456789a", "0123456789b", "fedcba98"]
     assert "3 min ago" in lines[0] and "fix the login bug" in lines[0]
