@@ -202,3 +202,19 @@ def test_every_session_command_takes_a_unique_prefix(llm: ScriptedLLM, home: Pat
     assert deleted.returncode == 0 and deleted.stderr == f"deleted {sid}\n"
     assert _cli(env, "sessions", "show", "abc").stderr == "crow: unknown session 'abc'\n"
     assert _cli(env, "sessions", "list").stdout.split("\t")[0] == other
+
+
+def test_prefix_lookups_in_the_store(home: Path, workspace: Path) -> None:
+    """Both stores run the same SQL (crow/store/_queries.py): here through DirectStore."""
+    from crow.store.direct import DirectStore
+
+    _stored(home, workspace, {sid: {"title": sid} for sid in ("abc", "abcd", "abce", "b" * 32, "zz\U0010ffff")})
+    with DirectStore(home / "crow.db", home=home) as store:
+        assert store.match_ids("abc") == [("abc", "abc")], "an exact id wins over the ids it starts"
+        assert store.match_ids("ab") == [("abc", "abc"), ("abcd", "abcd"), ("abce", "abce")]
+        assert store.match_ids("ab", 2) == [("abc", "abc"), ("abcd", "abcd")]
+        assert store.match_ids("") == [] and store.match_ids("c") == [] and store.match_ids("%") == []
+        assert store.match_ids("zz") == [("zz\U0010ffff", "zz\U0010ffff")]
+        short = store.short_ids(["abcd", "b" * 32, "abc"], minimum=2)
+        assert short == {"abcd": "abcd", "b" * 32: "bb", "abc": "abc"}
+        assert store.short_ids(["b" * 32]) == {"b" * 32: "b" * 8}
