@@ -423,3 +423,13 @@ def test_a_reader_gone_mid_answer_cancels_the_turn_quietly(
     llm.push(Reply(text="again"))
     assert run("--continue", "go on", env=env, cwd=workspace).stdout == "again\n"
     assert user_texts(llm) == ["hi", "go on"]
+
+
+def test_yolo_holds_for_a_resumed_session(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
+    """A resumed session keeps its stored mode ("ask"): --yolo given again must still apply."""
+    env = crow_env(llm, home)
+    write = Reply(tool_calls=[ToolCallSpec("write_file", {"path": "b.txt", "content": "x"})])
+    llm.push(write, Reply(text="refused"), write, Reply(text="wrote it"))
+    assert run("write b", env=env, cwd=workspace).returncode == 4
+    done = run("--continue", "--yolo", "write b now", env=env, cwd=workspace)
+    assert done.returncode == 0 and (workspace / "b.txt").read_text() == "x", done.stderr
