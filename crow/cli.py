@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             _command(argv)
         finally:
-            if sys.stdout is not None:
+            if sys.stdout is not None and not sys.stdout.closed:  # ACP's transport closes it
                 sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
     except BrokenPipeError:
         from crow.terminal import drop_stdout

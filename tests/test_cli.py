@@ -147,7 +147,7 @@ def test_mcp_servers_answer_help(home: Path, workspace: Path) -> None:
         done = crow("mcp", server, "--help", env=crow_env(None, home), cwd=workspace)
         assert done.returncode == 0 and done.stdout.startswith(f"usage: crow mcp {server} "), done.stderr
     refused = crow("mcp", "todos", "--root", "x", env=crow_env(None, home), cwd=workspace)
-    assert refused.returncode == 2 and "unrecognized arguments: --root x" in refused.stderr
+    assert refused.returncode == 2 and refused.stderr.endswith("error: unrecognized arguments: --root\n")
 
 
 def test_run_on_a_terminal_shows_hostile_text_harmlessly(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
@@ -158,3 +158,20 @@ def test_run_on_a_terminal_shows_hostile_text_harmlessly(llm: ScriptedLLM, home:
     status, out = stdout_on_pty([sys.executable, "-m", "crow", "run", "hi"], env=crow_env(llm, home), cwd=workspace)
     assert status == 0
     assert b"\x1b[8m" not in out and b"\\x1b[8mhidden" in out
+
+
+def test_serve_ends_quietly_when_the_editor_closes_both_pipes(home: Path, workspace: Path) -> None:
+    """ACP's transport closes stdout itself: the closed-pipe handling in cli.main must not
+    flush it again (ValueError, exit 1)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "crow", "serve"], env=crow_env(None, home), cwd=workspace,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    proc.stdin.write(b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}\n')
+    proc.stdin.flush()
+    assert b'"result"' in proc.stdout.readline()
+    proc.stdin.close()
+    proc.stdout.close()
+    assert proc.wait(timeout=30) == 0
+    assert b"Traceback" not in proc.stderr.read()
