@@ -93,7 +93,23 @@ class Terminal:
         dead, status, signal = (self._tmux("list-panes", "-t", "0", "-F", fmt).strip() + "::").split(":")[:3]
         if dead != "1":
             return None
-        return int(status) if status else -int(signal or 1)
+        if status or signal:
+            return int(status) if status else -int(signal)
+        return self._unreaped_status()
+
+    def _unreaped_status(self) -> int | None:
+        """tmux can see the terminal close and then leave the exited program a zombie for
+        seconds without its status: read it where Linux keeps it (/proc/PID/stat, field
+        52, a wait status). None while the program still runs."""
+        try:
+            stat = Path(f"/proc/{self.pid()}/stat").read_text()
+        except (OSError, ValueError):
+            return None
+        fields = stat.rsplit(")", 1)[1].split()  # from field 3 (the state) on
+        if fields[0] != "Z" or len(fields) < 50:
+            return None
+        code = int(fields[49])
+        return code >> 8 if code & 0x7F == 0 else -(code & 0x7F)
 
     def wait_exit(self, timeout: float = 10.0) -> int:
         end = time.monotonic() + timeout
