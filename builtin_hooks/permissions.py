@@ -47,7 +47,7 @@ class PermissionsHook(Hook):
     async def wrap_tool_call(self, ctx: HookContext, call: ToolCall, call_next: Any) -> ToolResult:
         refusal = await self.check(ctx, call)
         if refusal is not None:
-            return ToolResult(call.id, call.name, error=refusal)
+            return ToolResult(call.id, call.name, error=refusal, meta={rules.REFUSED: True})
         return await call_next(call)
 
     async def check(self, ctx: HookContext, call: ToolCall) -> str | None:

@@ -56,7 +56,14 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("serve", help="serve ACP over stdio (the default when stdio is not a terminal)")
     chat = sub.add_parser("chat", help="talk to crow in the terminal (the default on a terminal)")
     _session_flags(chat)
-    run = sub.add_parser("run", help="run one prompt for a script: the answer on stdout")
+    run = sub.add_parser(
+        "run",
+        help="run one prompt for a script: the answer on stdout",
+        description="Run one prompt. The answer goes to stdout, the session id, tool activity and"
+        " notices to stderr. Questions are asked only when stdin is a terminal (not with -).",
+        epilog=_RUN_EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     run.add_argument("prompt", nargs="+", help="the prompt's words, or - to read it from stdin")
     _session_flags(run)
     run.add_argument(
@@ -90,6 +97,19 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+_RUN_EXIT_STATUS = """exit status:
+  0    the turn ended normally
+  1    the model call failed (the error is on stderr, and in json output)
+  2    a usage, configuration or session error (an empty prompt, an unknown or ambiguous
+       --resume ID, no session to --continue, a session busy in another crow)
+  3    the turn stopped short: max_turn_requests or max_tokens reached, or the model refused
+  4    a tool call was refused permission (by you, by a rule or the mode, or because nobody
+       could be asked: stdin is not a terminal) in the turn's last tool round, and then the
+       model ended the turn
+  130  Ctrl-C cancelled the turn (the history stays valid: crow run --continue goes on)
+  141  stdout was closed early (a reader such as head went away)"""
+
+
 def _session_flags(p: argparse.ArgumentParser) -> None:
     """The flags `crow chat` and `crow run` share: where, which model, which session."""
     p.add_argument("--cwd", default=os.getcwd(), help="workspace (default: current directory)")
@@ -108,6 +128,22 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Every command; a reader that closes stdout early (`crow sessions list | head -1`)
+    ends it quietly with status 141 (128 + SIGPIPE, as a shell tool killed by it)."""
+    try:
+        try:
+            _command(argv)
+        finally:
+            if sys.stdout is not None and not sys.stdout.closed:  # ACP's transport closes it
+                sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
+    except BrokenPipeError:
+        from crow.terminal import drop_stdout
+
+        drop_stdout()
+        sys.exit(141)
+
+
+def _command(argv: list[str] | None) -> None:
     args = _parser().parse_args(argv)
     _setup_logging(args.log_level, args.log_file)
     command = args.command or ("chat" if _on_a_terminal() else "serve")
@@ -215,8 +251,8 @@ def _run_mcp(server: str, rest: list[str]) -> None:
     if server == "filesystem":
         from mcp_servers.filesystem.__main__ import main as fs_main
 
-        fs_main(rest)
+        fs_main(rest, prog="crow mcp filesystem")
     else:
         from mcp_servers.todos.__main__ import main as todos_main
 
-        todos_main(rest)
+        todos_main(rest, prog="crow mcp todos")

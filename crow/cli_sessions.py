@@ -15,6 +15,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from crow.errors import ConfigError, SessionError
+from crow.session_lookup import MATCHES, chosen_id
 
 if TYPE_CHECKING:
     from crow.store.direct import DirectStore
@@ -52,15 +53,13 @@ def _forget_checkpoints(home: str, session_id: str) -> None:
 
 def _sessions(store: DirectStore, action: str, session_id: str | None, cwd: str | None, home: str) -> int:
     if action == "list":
-        cursor = None
-        while True:
-            records, cursor = store.list_sessions(cwd=cwd, cursor=cursor)
-            for r in records:
-                print(f"{r.id}  {r.updated_at}  {r.message_count:>5} msgs  {r.cwd}  {r.title}")
-            if cursor is None:
-                return 0
+        from crow import session_list
+
+        session_list.show(store, cwd)
+        return 0
     if session_id is None:
         raise ConfigError(f"crow sessions {action} needs a SESSION_ID")
+    session_id = chosen_id(session_id, store.match_ids(session_id, MATCHES))
     record = store.get_session(session_id)
     if record is None:
         raise SessionError(f"unknown session {session_id!r}")
@@ -127,6 +126,7 @@ async def _rewind(home: str, session_id: str | None, turns: str | None) -> int:
     except ValueError as exc:
         raise ConfigError(f"crow sessions rewind: {exc}, got {turns!r}") from exc
     async with SQLiteStore(os.path.join(home, DB_FILE), home=home) as store:
+        session_id = chosen_id(session_id, await store.match_ids(session_id, MATCHES))
         record = await store.get_session(session_id)
         if record is None:
             raise SessionError(f"unknown session {session_id!r}")
@@ -152,11 +152,12 @@ async def _compact(config_path: str | None, session_id: str, instructions: str |
     from crow.agent import Agent
     from crow.config import load_config
     from crow.prompting import describe_compaction
+    from crow.session_lookup import open_session
 
     agent = Agent(load_config(config_path), builtin_hooks=False)  # compaction runs no hook
     try:
         await agent.ready()
-        session = await agent.resume_session(session_id)
+        session = await open_session(agent, os.getcwd(), resume=session_id)
         result = await agent.compact(session, instructions)
     finally:
         await agent.aclose()

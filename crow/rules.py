@@ -28,6 +28,9 @@ from crow.shell_parse import RUNS_OTHERS, Command, Parsed, split_commands
 
 FILE_TOOLS = frozenset({"read_file", "write_file", "edit_file", "ls", "glob", "grep"})
 EDIT_TOOLS = frozenset({"write_file", "edit_file"})
+# ToolResult.meta key the permission hook sets on a call it refused (a rule, the mode, the
+# user, or nobody to ask): front ends tell a refusal from a failed tool (`crow run` exit 4).
+REFUSED = "crow/refused"
 Decision = Literal["allow", "ask", "deny"]
 
 _NAME = re.compile(r"[^\s()]+")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -231,6 +231,25 @@ def no_editor(verb: str, path: Path, front: str = "crow run") -> OSError:
         f"cannot {verb} {path} through the terminal: {front} has no editor "
         "(can_read, can_write and can_terminal are False)"
     )
+
+
+def on_sigint(callback: Callable[[], object]) -> Callable[[], None]:
+    """Ctrl-C calls `callback` (cancel the running turn, which settles its history) instead
+    of interrupting; returns the undo, after which Ctrl-C interrupts again."""
+    import asyncio
+    import signal
+
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, callback)
+    return lambda: loop.remove_signal_handler(signal.SIGINT) and None
+
+
+def drop_stdout() -> None:
+    """After the reader of stdout went away (BrokenPipeError): whatever is still buffered
+    goes to /dev/null instead of failing again at exit (Python's recipe, "Note on SIGPIPE"
+    in the signal module)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def printable(text: str) -> str:

@@ -44,7 +44,7 @@ def test_run_without_a_terminal_refuses_edits_unless_yolo(
     llm.push(write, Reply(text="could not"), write, Reply(text="wrote it"))
     env = crow_env(llm, home)
     refused = crow("run", "write b", "--cwd", str(workspace), env=env, cwd=workspace)
-    assert refused.returncode == 0 and "--yolo" in refused.stderr and not (workspace / "b.txt").exists()
+    assert refused.returncode == 4 and "--yolo" in refused.stderr and not (workspace / "b.txt").exists()
     allowed = crow("run", "write b", "--yolo", "--cwd", str(workspace), env=env, cwd=workspace)
     assert allowed.returncode == 0 and (workspace / "b.txt").read_text() == "x"
 
@@ -83,7 +83,7 @@ def _only_session(env: dict[str, str], cwd: Path) -> list[str]:
     listed = crow("sessions", "list", env=env, cwd=cwd)
     assert listed.returncode == 0, listed.stderr
     [line] = listed.stdout.splitlines()
-    return line.split("  ")
+    return line.split("\t")
 
 
 def test_run_names_the_session_after_its_prompt(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
@@ -139,3 +139,39 @@ def test_version(home: Path, workspace: Path) -> None:
 
     done = crow("--version", env=crow_env(None, home), cwd=workspace)
     assert done.returncode == 0 and done.stdout == f"crow {__version__}\n"
+
+
+def test_mcp_servers_answer_help(home: Path, workspace: Path) -> None:
+    """`crow mcp todos --help` started the server, which waited on stdin."""
+    for server in ("todos", "filesystem"):
+        done = crow("mcp", server, "--help", env=crow_env(None, home), cwd=workspace)
+        assert done.returncode == 0 and done.stdout.startswith(f"usage: crow mcp {server} "), done.stderr
+    refused = crow("mcp", "todos", "--root", "x", env=crow_env(None, home), cwd=workspace)
+    assert refused.returncode == 2 and refused.stderr.endswith("error: unrecognized arguments: --root\n")
+
+
+def test_run_on_a_terminal_shows_hostile_text_harmlessly(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
+    """stdout a terminal: the answer goes through the renderer, control characters spelled out."""
+    from tests.support.on_pty import stdout_on_pty
+
+    llm.push(Reply(text="safe \x1b[8mhidden\x1b[0m end"))
+    status, out = stdout_on_pty([sys.executable, "-m", "crow", "run", "hi"], env=crow_env(llm, home), cwd=workspace)
+    assert status == 0
+    assert b"\x1b[8m" not in out and b"\\x1b[8mhidden" in out
+
+
+def test_serve_ends_quietly_when_the_editor_closes_both_pipes(home: Path, workspace: Path) -> None:
+    """ACP's transport closes stdout itself: the closed-pipe handling in cli.main must not
+    flush it again (ValueError, exit 1)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "crow", "serve"], env=crow_env(None, home), cwd=workspace,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    proc.stdin.write(b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}\n')
+    proc.stdin.flush()
+    assert b'"result"' in proc.stdout.readline()
+    proc.stdin.close()
+    proc.stdout.close()
+    assert proc.wait(timeout=30) == 0
+    assert b"Traceback" not in proc.stderr.read()

@@ -129,6 +129,38 @@ def list_page(
     return [_to_record(row) for row in rows], cursor
 
 
+def match_ids(c: sqlite3.Connection, prefix: str, limit: int) -> list[tuple[str, str]]:
+    """(id, title) of the session named `prefix` alone when there is one, else of up to
+    `limit` sessions whose id starts with it, in id order (an id typed on the command line)."""
+    row = c.execute("SELECT id, title FROM sessions WHERE id = ?", (prefix,)).fetchone()
+    if row is not None or not prefix:
+        return [] if row is None else [(row[0], row[1] or "")]
+    # A range on the primary key, so a prefix costs an index seek, not a scan.
+    after = prefix[:-1] + chr(min(ord(prefix[-1]) + 1, 0x10FFFF))
+    rows = c.execute(
+        "SELECT id, title FROM sessions WHERE id > ? AND id < ? AND substr(id, 1, ?) = ? ORDER BY id LIMIT ?",
+        (prefix, after, len(prefix), prefix, limit),
+    ).fetchall()
+    return [(sid, title or "") for sid, title in rows]
+
+
+def short_ids(c: sqlite3.Connection, ids: Sequence[str], minimum: int) -> dict[str, str]:
+    """Each id's shortest prefix (at least `minimum` characters) that no other stored id
+    starts with: only its two neighbours in id order can share a longer one."""
+    short = {}
+    for sid in ids:
+        shared = 0
+        for sql in ("SELECT max(id) FROM sessions WHERE id < ?", "SELECT min(id) FROM sessions WHERE id > ?"):
+            other = c.execute(sql, (sid,)).fetchone()[0]
+            if other is not None:
+                same = 0
+                while same < min(len(sid), len(other)) and sid[same] == other[same]:
+                    same += 1
+                shared = max(shared, same)
+        short[sid] = sid[: max(minimum, shared + 1)]
+    return short
+
+
 _COPIED = (
     "cwd, title, model, mode, todos, files, config, message_count, context_from, context_head,"
     " additional_directories, cost, thought_level"

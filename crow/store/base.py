@@ -52,6 +52,11 @@ class Store(Protocol):
         self, *, cwd: str | None = None, limit: int = 50, cursor: str | None = None
     ) -> tuple[list[SessionRecord], str | None]: ...
     async def fork_session(self, source_id: str, new_id: str) -> SessionRecord: ...
+    async def match_ids(self, prefix: str, limit: int = 10) -> list[tuple[str, str]]:
+        """(id, title) of the session `prefix` names exactly, else of up to `limit` whose id
+        starts with it, in id order."""
+    async def short_ids(self, ids: Sequence[str], minimum: int = 8) -> dict[str, str]:
+        """Each id's shortest prefix, at least `minimum` long, no other session's id starts with."""
 
     async def append(
         self, session_id: str, messages: Sequence[Message], *, in_context: bool = True

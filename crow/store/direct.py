@@ -19,7 +19,7 @@ from crow.store._codec import decode_cursor
 from crow.store._schema import call, connect
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from crow.messages import Message
     from crow.store.record import SessionRecord
@@ -56,6 +56,12 @@ class DirectStore:
         self, *, cwd: str | None = None, limit: int = 50, cursor: str | None = None
     ) -> tuple[list[SessionRecord], str | None]:
         return self._call(q.list_page, cwd, limit, decode_cursor(cursor) if cursor else None)
+
+    def match_ids(self, prefix: str, limit: int = 10) -> list[tuple[str, str]]:
+        return self._call(q.match_ids, prefix, limit)
+
+    def short_ids(self, ids: Sequence[str], minimum: int = 8) -> dict[str, str]:
+        return self._call(q.short_ids, ids, minimum)
 
     def delete_session(self, session_id: str) -> None:
         self._call(q.delete, session_id, locks.process_token())

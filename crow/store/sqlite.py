@@ -126,6 +126,12 @@ class SQLiteStore:
         after = decode_cursor(cursor) if cursor else None
         return await self._run(q.list_page, cwd, limit, after)
 
+    async def match_ids(self, prefix: str, limit: int = 10) -> list[tuple[str, str]]:
+        return await self._run(q.match_ids, prefix, limit)
+
+    async def short_ids(self, ids: Sequence[str], minimum: int = 8) -> dict[str, str]:
+        return await self._run(q.short_ids, ids, minimum)
+
     async def fork_session(self, source_id: str, new_id: str) -> SessionRecord:
         return await self._run(q.fork, source_id, new_id)
 

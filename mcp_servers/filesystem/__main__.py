@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, prog: str = "mcp_servers.filesystem") -> None:
     parser = argparse.ArgumentParser(
-        prog="mcp_servers.filesystem", description="crow's filesystem MCP server (stdio)."
+        prog=prog, description="crow's filesystem MCP server (stdio)."
     )
     parser.add_argument("--root", required=True, help="workspace root; relative paths start here")
     parser.add_argument(

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 
 
-def main(argv: list[str] | None = None) -> None:
-    del argv  # no options yet; the parameter keeps the same shape as the filesystem server
+def main(argv: list[str] | None = None, prog: str = "mcp_servers.todos") -> None:
+    # No options yet; parsed so that --help answers instead of starting a server that waits
+    # on stdin, and a mistyped option is refused. Words are ignored, as they always were
+    # (tests name a server process by one).
+    parser = argparse.ArgumentParser(
+        prog=prog, description="crow's todo-list MCP server (stdio): write_todos keeps the plan."
+    )
+    parser.add_argument("words", nargs="*", help=argparse.SUPPRESS)
+    parser.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
 
     from mcp_servers.todos.server import build_server

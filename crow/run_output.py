@@ -1,0 +1,226 @@
+"""How `crow run` writes a turn: `--output text|json|stream-json`.
+
+stdout carries the answer only: the text (text), one JSON object at the end (json), or one
+JSON object per line per event ending with that same object as `{"type": "result", ...}`
+(stream-json). Tool activity and notices go to stderr in text and json modes; in
+stream-json they are events. JSON is UTF-8; a lone surrogate in a model's text is written
+as its `\\udXXX` escape, so every line parses.
+
+`Tracker` watches the events for what the end needs: the answer (the text of the model's
+last message; empty when that message only called tools) and whether the last tool round
+had a call the permission hook refused (`crow.rules.REFUSED`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+from crow.events import (
+    CompactionFinished,
+    CompactionStarted,
+    Event,
+    ModeChanged,
+    Notice,
+    PlanUpdated,
+    TextDelta,
+    ThoughtDelta,
+    TitleChanged,
+    ToolCallEnd,
+    ToolCallRunning,
+    ToolCallStart,
+    UsageUpdated,
+    UserMessageAdded,
+)
+from crow.rules import REFUSED
+from crow.terminal import printable
+
+if TYPE_CHECKING:
+    from crow.loop import TurnResult
+
+TOOL_LINE = 120  # characters of a tool's output shown on stderr
+
+
+class Tracker:
+    def __init__(self) -> None:
+        self.answer = ""
+        self.refused = False  # in the last tool round
+        self._message = None  # the id of the message `answer` is from
+        self._new_round = True
+
+    def see(self, event: Event) -> None:
+        if isinstance(event, TextDelta):
+            if event.message_id != self._message:
+                self._message, self.answer = event.message_id, ""
+            self.answer += event.text
+        elif isinstance(event, UsageUpdated):
+            self._new_round = True  # sent after each model call: the next tool call starts a round
+        elif isinstance(event, ToolCallStart):
+            self._message, self.answer = None, ""
+            if self._new_round:
+                self.refused, self._new_round = False, False
+        elif isinstance(event, ToolCallEnd) and (event.result.meta or {}).get(REFUSED):
+            self.refused = True
+
+
+def exit_status(result: TurnResult | None, refused: bool) -> int:
+    """The table in `crow run --help` (crow.cli)."""
+    if result is None or result.stop_reason == "cancelled":
+        return 130
+    if result.error:
+        return 1
+    if result.stop_reason in ("max_turn_requests", "max_tokens", "refusal"):
+        return 3
+    return 4 if refused else 0
+
+
+def write_json(obj: dict[str, Any]) -> None:
+    line = json.dumps(obj, ensure_ascii=False) + "\n"
+    sys.stdout.buffer.write(line.encode("utf-8", "backslashreplace"))
+    sys.stdout.buffer.flush()
+
+
+def activity(event: Event) -> str | None:
+    """The stderr line for an event of text and json modes (None: nothing to show)."""
+    if isinstance(event, ToolCallStart):
+        from crow.acp.view import tool_title
+
+        return f"→ {printable(tool_title(event.call, event.spec))}"
+    if isinstance(event, ToolCallEnd):
+        return f"  {'✗' if event.result.is_error else '✓'} {printable(first_line(event.result.text))}"
+    if isinstance(event, Notice):
+        return printable(event.full_text)  # may name a hostile file
+    if isinstance(event, ModeChanged):
+        return f"  mode: {printable(event.mode)}"
+    return None
+
+
+def first_line(text: str, width: int = TOOL_LINE) -> str:
+    """A tool's output in one line: its first line, cut at a word boundary when long, and
+    how many lines were left out."""
+    lines = text.splitlines() or [""]
+    first = lines[0]
+    if len(first) > width:
+        cut = first[: width - 1]
+        space = cut.rfind(" ")
+        first = (cut[:space] if space > width // 2 else cut).rstrip() + "…"
+    more = len(lines) - 1
+    return first + (f" ({more} more line{'s' * (more > 1)})" if more else "")
+
+
+class PlainText:
+    """Text mode when stdout is not a terminal: the model's text as it came, each message of
+    the turn separated from the one before by a blank line; activity on stderr."""
+
+    def __init__(self) -> None:
+        self._message: str | None = None
+        self._last = ""  # the last character written
+
+    async def emit(self, event: Event) -> None:
+        if isinstance(event, TextDelta) and event.text:
+            if self._last and event.message_id != self._message:
+                self._write("\n\n" if self._last != "\n" else "\n")
+            self._message = event.message_id
+            self._write(event.text)
+        elif (line := activity(event)) is not None:
+            print(line, file=sys.stderr, flush=True)
+
+    def _write(self, text: str) -> None:
+        sys.stdout.buffer.write(text.encode("utf-8", "replace"))
+        sys.stdout.buffer.flush()
+        self._last = text[-1]
+
+    def finish(self, report: dict[str, Any], result: TurnResult | None) -> None:
+        if self._last and self._last != "\n":
+            self._write("\n")
+
+
+class OnTerminal:
+    """Text mode on a terminal: `crow.tui.render.Renderer` shows the turn."""
+
+    def __init__(self, cwd: str) -> None:
+        from crow.tui.render import Renderer
+
+        self.renderer = Renderer(cwd=cwd)
+        self.renderer.start_turn()
+        self.emit = self.renderer.emit
+
+    def finish(self, report: dict[str, Any], result: TurnResult | None) -> None:
+        self.renderer.end_turn(result, cancelled=report["stop_reason"] == "cancelled")
+
+
+class OneObject:
+    """json: activity on stderr, one object on stdout at the end."""
+
+    async def emit(self, event: Event) -> None:
+        if (line := activity(event)) is not None:
+            print(line, file=sys.stderr, flush=True)
+
+    def finish(self, report: dict[str, Any], result: TurnResult | None) -> None:
+        write_json(report)
+
+
+class Stream:
+    """stream-json: one object per event, then the result."""
+
+    async def emit(self, event: Event) -> None:
+        obj = event_object(event)
+        if obj is not None:
+            write_json(obj)
+
+    def finish(self, report: dict[str, Any], result: TurnResult | None) -> None:
+        write_json({"type": "result", **report})
+
+
+def event_object(event: Event) -> dict[str, Any] | None:
+    """An event as a stream-json line (None: not shown; the slash-command list)."""
+    if isinstance(event, TextDelta | ThoughtDelta):
+        kind = "text" if isinstance(event, TextDelta) else "thought"
+        return {"type": kind, "text": event.text, "message_id": event.message_id}
+    if isinstance(event, ToolCallStart):
+        from crow.acp.view import tool_title
+
+        spec = event.spec
+        return {
+            "type": "tool_call",
+            "id": event.call.id,
+            "name": event.call.name,
+            "title": tool_title(event.call, spec),
+            "kind": spec.kind if spec is not None else "other",
+            "args": dict(event.call.args),
+        }
+    if isinstance(event, ToolCallRunning):
+        return {"type": "tool_running", "id": event.call.id}
+    if isinstance(event, ToolCallEnd):
+        r = event.result
+        return {
+            "type": "tool_result",
+            "id": event.call.id,
+            "name": event.call.name,
+            "status": "failed" if r.is_error else "completed",
+            "refused": bool((r.meta or {}).get(REFUSED)),
+            "output": r.text,
+        }
+    if isinstance(event, PlanUpdated):
+        return {"type": "plan", "todos": [dict(t) for t in event.todos]}
+    if isinstance(event, UsageUpdated):
+        return {
+            "type": "usage",
+            "context_tokens": event.used,
+            "context_window": event.size,
+            "cost": event.cost,
+        }
+    if isinstance(event, Notice):
+        return {"type": "notice", "severity": event.severity, "title": event.headline, "text": event.text}
+    if isinstance(event, CompactionStarted):
+        return {"type": "compaction_started", "id": event.id}
+    if isinstance(event, CompactionFinished):
+        return {"type": "compaction_finished", "id": event.id, "status": event.status, "error": event.error}
+    if isinstance(event, ModeChanged):
+        return {"type": "mode", "mode": event.mode}
+    if isinstance(event, TitleChanged):
+        return {"type": "title", "title": event.title}
+    if isinstance(event, UserMessageAdded):
+        return {"type": "user_message", "text": event.message.content}
+    return None
