@@ -43,9 +43,7 @@ async def main(args: argparse.Namespace) -> int:
     async with Agent(load_config(args.config, overrides=overrides)) as agent:
         agent.on_ready(imports_done)
         agent.warm_up()
-        session = await open_session(agent, args.cwd, cont=args.cont, resume=args.resume)
-        if args.yolo:
-            session.mode = "yolo"  # a resumed session keeps its stored mode otherwise
+        session = await open_session(agent, args.cwd, cont=args.cont, resume=args.resume, yolo=args.yolo)
         out = _output(args.output, str(session.cwd))
         await _announce(agent, session, args.output)
         if sys.stdin is not None and sys.stdin.isatty():

@@ -22,10 +22,13 @@ _LISTED = 10  # the candidates an ambiguous prefix names
 MATCHES = _LISTED + 1  # what to ask `match_ids` for: one more says there are more
 
 
-async def open_session(agent: Agent, cwd: str, *, cont: bool = False, resume: str | None = None) -> Session:
+async def open_session(
+    agent: Agent, cwd: str, *, cont: bool = False, resume: str | None = None, yolo: bool = False
+) -> Session:
     """A new session in `cwd`, or the one `cont`/`resume` names, loaded with its history (the
     model sees the earlier turns). Raises `SessionError` (the CLI's exit 2) naming what was
-    not found or was ambiguous."""
+    not found or was ambiguous. `yolo` (the --yolo flag) holds for a resumed session too,
+    for this process: its stored mode would win otherwise."""
     if not (cont or resume is not None):
         return agent.create_session(cwd)
     await agent.ready()
@@ -38,7 +41,10 @@ async def open_session(agent: Agent, cwd: str, *, cont: bool = False, resume: st
     else:
         assert resume is not None
         session_id = chosen_id(resume, await store.match_ids(resume, MATCHES))
-    return await agent.resume_session(session_id)
+    session = await agent.resume_session(session_id)
+    if yolo:
+        session.mode = "yolo"
+    return session
 
 
 def chosen_id(typed: str, matches: list[tuple[str, str]]) -> str:

@@ -166,10 +166,8 @@ def test_crow_run_shows_the_models_escape_sequences_escaped(
     text = out.decode(errors="replace")
     assert "Answer for" in text and (workspace / "note.txt").exists(), text
     assert "\x1b" not in text, repr(text)
-    # On a terminal crow run shows the turn through crow.tui.render (issue 15), whose
-    # groundwork version names a tool without its title: the lead restores
-    # `"→ Read \\x1b[8mnote.txt" in text` with the renderer that shows titles.
-    assert "Checking.\\x1b[8m" in text, text
+    # On a terminal crow run shows the turn through crow.tui.render: the call by its title
+    assert "Checking.\\x1b[8m" in text and "Read \\x1b[8mnote.txt" in text, text
 
 
 @pytest.mark.anyio

@@ -207,12 +207,12 @@ async def main(args: argparse.Namespace) -> int:
     overrides: dict[str, Any] = {"model": args.model} if args.model else {}
     if args.yolo:
         overrides["mode"] = "yolo"
-    renderer = Renderer(cwd=args.cwd)
     async with Agent(load_config(args.config, overrides=overrides)) as agent:
         agent.on_ready(imports_done)
         agent.warm_up()  # not awaited: the prompt shows now, the first prompt waits for it
-        session = await open_session(agent, args.cwd, cont=args.cont, resume=args.resume)
-        chat = Chat(agent, session, renderer, args.cwd)
+        session = await open_session(agent, args.cwd, cont=args.cont, resume=args.resume, yolo=args.yolo)
+        cwd = str(session.cwd)  # a resumed session keeps its own folder
+        chat = Chat(agent, session, Renderer(cwd=cwd), cwd)
         return await chat.run(resumed=bool(args.cont or args.resume))
 
 
