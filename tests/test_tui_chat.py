@@ -9,8 +9,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 
+from crow.tui.chat import hangup
 from crow.tui.prompt_input import EXIT_HINT
 from tests.conftest import CROW, crow_env
 from tests.llm_server import Reply, ScriptedLLM
@@ -361,6 +363,27 @@ def test_a_terminal_that_fails_before_its_hangup_is_told_ends_the_chat_quietly(
         shown = subprocess.run([*CROW, "sessions", "show", session_id], env=env, capture_output=True, text=True,
                                timeout=60).stdout  # fmt: skip
         assert "tell me slowly" in shown and "[interrupted by the user]" in shown
+
+
+@pytest.mark.anyio
+async def test_the_hangup_watch_wakes_on_a_hangup_not_on_keys() -> None:
+    """What notices a terminal closed mid-turn, as its window, tmux or ssh goes: the keys
+    typed meanwhile leave it asleep (and unread, for a question's picker)."""
+    master, slave = os.openpty()
+    try:
+        os.write(master, b"typed during the turn\n")
+        with anyio.move_on_after(0.3) as waited:
+            await hangup(slave)
+        assert waited.cancelled_caught
+        assert os.read(slave, 100) == b"typed during the turn\n"
+        os.close(master)
+        master = -1
+        with anyio.fail_after(10):
+            await hangup(slave)
+    finally:
+        for fd in (master, slave):
+            if fd >= 0:
+                os.close(fd)
 
 
 def _alive(pid: int) -> bool:

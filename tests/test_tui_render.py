@@ -413,6 +413,7 @@ def test_log_lines_print_above_the_live_part_escaped(capsys: pytest.CaptureFixtu
 
     handler = logging.StreamHandler(sys.stderr)
     logging.getLogger().addHandler(handler)
+    logging.getLogger().addHandler(other := logging.NullHandler())  # no stream: left alone
     try:
         con, out = console(terminal=True)
         renderer = Renderer(con)
@@ -425,6 +426,7 @@ def test_log_lines_print_above_the_live_part_escaped(capsys: pytest.CaptureFixtu
         assert "a log line" not in capsys.readouterr().err
     finally:
         logging.getLogger().removeHandler(handler)
+        logging.getLogger().removeHandler(other)
 
 
 # ------------------------------------------------------------------ through a real terminal

@@ -5,8 +5,8 @@ the slash commands are the editor's. The chat's own commands (`chat_commands`: /
 
 Start-up shows the banner and the prompt at once: the agent warms up in the background
 and the first prompt waits for it. Ctrl-C cancels the running turn (`TurnControl`); a
-second one while it is being cancelled exits. A closed terminal (SIGHUP) cancels what runs
-and exits quietly.
+second one while it is being cancelled exits. A closed terminal (its SIGHUP, the EIO of a
+read or write, or during a turn its hangup as it happens) cancels what runs and exits quietly.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ import contextlib
 import errno
 import logging
 import os
+import select
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -148,23 +149,41 @@ class Chat:
         self.renderer.start_turn()
         result, problem = None, None
         with keys_unechoed(), self.turns.run() as scope:
-            try:
-                result = await self.agent.prompt(self.session, human(text), self._emit)
-            except CrowError as exc:  # SessionBusy, a broken plugin or setting: said, the chat goes on
-                problem = str(exc)
-            except Exception as exc:
-                if _terminal_lost(exc):  # the answer could not be shown: the terminal is gone
-                    self._hang_up()
-                    return
-                problem = f"crow failed: {type(exc).__name__}: {exc}"
-                log.error("the prompt failed: %s", problem)
-                log.debug("the prompt failed", exc_info=True)  # a bug's traceback: not over the screen
+            async with self._hangup_watched():
+                try:
+                    result = await self.agent.prompt(self.session, human(text), self._emit)
+                except CrowError as exc:  # SessionBusy, a broken plugin or setting: said, the chat goes on
+                    problem = str(exc)
+                except Exception as exc:
+                    if _terminal_lost(exc):  # the answer could not be shown: the terminal is gone
+                        self._hang_up()
+                        return
+                    problem = f"crow failed: {type(exc).__name__}: {exc}"
+                    log.error("the prompt failed: %s", problem)
+                    log.debug("the prompt failed", exc_info=True)  # a bug's traceback: not over the screen
         if self.hung_up:
             return
         self.renderer.end_turn(result, cancelled=scope.cancelled_caught)
         self.armed = scope.cancelled_caught  # the Ctrl-C that cancelled it was the first of two
         if problem:
             self.renderer.error(problem)
+
+    @contextlib.asynccontextmanager
+    async def _hangup_watched(self) -> AsyncIterator[None]:
+        """Inside, the terminal's hangup ends the chat as it happens (`_hang_up`). A turn may
+        write nothing for long (the model silent, a tool running) and the live part's writes
+        cannot tell: once the terminal hung up, `isatty()` fails, so rich takes its output for
+        a file and stops drawing `Live` instead of failing; the shell may keep its SIGHUP
+        from crow (`trap "" HUP`)."""
+
+        async def watch() -> None:
+            await hangup(0)
+            self._hang_up()
+
+        async with anyio.create_task_group() as watching:
+            watching.start_soon(watch)
+            yield
+            watching.cancel_scope.cancel()
 
     async def _emit(self, event: Event) -> None:
         try:
@@ -219,6 +238,24 @@ async def main(args: argparse.Namespace) -> int:
 def _terminal_lost(exc: BaseException) -> bool:
     """A write to (or read of) a terminal that was closed: EIO."""
     return isinstance(exc, OSError) and exc.errno == errno.EIO
+
+
+async def hangup(fd: int) -> None:
+    """Return once the terminal on `fd` hangs up (its other side closed: the window, tmux or
+    ssh went away). An epoll asked for no event reports only EPOLLHUP and EPOLLERR: the
+    keys typed do not wake it, and stay for whoever reads them (a question's picker). Never
+    returns without epoll (not Linux) or for an fd epoll cannot watch: there the terminal's
+    SIGHUP, or the EIO of a read or write, says it is gone."""
+    if hasattr(select, "epoll"):
+        with select.epoll() as watch:
+            try:
+                watch.register(fd, 0)
+            except OSError:  # not pollable (a regular file): no hangup to wait for
+                pass
+            else:
+                await anyio.wait_readable(watch.fileno())
+                return
+    await anyio.sleep_forever()
 
 
 def _detach_terminal() -> None:

@@ -159,10 +159,10 @@ class LogsAbove(io.TextIOBase):
     def take_over(self) -> None:
         """Point the root logger's stderr handlers here (`give_back` undoes it)."""
         for handler in logging.getLogger().handlers:
+            if type(handler) is not logging.StreamHandler:  # a NullHandler has no stream
+                continue
             stream = handler.stream
-            if type(handler) is logging.StreamHandler and (
-                stream in (sys.stderr, sys.__stderr__) or isinstance(stream, StderrNow)
-            ):
+            if stream in (sys.stderr, sys.__stderr__) or isinstance(stream, StderrNow):
                 self._handlers.append((handler, handler.setStream(self)))
 
     def give_back(self) -> None:

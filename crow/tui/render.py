@@ -327,8 +327,10 @@ class Renderer:
 
 
 class _Live(Live):
-    """rich's `Live`, keeping what failed its refresh thread's write (a terminal gone, EIO)
-    for `Renderer.emit` to raise in the turn: in that thread it would end unheard."""
+    """rich's `Live`, keeping what failed its refresh thread's write (EIO) for
+    `Renderer.emit` to raise in the turn: in that thread it would end unheard. Not how a
+    terminal's hangup is noticed: once it hung up, `isatty()` fails, and rich, taking its
+    output for a file, stops drawing rather than write (`crow.tui.chat` watches for it)."""
 
     failure: OSError | None = None
 
