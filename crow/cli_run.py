@@ -44,10 +44,12 @@ async def main(args: argparse.Namespace) -> int:
         agent.on_ready(imports_done)
         agent.warm_up()
         session = await open_session(agent, args.cwd, cont=args.cont, resume=args.resume, yolo=args.yolo)
+        await _announce(agent, session, args.output)  # before the screen's live part starts
         out = _output(args.output, str(session.cwd))
-        await _announce(agent, session, args.output)
         if sys.stdin is not None and sys.stdin.isatty():
-            session.client = TerminalClient(str(session.cwd))
+            # a question stops the live part while it is up: it would draw over it
+            paused = out.renderer.paused if isinstance(out, run_output.OnTerminal) else None
+            session.client = TerminalClient(str(session.cwd), paused=paused)
         usage_before, cost_before = session.state.get(USAGE_TOTAL), session.cost
 
         scope = anyio.CancelScope()

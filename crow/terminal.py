@@ -5,12 +5,14 @@ those methods refuse), and `printable`, the model's text as a terminal may show 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
     from pathlib import Path
 
     from crow.editor import Elicited
@@ -36,9 +38,13 @@ class TerminalClient:
         "reject_always": "v",
     }
 
-    def __init__(self, cwd: str, fd: int = 0) -> None:
+    def __init__(
+        self, cwd: str, fd: int = 0, paused: Callable[[], AbstractContextManager[Any]] | None = None
+    ) -> None:
         self.cwd = cwd
         self.fd = fd
+        # what stops the screen's live part while a question is up (crow.tui.render.Renderer)
+        self._paused = paused or contextlib.nullcontext
         self._lock: Any = None
         self._buffer = b""
 
@@ -61,7 +67,7 @@ class TerminalClient:
         if self._lock is None:
             self._lock = anyio.Lock()
         async with self._lock:
-            with anyio.move_on_after(timeout):
+            with self._paused(), anyio.move_on_after(timeout):
                 self._discard_typed_ahead()
                 print(printable(_question(call, self.cwd, spec)), file=sys.stderr)
                 prompt = f"  {menu}\n  Answer for {_call_name(call, spec)}: "
@@ -98,7 +104,7 @@ class TerminalClient:
         if self._lock is None:
             self._lock = anyio.Lock()
         async with self._lock:
-            with anyio.move_on_after(timeout):
+            with self._paused(), anyio.move_on_after(timeout):
                 self._discard_typed_ahead()
                 print("\n".join(lines), file=sys.stderr)
                 print(f"Choose 1-{len(options)}: ", end="", file=sys.stderr, flush=True)
@@ -134,7 +140,7 @@ class TerminalClient:
         if self._lock is None:
             self._lock = anyio.Lock()
         async with self._lock:
-            with anyio.move_on_after(timeout):
+            with self._paused(), anyio.move_on_after(timeout):
                 self._discard_typed_ahead()
                 print(f"\n{printable(message).rstrip()}", file=sys.stderr)
                 content: dict[str, Any] = {}
