@@ -224,7 +224,9 @@ class Renderer:
             if event.compaction is None:  # /compact's own report: CompactionFinished says it
                 mark, style = _NOTICE.get(event.severity, _NOTICE["info"])
                 line = Text(mark, style=style)
-                line.append(printable(event.full_text), style=style if event.severity != "info" else "")
+                line.append(printable(event.headline), style=style if event.severity != "info" else "")
+                for more in (event.detail or "").splitlines():  # under the headline, indented
+                    line.append("\n  " + printable(more), style=style if event.severity == "error" else "")
                 self._print(line, gap=self._after == "text")
         elif isinstance(event, CompactionStarted):
             if self._state is not None:
