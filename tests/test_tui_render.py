@@ -484,3 +484,53 @@ def test_crow_chat_on_a_terminal_shows_reasoning_tools_plan_and_markdown(
     assert "Traceback" not in screen and "Waiting for the model" not in screen
     term.send("C-d")
     assert term.wait_exit() == 0
+
+
+# Markdown the block splitter once cut wrong: each is rendered chunk by chunk as rich renders
+# it whole (the blank lines between blocks aside), whatever the chunk size.
+SPLIT_CASES = {
+    # a fence in a nested list, indented 4: a blank line in its code cut it
+    "nested fence": "- a\n  - b:\n    ```python\n    def __init__(self):\n\n    # comment\n    x = __name__\n    ```\n- c\n",
+    # a fence after a list item's marker
+    "fence after a marker": "1. ```bash\n   make\n\n   make __x__\n   ```\n2. done\n",
+    # a closing marker indented 4 is a code line
+    "indented closer": "```\n    ```\ncode __x__\n\n# not a heading\n```\n\nafter\n",
+    "inline backticks": "Use ```x``` inline\n\n```\ncode __a__\n\n# not a heading\n```\n\n__bold__ after\n",
+    "longer fence": "````md\n```\ninner\n\n```\n````\n\nafter __x__\n",
+    "tilde fence": "~~~\na\n\n# b\n~~~\n",
+    "setext and table": "Title\n=====\n\nSub\n---\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\ntext\n",
+    "indented code": "text\n\n    code __a__\n\n    # more\n\nend\n",
+    "a fence that never ends": "```\nnever\n\nends __x__\n",
+}
+
+
+def _lines(text: str) -> list[str]:
+    return [line.rstrip() for line in text.splitlines() if line.strip()]
+
+
+def _whole(text: str) -> list[str]:
+    from crow.tui.live import markdown
+
+    con = Console(record=True, file=io.StringIO(), width=80, color_system=None)
+    con.print(markdown(text))
+    return _lines(con.export_text())
+
+
+@pytest.mark.parametrize("name", list(SPLIT_CASES))
+def test_an_answer_cut_into_blocks_renders_as_the_whole_would(name: str) -> None:
+    text = SPLIT_CASES[name]
+    for size in (1, 3, 7, len(text)):
+        con = Console(record=True, file=io.StringIO(), width=80, color_system=None)
+        turn(Renderer(con), *chunks(text, size))
+        shown = _lines(con.export_text())[:-1]  # the turn's summary line aside
+        assert shown == _whole(text), (name, size)
+
+
+def test_crlf_line_endings_show_as_lf_ones() -> None:
+    text = "# Title\r\n\r\npara __x__\r\n\r\n```\r\ncode\r\n\r\n# not a heading\r\n```\r\n\r\nend\r\n"
+    for size in (1, 2, 5):
+        con = Console(record=True, file=io.StringIO(), width=80, color_system=None)
+        turn(Renderer(con), *chunks(text, size))
+        shown = _lines(con.export_text())[:-1]
+        assert shown == _whole(text.replace("\r\n", "\n")), size
+        assert "x0d" not in con.export_text()

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import re
 
-_FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
+# A fence opens a line, or follows a list item's marker or indent (a fence inside a list,
+# often indented 4 or more): missing one would cut its code at a blank line and render the
+# rest as Markdown (`__init__` shown bold, `# comment` a heading). Taking an indented code
+# block's "```" line for a fence only keeps blocks together longer, which is harmless.
+_FENCE = re.compile(r"[ \t]*(?:(?:[-*+]|\d{1,9}[.)])[ \t]+)*(`{3,}|~{3,})(.*)")
 _HEADING = re.compile(r" {0,3}#{1,6}(?:[ \t]|$)")
 
 
@@ -21,6 +25,8 @@ class MarkdownBlocks:
         self._lines: list[str] = []  # the unfinished block's complete lines
         self._partial: list[str] = []  # the line being written (its pieces, joined on need)
         self._fence = ""  # the open code fence's marker ("```", "~~~~"), "" outside one
+        self._fence_at = 0  # its column: a closing marker indented 4 more is code
+        self._opening = ""  # its first line from the marker on
 
     def feed(self, text: str) -> list[str]:
         """Add streamed text; the blocks it finished, in order."""
@@ -33,12 +39,13 @@ class MarkdownBlocks:
             if self._partial:
                 line = "".join(self._partial) + line
                 self._partial.clear()
-            self._line(line, done)
+            # CRLF line endings: the "\r" would show as "\x0d" (`printable`) at each line's end
+            self._line(line.removesuffix("\r"), done)
         return done
 
     def tail(self) -> str:
         """The unfinished block as it stands (an open code fence included)."""
-        return "\n".join([*self._lines, "".join(self._partial)]).strip("\n")
+        return "\n".join([*self._lines, "".join(self._partial).removesuffix("\r")]).strip("\n")
 
     @property
     def in_fence(self) -> bool:
@@ -46,7 +53,7 @@ class MarkdownBlocks:
 
     def fence_opening(self) -> str:
         """The open code fence's first line ("" outside one): a cut tail needs it back."""
-        return self._lines[0] if self._fence and self._lines else ""
+        return self._opening if self._fence else ""
 
     def flush(self) -> str:
         """Everything not yet returned, as the last block (the stream ended); then empty."""
@@ -60,7 +67,9 @@ class MarkdownBlocks:
         if self._fence:
             self._lines.append(line)
             stripped = line.strip()
-            if stripped.startswith(self._fence) and not stripped.strip(self._fence[0]):
+            indent = len(line) - len(line.lstrip(" \t"))
+            closes = stripped.startswith(self._fence) and not stripped.strip(self._fence[0])
+            if closes and indent <= self._fence_at + 3:
                 self._fence = ""
                 self._finish(done)
             return
@@ -68,10 +77,13 @@ class MarkdownBlocks:
             self._finish(done)
             return
         fence = _FENCE.match(line)
-        if fence:
-            # A fence may interrupt a paragraph: what came before is a block of its own.
-            self._finish(done)
-            self._fence = fence[1]
+        if fence and not (fence[1][0] == "`" and "`" in fence[2]):  # "```x```" is inline code
+            # A fence may interrupt a paragraph: what came before is a block of its own;
+            # not a list's, whose item the fence belongs to (indented, or after a marker).
+            if fence.start(1) <= 3 and not line[: fence.start(1)].strip():
+                self._finish(done)
+            self._fence, self._fence_at = fence[1], fence.start(1)
+            self._opening = line[fence.start(1) :]
             self._lines.append(line)
         elif _HEADING.match(line):
             self._finish(done)
