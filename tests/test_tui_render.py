@@ -148,6 +148,15 @@ def test_live_rendering_costs_a_bounded_amount_per_chunk_on_a_terminal() -> None
     assert cpu < 5.0  # ~6,000 chunks; O(n²) re-rendering takes minutes
 
 
+def test_a_huge_chunk_of_many_lines_is_cut_in_linear_time() -> None:
+    """One delta of 4 MB (a hostile model's): each line's cut once copied all that followed."""
+    blocks = MarkdownBlocks()
+    began = time.process_time()
+    done = blocks.feed("word word word\n\n" * 250_000)
+    assert time.process_time() - began < 5.0  # 0.2 s; line-by-line copying took 24 s
+    assert len(done) == 250_000 and blocks.tail() == ""
+
+
 def test_a_huge_line_without_newlines_streams_in_bounded_time() -> None:
     con, out = console(terminal=True, width=20)
     began = time.monotonic()

@@ -31,16 +31,17 @@ class MarkdownBlocks:
     def feed(self, text: str) -> list[str]:
         """Add streamed text; the blocks it finished, in order."""
         done: list[str] = []
-        while text:
-            line, newline, text = text.partition("\n")
-            if not newline:
-                self._partial.append(line)
-                break
+        # split once: partitioning the rest line by line copied it per line (a 4 MB chunk
+        # from a hostile model took 24 s)
+        *lines, last = text.split("\n")
+        for line in lines:
             if self._partial:
                 line = "".join(self._partial) + line
                 self._partial.clear()
             # CRLF line endings: the "\r" would show as "\x0d" (`printable`) at each line's end
             self._line(line.removesuffix("\r"), done)
+        if last:
+            self._partial.append(last)
         return done
 
     def tail(self) -> str:
