@@ -234,6 +234,17 @@ def test_a_tool_call_is_one_line_with_a_preview_folded_and_expandable() -> None:
     assert "row 9" in plain(out) and "kappa" in plain(out)
 
 
+def test_reasoning_and_a_tool_output_with_crlf_line_endings_expand_without_escapes() -> None:
+    con, out = console()
+    renderer = Renderer(con)
+    output = "".join(f"row {n}\r\n" for n in range(10))  # a command printing a CRLF file
+    events = tool("c1", RUN, {"command": "type a.txt"}, ToolResult("c1", "execute", output=output))
+    turn(renderer, ThoughtDelta("first\r\nsecond\r\n", "t1"), *events)
+    assert renderer.expand() is True
+    assert "first\nsecond" in plain(out)
+    assert "row 9" in plain(out) and "x0d" not in plain(out)
+
+
 def test_failed_and_cancelled_calls_say_so() -> None:
     con, out = console()
     failed = ToolResult("c1", "execute", error="exit 2")
