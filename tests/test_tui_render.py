@@ -38,7 +38,7 @@ from crow.tui.blocks import MarkdownBlocks
 from crow.tui.render import Renderer
 from crow.tui.text import clip
 from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
-from tests.test_tui_chat import terminal_for  # noqa: F401 (a fixture)
+from tests.test_tui_chat import at_prompt, terminal_for  # noqa: F401 (a fixture)
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 HOSTILE = "[red]fake[/red] \x1b[8mhidden\x1b[0m \x1b]8;;http://evil\x07link \ud800 end"
@@ -502,6 +502,9 @@ def test_crow_chat_on_a_terminal_shows_reasoning_tools_plan_and_markdown(
     assert "• first point\n • second point" in screen
     assert "Done [red]literally[/red]." in screen
     assert "Traceback" not in screen and "Waiting for the model" not in screen
+    # Ctrl-D once the prompt is back: typed before (the terminal not yet in raw mode) it is
+    # the tty's end-of-file, which the prompt never reads (a 10 s wait, then a failure)
+    term.wait_for(at_prompt)
     term.send("C-d")
     assert term.wait_exit() == 0
 
