@@ -524,6 +524,10 @@ SPLIT_CASES = {
     "setext and table": "Title\n=====\n\nSub\n---\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\ntext\n",
     "indented code": "text\n\n    code __a__\n\n    # more\n\nend\n",
     "a fence that never ends": "```\nnever\n\nends __x__\n",
+    # outside a list, a "```" indented 4 (or a tab) is a code line or a paragraph's
+    "indented backticks": "para\n    ```\n    ```\ncode # x\n\n\t```\n\n# head\n```\nx\n```\n",
+    # a list's fence left open ends with its item
+    "a list's open fence": "* star\n    ```\n\n# head\n~~~\n````\n# head\n",
 }
 
 
