@@ -38,7 +38,7 @@ from crow.tui.blocks import MarkdownBlocks
 from crow.tui.render import Renderer
 from crow.tui.text import clip
 from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
-from tests.test_tui_chat import terminal_for  # noqa: F401 (a fixture)
+from tests.test_tui_chat import at_prompt, terminal_for  # noqa: F401 (a fixture)
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 HOSTILE = "[red]fake[/red] \x1b[8mhidden\x1b[0m \x1b]8;;http://evil\x07link \ud800 end"
@@ -148,6 +148,15 @@ def test_live_rendering_costs_a_bounded_amount_per_chunk_on_a_terminal() -> None
     assert cpu < 5.0  # ~6,000 chunks; O(n²) re-rendering takes minutes
 
 
+def test_a_huge_chunk_of_many_lines_is_cut_in_linear_time() -> None:
+    """One delta of 4 MB (a hostile model's): each line's cut once copied all that followed."""
+    blocks = MarkdownBlocks()
+    began = time.process_time()
+    done = blocks.feed("word word word\n\n" * 250_000)
+    assert time.process_time() - began < 5.0  # 0.2 s; line-by-line copying took 24 s
+    assert len(done) == 250_000 and blocks.tail() == ""
+
+
 def test_a_huge_line_without_newlines_streams_in_bounded_time() -> None:
     con, out = console(terminal=True, width=20)
     began = time.monotonic()
@@ -223,6 +232,17 @@ def test_a_tool_call_is_one_line_with_a_preview_folded_and_expandable() -> None:
     assert "row 9" not in plain(out)
     assert renderer.expand() is True
     assert "row 9" in plain(out) and "kappa" in plain(out)
+
+
+def test_reasoning_and_a_tool_output_with_crlf_line_endings_expand_without_escapes() -> None:
+    con, out = console()
+    renderer = Renderer(con)
+    output = "".join(f"row {n}\r\n" for n in range(10))  # a command printing a CRLF file
+    events = tool("c1", RUN, {"command": "type a.txt"}, ToolResult("c1", "execute", output=output))
+    turn(renderer, ThoughtDelta("first\r\nsecond\r\n", "t1"), *events)
+    assert renderer.expand() is True
+    assert "first\nsecond" in plain(out)
+    assert "row 9" in plain(out) and "x0d" not in plain(out)
 
 
 def test_failed_and_cancelled_calls_say_so() -> None:
@@ -482,5 +502,62 @@ def test_crow_chat_on_a_terminal_shows_reasoning_tools_plan_and_markdown(
     assert "• first point\n • second point" in screen
     assert "Done [red]literally[/red]." in screen
     assert "Traceback" not in screen and "Waiting for the model" not in screen
+    # Ctrl-D once the prompt is back: typed before (the terminal not yet in raw mode) it is
+    # the tty's end-of-file, which the prompt never reads (a 10 s wait, then a failure)
+    term.wait_for(at_prompt)
     term.send("C-d")
     assert term.wait_exit() == 0
+
+
+# Markdown the block splitter once cut wrong: each is rendered chunk by chunk as rich renders
+# it whole (the blank lines between blocks aside), whatever the chunk size.
+SPLIT_CASES = {
+    # a fence in a nested list, indented 4: a blank line in its code cut it
+    "nested fence": "- a\n  - b:\n    ```python\n    def __init__(self):\n\n    # comment\n    x = __name__\n    ```\n- c\n",
+    # a fence after a list item's marker
+    "fence after a marker": "1. ```bash\n   make\n\n   make __x__\n   ```\n2. done\n",
+    # a closing marker indented 4 is a code line
+    "indented closer": "```\n    ```\ncode __x__\n\n# not a heading\n```\n\nafter\n",
+    "inline backticks": "Use ```x``` inline\n\n```\ncode __a__\n\n# not a heading\n```\n\n__bold__ after\n",
+    "longer fence": "````md\n```\ninner\n\n```\n````\n\nafter __x__\n",
+    "tilde fence": "~~~\na\n\n# b\n~~~\n",
+    "setext and table": "Title\n=====\n\nSub\n---\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\ntext\n",
+    "indented code": "text\n\n    code __a__\n\n    # more\n\nend\n",
+    "a fence that never ends": "```\nnever\n\nends __x__\n",
+    # outside a list, a "```" indented 4 (or a tab) is a code line or a paragraph's
+    "indented backticks": "para\n    ```\n    ```\ncode # x\n\n\t```\n\n# head\n```\nx\n```\n",
+    # a list's fence left open ends with its item
+    "a list's open fence": "* star\n    ```\n\n# head\n~~~\n````\n# head\n",
+}
+
+
+def _lines(text: str) -> list[str]:
+    return [line.rstrip() for line in text.splitlines() if line.strip()]
+
+
+def _whole(text: str) -> list[str]:
+    from crow.tui.live import markdown
+
+    con = Console(record=True, file=io.StringIO(), width=80, color_system=None)
+    con.print(markdown(text))
+    return _lines(con.export_text())
+
+
+@pytest.mark.parametrize("name", list(SPLIT_CASES))
+def test_an_answer_cut_into_blocks_renders_as_the_whole_would(name: str) -> None:
+    text = SPLIT_CASES[name]
+    for size in (1, 3, 7, len(text)):
+        con = Console(record=True, file=io.StringIO(), width=80, color_system=None)
+        turn(Renderer(con), *chunks(text, size))
+        shown = _lines(con.export_text())[:-1]  # the turn's summary line aside
+        assert shown == _whole(text), (name, size)
+
+
+def test_crlf_line_endings_show_as_lf_ones() -> None:
+    text = "# Title\r\n\r\npara __x__\r\n\r\n```\r\ncode\r\n\r\n# not a heading\r\n```\r\n\r\nend\r\n"
+    for size in (1, 2, 5):
+        con = Console(record=True, file=io.StringIO(), width=80, color_system=None)
+        turn(Renderer(con), *chunks(text, size))
+        shown = _lines(con.export_text())[:-1]
+        assert shown == _whole(text.replace("\r\n", "\n")), size
+        assert "x0d" not in con.export_text()

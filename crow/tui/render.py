@@ -183,7 +183,7 @@ class Renderer:
         state = self._state
         if state is None or not state.thought:
             return
-        text = "".join(state.thought).strip()
+        text = "".join(state.thought).replace("\r\n", "\n").strip()  # a "\r" shows as "\x0d"
         state.thought = []
         state.phase = "Waiting for the model"
         if not text:

@@ -93,8 +93,8 @@ def tool_body(
         return None, False
     if not full and not result.is_error and spec is not None and spec.kind == "think":
         return None, True
-    if full:
-        return Text(printable(text.rstrip("\n")), style="dim"), False
+    if full:  # CRLF line ends as LF ones: each "\r" would show as "\x0d"
+        return Text(printable(text.replace("\r\n", "\n").rstrip("\n")), style="dim"), False
     lines, hidden = preview(text, max(1, width - 4), PREVIEW_LINES)
     shown = Text(style="red" if result.is_error else "dim", no_wrap=True, overflow="ellipsis")
     shown.append("\n".join("  │ " + line for line in lines))
