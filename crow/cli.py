@@ -202,6 +202,9 @@ def _command(argv: list[str] | None) -> None:
         else:  # sessions, compact: no event loop unless compacting (as cheap as --help)
             from crow import cli_sessions
 
+            if getattr(args, "cwd", None):  # stored folders are absolute: `--cwd .` matched none
+                args.cwd = os.path.abspath(args.cwd)
+
             sys.exit(cli_sessions.main(args))
     except CrowError as exc:
         print(f"crow: {exc}", file=sys.stderr)
