@@ -70,7 +70,8 @@ async def main(args: argparse.Namespace, ending: Any = None) -> int:
         ending.session_id = session.id
         await _announce(agent, session, args.output)  # before the screen's live part starts
         out = _output(args.output, str(session.cwd))
-        if sys.stdin is not None and sys.stdin.isatty():
+        # not with `-`: the terminal's input was read to its end (crow run --help)
+        if sys.stdin is not None and sys.stdin.isatty() and args.prompt != ["-"]:
             # a question stops the live part while it is up: it would draw over it
             paused = out.renderer.paused if isinstance(out, run_output.OnTerminal) else None
             session.client = TerminalClient(str(session.cwd), paused=paused)
@@ -119,6 +120,8 @@ def _prompt(words: list[str]) -> str:
     elif sys.stdin is None:
         raise ConfigError("crow run -: stdin is closed; give the prompt as words instead")
     else:
+        if sys.stdin.isatty():  # a person types it: say how it ends, else it looks like a hang
+            print("crow run -: type the prompt, then Ctrl-D", file=sys.stderr, flush=True)
         data = sys.stdin.buffer.read()
         try:
             text = data.decode("utf-8")

@@ -554,3 +554,28 @@ def test_stdout_closed_is_exit_2_before_any_model_call(
     )  # fmt: skip
     assert done.returncode == 2 and llm.requests == []
     assert done.stderr == "crow: crow run: stdout is closed; redirect it to /dev/null to discard the answer\n"
+
+
+def test_dash_on_a_terminal_reads_to_ctrl_d_and_asks_nothing(
+    llm: ScriptedLLM, home: Path, workspace: Path, tmp_path: Path
+) -> None:
+    """`crow run -` with stdin a terminal: the prompt is typed, ended by Ctrl-D (said on
+    stderr, else the wait looks like a hang), and, as `crow run --help` says, no question is
+    asked with `-`: the terminal's input ended (a question came up and waited before)."""
+    from tests.support.tmux import Terminal
+
+    llm.push(Reply(tool_calls=[ToolCallSpec("write_file", {"path": "b.txt", "content": "x"})]))
+    llm.push(Reply(text="not written"))
+    script = '"$0" -m crow run - > answer.txt; echo "status $?"'
+    term = Terminal(["sh", "-c", script, sys.executable], env=crow_env(llm, home), cwd=workspace,
+                    socket=tmp_path / "tmux.sock")  # fmt: skip
+    try:
+        term.wait_for("then Ctrl-D")
+        term.type("write b")
+        term.send("C-d")
+        term.wait_for("status ", timeout=30)
+        assert "status 4" in term.screen(), term.screen()
+    finally:
+        term.close()
+    assert user_texts(llm, 0) == ["write b\n"] and not (workspace / "b.txt").exists()
+    assert (workspace / "answer.txt").read_text() == "not written\n"
