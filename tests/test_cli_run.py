@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -579,3 +580,35 @@ def test_dash_on_a_terminal_reads_to_ctrl_d_and_asks_nothing(
         term.close()
     assert user_texts(llm, 0) == ["write b\n"] and not (workspace / "b.txt").exists()
     assert (workspace / "answer.txt").read_text() == "not written\n"
+
+
+@pytest.mark.parametrize("output", ["text", "json"])
+def test_ctrl_c_during_a_tool_is_130_and_the_history_stays_valid(
+    llm: ScriptedLLM, home: Path, workspace: Path, output: str
+) -> None:
+    env = crow_env(llm, home)
+    command = "touch started; sleep 30"
+    llm.push(Reply(tool_calls=[ToolCallSpec("execute", {"command": command})]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "crow", "run", "--yolo", "--output", output, "run it"],
+        env=env, cwd=workspace, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        end = time.monotonic() + 30
+        while not (workspace / "started").exists():  # the tool runs now
+            assert time.monotonic() < end and proc.poll() is None, "the tool never started"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and b"Traceback" not in err, err.decode()
+    if output == "json":
+        assert json.loads(out)["stop_reason"] == "cancelled"
+    llm.push(Reply(text="going on"))
+    again = run("--continue", "go on", env=env, cwd=workspace)
+    assert again.returncode == 0 and again.stdout == "going on\n", again.stderr
+    messages = llm.requests[-1].messages
+    [call] = [m for m in messages if m["role"] == "assistant" and m.get("tool_calls")]
+    [answer] = [m for m in messages if m["role"] == "tool"]
+    assert answer["tool_call_id"] == call["tool_calls"][0]["id"], "every call has its result"
