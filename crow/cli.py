@@ -99,9 +99,11 @@ def _parser() -> argparse.ArgumentParser:
 
 _RUN_EXIT_STATUS = """exit status:
   0    the turn ended normally
-  1    the model call failed (the error is on stderr, and in json output)
+  1    the model call failed, a refused API key too (the error is on stderr, and in json
+       output)
   2    a usage, configuration or session error (an empty prompt, an unknown or ambiguous
-       --resume ID, no session to --continue, a session busy in another crow)
+       --resume ID, no session to --continue, a session busy in another crow, a broken
+       plugin, stdout closed); json output still ends with the object, its error and cause
   3    the turn stopped short: max_turn_requests or max_tokens reached, or the model refused
   4    a tool call was refused permission (by you, by a rule or the mode, or because nobody
        could be asked: stdin is not a terminal) in the turn's last tool round, and then the
@@ -130,6 +132,7 @@ def _version() -> str:
 def main(argv: list[str] | None = None) -> None:
     """Every command; a reader that closes stdout early (`crow sessions list | head -1`)
     ends it quietly with status 141 (128 + SIGPIPE, as a shell tool killed by it)."""
+    _closed_std_fds()
     try:
         try:
             _command(argv)
@@ -141,6 +144,23 @@ def main(argv: list[str] | None = None) -> None:
 
         drop_stdout()
         sys.exit(141)
+
+
+def _closed_std_fds() -> None:
+    """A standard stream started closed (`2>&-`): /dev/null takes its descriptor, so that no
+    file crow opens (the session store) gets it and receives what a child process writes
+    to its stderr. stderr gets a writer on it: with `sys.stderr` None, `print(...,
+    file=sys.stderr)` writes to stdout, into `crow run`'s answer or its JSON. stdin and
+    stdout stay None: `crow run` refuses them with a message."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.dup2(null := os.open(os.devnull, os.O_RDWR), fd)
+            if null != fd:
+                os.close(null)
+            if fd == 2:
+                sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
 
 
 def _command(argv: list[str] | None) -> None:
@@ -167,7 +187,7 @@ def _command(argv: list[str] | None) -> None:
             from crow import cli_run
 
             args.cwd = os.path.abspath(args.cwd)
-            sys.exit(asyncio.run(cli_run.main(args)))
+            sys.exit(cli_run.run(args))
         elif command == "chat":
             from crow.tui import chat
 
@@ -181,6 +201,9 @@ def _command(argv: list[str] | None) -> None:
             sys.exit(login.main(args))
         else:  # sessions, compact: no event loop unless compacting (as cheap as --help)
             from crow import cli_sessions
+
+            if getattr(args, "cwd", None):  # stored folders are absolute: `--cwd .` matched none
+                args.cwd = os.path.abspath(args.cwd)
 
             sys.exit(cli_sessions.main(args))
     except CrowError as exc:

@@ -23,17 +23,40 @@ if TYPE_CHECKING:
 # The exit statuses are listed in `crow run --help` (crow.cli) and `run_output.exit_status`.
 
 
-async def main(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    """`crow run`, whatever ends it: json and stream-json output end with the result object
+    even when no turn result came (an error raised before or instead of it: exit 2 or a
+    crow failure; Ctrl-C before the turn began), so a script parsing stdout always gets one."""
+    import asyncio
+
+    from crow.run_output import Ending
+
+    ending = Ending(args.output)
+    try:
+        return asyncio.run(main(args, ending))
+    except (KeyboardInterrupt, Exception) as exc:  # re-raised: cli.py prints it, sets the status
+        if not isinstance(exc, BrokenPipeError):
+            ending.fail(exc)
+        raise
+
+
+async def main(args: argparse.Namespace, ending: Any = None) -> int:
     from crow import run_output
     from crow.agent import Agent
     from crow.config import load_config
+    from crow.errors import AuthRequired
     from crow.events import Event
+    from crow.loop import TurnResult
     from crow.messages import human
+    from crow.notices import cause_of
     from crow.pricing import USAGE_TOTAL
     from crow.session_lookup import open_session
     from crow.startup import imports_done
     from crow.terminal import TerminalClient, drop_stdout, on_sigint
 
+    ending = ending or run_output.Ending(args.output)
+    if sys.stdout is None:  # `>&-`: nobody can read the answer; no turn is paid for
+        raise ConfigError("crow run: stdout is closed; redirect it to /dev/null to discard the answer")
     prompt = _prompt(args.prompt)
     # Flags are the top layer: a project's crow.yaml cannot override them.
     overrides: dict[str, Any] = {"model": args.model} if args.model else {}
@@ -44,9 +67,11 @@ async def main(args: argparse.Namespace) -> int:
         agent.on_ready(imports_done)
         agent.warm_up()
         session = await open_session(agent, args.cwd, cont=args.cont, resume=args.resume, yolo=args.yolo)
+        ending.session_id = session.id
         await _announce(agent, session, args.output)  # before the screen's live part starts
         out = _output(args.output, str(session.cwd))
-        if sys.stdin is not None and sys.stdin.isatty():
+        # not with `-`: the terminal's input was read to its end (crow run --help)
+        if sys.stdin is not None and sys.stdin.isatty() and args.prompt != ["-"]:
             # a question stops the live part while it is up: it would draw over it
             paused = out.renderer.paused if isinstance(out, run_output.OnTerminal) else None
             session.client = TerminalClient(str(session.cwd), paused=paused)
@@ -71,13 +96,17 @@ async def main(args: argparse.Namespace) -> int:
             undo = on_sigint(scope.cancel)
             try:
                 result = await agent.prompt(session, human(prompt), emit)
+            except AuthRequired as exc:  # a refused key is a failed model call (exit 1), told already
+                result = TurnResult("end_turn", str(exc.cause), cause_of(exc.cause))
             finally:
                 undo()
         if reader_gone:
+            ending.written = True  # nobody to write it for
             drop_stdout()
             print("crow: stdout was closed: the turn was cancelled", file=sys.stderr)
             return 141
         report = _report(session, result, tracker.answer, usage_before, cost_before)
+        ending.written = True
         out.finish(report, result)
         if result is None:
             print("crow: cancelled", file=sys.stderr)
@@ -91,6 +120,8 @@ def _prompt(words: list[str]) -> str:
     elif sys.stdin is None:
         raise ConfigError("crow run -: stdin is closed; give the prompt as words instead")
     else:
+        if sys.stdin.isatty():  # a person types it: say how it ends, else it looks like a hang
+            print("crow run -: type the prompt, then Ctrl-D", file=sys.stderr, flush=True)
         data = sys.stdin.buffer.read()
         try:
             text = data.decode("utf-8")

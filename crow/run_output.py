@@ -75,6 +75,56 @@ def exit_status(result: TurnResult | None, refused: bool) -> int:
     return 4 if refused else 0
 
 
+class Ending:
+    """The result object of json and stream-json output when `crow run` ends without a
+    turn's result (`cli_run.run`): `stop_reason` is null (no turn ended; "cancelled" for
+    Ctrl-C), `error` and `cause` say why. Written once, and only while stdout is writable."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.session_id: str | None = None  # once the session is open
+        self.written = False  # the turn's own result went out (or stdout is gone)
+
+    def fail(self, exc: BaseException) -> None:
+        if self.written or self.kind == "text" or sys.stdout is None:
+            return
+        self.written = True
+        cancelled = isinstance(exc, KeyboardInterrupt)
+        report: dict[str, Any] = {
+            "session_id": self.session_id,
+            "stop_reason": "cancelled" if cancelled else None,
+            "answer": "",
+            "usage": dict.fromkeys(USAGE_FIELDS, 0),
+            "cost": None,
+        }
+        if not cancelled:
+            report.update(error=str(exc) or type(exc).__name__, cause=failure_cause(exc))
+        try:
+            write_json(report if self.kind == "json" else {"type": "result", **report})
+        except OSError:  # the reader went away too: the exit status still says why
+            pass
+
+
+USAGE_FIELDS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+
+
+def failure_cause(exc: BaseException) -> str:
+    """The `cause` of a `crow run` that raised: a name a script can branch on."""
+    from crow.errors import ConfigError, CrowError, HookError, SessionBusy, SessionError, StoreError
+
+    for cls, name in (
+        (SessionBusy, "busy"),
+        (SessionError, "session"),
+        (ConfigError, "config"),
+        (HookError, "hook"),
+        (StoreError, "store"),
+        (CrowError, "error"),
+    ):
+        if isinstance(exc, cls):
+            return name
+    return "internal"  # a bug in crow or a plugin: the traceback is on stderr
+
+
 def write_json(obj: dict[str, Any]) -> None:
     line = json.dumps(obj, ensure_ascii=False) + "\n"
     sys.stdout.buffer.write(line.encode("utf-8", "backslashreplace"))

@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -433,3 +434,181 @@ def test_yolo_holds_for_a_resumed_session(llm: ScriptedLLM, home: Path, workspac
     assert run("write b", env=env, cwd=workspace).returncode == 4
     done = run("--continue", "--yolo", "write b now", env=env, cwd=workspace)
     assert done.returncode == 0 and (workspace / "b.txt").read_text() == "x", done.stderr
+
+
+# ------------------------------------------------------------ json output on every exit
+
+
+def _last_object(done: subprocess.CompletedProcess[str], output: str) -> dict[str, Any]:
+    """The result object json and stream-json output end with, whatever the exit."""
+    lines = done.stdout.splitlines()
+    assert lines, f"nothing on stdout; stderr: {done.stderr}"
+    obj = json.loads(lines[-1])
+    if output == "stream-json":
+        assert obj.pop("type") == "result"
+    else:
+        assert len(lines) == 1
+    return obj
+
+
+@pytest.mark.parametrize("output", ["json", "stream-json"])
+def test_an_error_instead_of_a_turn_still_ends_json_with_the_result(
+    llm: ScriptedLLM, home: Path, workspace: Path, output: str
+) -> None:
+    """A script parsing stdout got nothing when the turn raised (unknown session, bad stdin,
+    a broken plugin, a refused key): every exit ends with the object, `error` and `cause`."""
+    env = crow_env(llm, home)
+    unknown = run("--resume", "ffff0000", "hi", "--output", output, env=env, cwd=workspace)
+    assert unknown.returncode == 2 and unknown.stderr == "crow: unknown session 'ffff0000'\n"
+    assert _last_object(unknown, output) == {
+        "session_id": None,
+        "stop_reason": None,
+        "answer": "",
+        "usage": {"input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0, "cache_write_tokens": 0},
+        "cost": None,
+        "error": "unknown session 'ffff0000'",
+        "cause": "session",
+    }
+    empty = run("-", "--output", output, env=env, cwd=workspace, stdin=b"\n")
+    assert empty.returncode == 2 and _last_object(empty, output)["cause"] == "config"
+    broken = home / "broken.yaml"
+    broken.write_text("hooks:\n  extra: ['no_such_module_here:Hook']\n")
+    plugin = run("hi", "--output", output, env=env, cwd=workspace, config=broken)
+    obj = _last_object(plugin, output)
+    assert plugin.returncode == 2 and obj["cause"] == "hook" and "no_such_module_here" in obj["error"]
+    assert llm.requests == []
+
+
+@pytest.mark.parametrize("output", ["json", "stream-json"])
+def test_a_refused_key_is_a_failed_model_call_exit_1_with_the_result(
+    llm: ScriptedLLM, home: Path, workspace: Path, output: str
+) -> None:
+    """It raised (exit 2, no object, the error said twice); now it ends like any failed
+    model call: exit 1, `cause` "auth", the session id to resume once the key is fixed."""
+    llm.keys = {"another-key"}
+    done = run("hi", "--output", output, env=crow_env(llm, home), cwd=workspace)
+    assert done.returncode == 1, done.stderr
+    obj = _last_object(done, output)
+    assert obj["cause"] == "auth" and "401" in obj["error"] and obj["stop_reason"] == "end_turn"
+    assert obj["session_id"].startswith(session_id(done))
+    told = done.stderr.count("HTTP 401")  # stream-json: the notice is an event on stdout
+    assert "Authentication required" not in done.stderr and told == (output == "json")
+
+
+def test_two_runs_in_one_session_at_once_one_is_busy(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
+    """The second gets a clear busy error (exit 2, in its JSON too); the first is not
+    disturbed, and the second's prompt is not in the history."""
+    env = crow_env(llm, home)
+    llm.push(Reply(text="first"))
+    sid = session_id(run("one", env=env, cwd=workspace))
+    llm.push(Reply(text="word " * 300, chunk_size=5, chunk_delay=0.01))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "crow", "run", "--continue", "two"],
+        env=env, cwd=workspace, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.read(5) == b"word "  # its turn holds the session
+        busy = run("--continue", "three", "--output", "json", env=env, cwd=workspace)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert busy.returncode == 2 and busy.stderr.startswith(f"session {sid}… · ")
+    assert "is running a turn in another crow process" in busy.stderr
+    obj = _last_object(busy, "json")
+    assert obj["cause"] == "busy" and obj["session_id"].startswith(sid) and obj["stop_reason"] is None
+    assert proc.returncode == 0 and b"word " + out == b"word " * 300 + b"\n", err.decode()
+    llm.push(Reply(text="four"))
+    assert run("--continue", "four", env=env, cwd=workspace).returncode == 0
+    assert user_texts(llm) == ["one", "two", "four"]
+
+
+# ------------------------------------------------------------ closed standard streams
+
+
+@pytest.mark.parametrize("output", ["text", "json", "stream-json"])
+def test_stderr_closed_leaves_stdout_to_the_answer(
+    llm: ScriptedLLM, home: Path, workspace: Path, output: str
+) -> None:
+    """With `2>&-` the session line (printed to a None `sys.stderr`) went to stdout: into
+    the answer, and before the JSON."""
+    llm.push(Reply(text="the answer"))
+    done = subprocess.run(
+        ["sh", "-c", 'exec "$0" -m crow run --output "$1" hi 2>&-', sys.executable, output],
+        env=crow_env(llm, home), cwd=workspace, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0 and "crow run --resume" not in done.stdout
+    if output == "text":
+        assert done.stdout == "the answer\n"
+    else:
+        assert _last_object(done, output)["answer"] == "the answer"
+
+
+@pytest.mark.parametrize("output", ["text", "json", "stream-json"])
+def test_stdout_closed_is_exit_2_before_any_model_call(
+    llm: ScriptedLLM, home: Path, workspace: Path, output: str
+) -> None:
+    done = subprocess.run(
+        ["sh", "-c", 'exec "$0" -m crow run --output "$1" hi >&-', sys.executable, output],
+        env=crow_env(llm, home), cwd=workspace, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and llm.requests == []
+    assert done.stderr == "crow: crow run: stdout is closed; redirect it to /dev/null to discard the answer\n"
+
+
+def test_dash_on_a_terminal_reads_to_ctrl_d_and_asks_nothing(
+    llm: ScriptedLLM, home: Path, workspace: Path, tmp_path: Path
+) -> None:
+    """`crow run -` with stdin a terminal: the prompt is typed, ended by Ctrl-D (said on
+    stderr, else the wait looks like a hang), and, as `crow run --help` says, no question is
+    asked with `-`: the terminal's input ended (a question came up and waited before)."""
+    from tests.support.tmux import Terminal
+
+    llm.push(Reply(tool_calls=[ToolCallSpec("write_file", {"path": "b.txt", "content": "x"})]))
+    llm.push(Reply(text="not written"))
+    script = '"$0" -m crow run - > answer.txt; echo "status $?"'
+    term = Terminal(["sh", "-c", script, sys.executable], env=crow_env(llm, home), cwd=workspace,
+                    socket=tmp_path / "tmux.sock")  # fmt: skip
+    try:
+        term.wait_for("then Ctrl-D")
+        term.type("write b")
+        term.send("C-d")
+        term.wait_for("status ", timeout=30)
+        assert "status 4" in term.screen(), term.screen()
+    finally:
+        term.close()
+    assert user_texts(llm, 0) == ["write b\n"] and not (workspace / "b.txt").exists()
+    assert (workspace / "answer.txt").read_text() == "not written\n"
+
+
+@pytest.mark.parametrize("output", ["text", "json"])
+def test_ctrl_c_during_a_tool_is_130_and_the_history_stays_valid(
+    llm: ScriptedLLM, home: Path, workspace: Path, output: str
+) -> None:
+    env = crow_env(llm, home)
+    command = "touch started; sleep 30"
+    llm.push(Reply(tool_calls=[ToolCallSpec("execute", {"command": command})]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "crow", "run", "--yolo", "--output", output, "run it"],
+        env=env, cwd=workspace, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        end = time.monotonic() + 30
+        while not (workspace / "started").exists():  # the tool runs now
+            assert time.monotonic() < end and proc.poll() is None, "the tool never started"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and b"Traceback" not in err, err.decode()
+    if output == "json":
+        assert json.loads(out)["stop_reason"] == "cancelled"
+    llm.push(Reply(text="going on"))
+    again = run("--continue", "go on", env=env, cwd=workspace)
+    assert again.returncode == 0 and again.stdout == "going on\n", again.stderr
+    messages = llm.requests[-1].messages
+    [call] = [m for m in messages if m["role"] == "assistant" and m.get("tool_calls")]
+    [answer] = [m for m in messages if m["role"] == "tool"]
+    assert answer["tool_call_id"] == call["tool_calls"][0]["id"], "every call has its result"

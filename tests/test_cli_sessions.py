@@ -218,3 +218,20 @@ def test_prefix_lookups_in_the_store(home: Path, workspace: Path) -> None:
         short = store.short_ids(["abcd", "b" * 32, "abc"], minimum=2)
         assert short == {"abcd": "abcd", "b" * 32: "bb", "abc": "abc"}
         assert store.short_ids(["b" * 32]) == {"b" * 32: "b" * 8}
+
+
+def test_sessions_list_cwd_may_be_relative(home: Path, workspace: Path, tmp_path: Path) -> None:
+    """`--cwd .` listed nothing: the stored folders are absolute paths."""
+    other = tmp_path / "other"
+    other.mkdir()
+    _stored(home, workspace, {"aaaa1111": {"title": "here"}})
+    _stored(home, other, {"bbbb2222": {"title": "there"}})
+    env = crow_env(None, home)
+    for given in (".", "./", f"../{workspace.name}", str(workspace) + "/"):
+        done = subprocess.run(
+            [sys.executable, "-m", "crow", "sessions", "list", "--cwd", given],
+            env=env, cwd=workspace, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0 and [line.split("\t")[0] for line in done.stdout.splitlines()] == [
+            "aaaa1111"
+        ], (given, done.stdout, done.stderr)
