@@ -15,7 +15,7 @@ import pytest
 from crow.tui.chat import hangup
 from crow.tui.prompt_input import EXIT_HINT
 from tests.conftest import CROW, crow_env
-from tests.llm_server import Reply, ScriptedLLM
+from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
 from tests.support.tmux import Terminal
 
 
@@ -429,3 +429,19 @@ def test_a_history_file_that_cannot_be_used_costs_only_the_history(
     assert term.wait_exit() == 0
     screen = term.screen()
     assert "Traceback" not in screen and "cannot keep the prompt" in screen
+
+
+def test_a_plan_item_with_a_newline_cannot_draw_an_item_of_its_own(
+    terminal_for, llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """A plan item is one line of the checklist: its newline shows as `\\x0a`, so the model
+    cannot show a step as done (`☑`) that its plan does not hold."""
+    todos = [{"content": "Read the code\n☑ Run the tests", "status": "pending"}]
+    plan = ToolCallSpec(name="write_todos", arguments={"todos": todos}, id="p")
+    llm.push(Reply(tool_calls=[plan]), Reply(text="Planned."))
+    term = terminal_for(llm, home, workspace, "chat", "--yolo")
+    term.wait_for(at_prompt)
+    term.type("plan it")
+    screen = term.wait_for("Planned.")
+    assert "☐ Read the code\\x0a☑ Run the tests" in screen, screen
+    assert "\n☑" not in screen
