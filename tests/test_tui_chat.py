@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import select
+import signal
 import stat
 import subprocess
 import time
@@ -460,3 +462,40 @@ def test_a_plan_item_with_a_newline_cannot_draw_an_item_of_its_own(
     screen = term.wait_for("Planned.")
     assert "☐ Read the code\\x0a☑ Run the tests" in screen, screen
     assert "\n☑" not in screen
+
+
+def _started_and_interrupted(home: Path, workspace: Path, delay: float) -> tuple[str, int]:
+    """`crow chat` on a pty, sent SIGINT (a Ctrl-C) `delay` seconds after it started: what
+    it printed, and its exit status (two more Ctrl-C end a chat that got to its prompt)."""
+    master, slave = os.openpty()
+    proc = subprocess.Popen([*CROW, "chat"], stdin=slave, stdout=slave, stderr=slave, cwd=workspace,
+                            env={**crow_env(None, home), "TERM": "dumb"}, start_new_session=True)  # fmt: skip
+    os.close(slave)
+    out = b""
+    try:
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 30
+        while proc.poll() is None or select.select([master], [], [], 0)[0]:
+            assert time.monotonic() < deadline, out.decode(errors="replace")
+            if select.select([master], [], [], 0.5)[0]:
+                try:
+                    out += os.read(master, 65536)
+                except OSError:  # EIO: the chat ended, its side of the pty is closed
+                    break
+            elif b"\xe2\x80\xba" in out and proc.poll() is None:  # at its prompt: "›"
+                os.write(master, b"\x03\x03")
+        return out.decode(errors="replace"), proc.wait(timeout=30)
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_ctrl_c_while_crow_starts_never_shows_a_traceback(home: Path, workspace: Path) -> None:
+    """Ctrl-C pressed while crow is still starting (importing) leaves quietly, with the
+    status of an interrupted program; pressed later it is the chat's, as ever."""
+    for delay in (0.05, 0.1, 0.15, 0.2, 0.3, 0.5):
+        shown, status = _started_and_interrupted(home, workspace, delay)
+        assert "Traceback" not in shown and "KeyboardInterrupt" not in shown, (delay, shown)
+        assert status in (0, 130, -signal.SIGINT), (delay, status, shown)
