@@ -131,7 +131,8 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Every command; a reader that closes stdout early (`crow sessions list | head -1`)
-    ends it quietly with status 141 (128 + SIGPIPE, as a shell tool killed by it)."""
+    ends it quietly with status 141 (128 + SIGPIPE, as a shell tool killed by it), a
+    Ctrl-C with 130."""
     _closed_std_fds()
     try:
         try:
@@ -144,6 +145,8 @@ def main(argv: list[str] | None = None) -> None:
 
         drop_stdout()
         sys.exit(141)
+    except KeyboardInterrupt:  # Ctrl-C while crow starts (importing, before a command's own
+        sys.exit(130)  # handling): it leaves as interrupted, without a traceback
 
 
 def _closed_std_fds() -> None:

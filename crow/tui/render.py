@@ -263,7 +263,8 @@ class Renderer:
         for n, (title, status) in enumerate(plan):
             mark, style = _PLAN.get(status, ("☐", ""))
             lines.append(("\n" if n else "") + mark + " ", style=style)
-            lines.append(printable(title), style="dim" if style == "green" else "")
+            # one line per item: a newline in a title would draw an item (`☑ …`) of its own
+            lines.append(printable(title).replace("\n", "\\x0a"), style="dim" if style == "green" else "")
         self._print(Text("Plan", style="bold"), lines, gap=self._after == "text")
 
     # -------------------------------------------------------------- the screen
