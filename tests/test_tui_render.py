@@ -366,6 +366,25 @@ def test_the_turn_ends_with_a_one_line_summary(
     assert re.search(expected, plain(out), re.M), plain(out)
 
 
+def test_a_failure_is_told_once_in_full_and_summed_up_in_one_line() -> None:
+    """The failed turn's notice carries the whole reason; the summary line repeated all of
+    it (a wrapped paragraph twice on screen): now its first sentence."""
+    why = (
+        "No model is configured. Set CROW_MODEL=provider:model (for example openai:gpt-4.1-mini "
+        "with OPENAI_API_KEY), or put model: in ~/.crow/config.yaml."
+    )
+    con, out = console(terminal=True, width=60)
+    title, rest = why.split(". ", 1)
+    turn(Renderer(con), Notice(rest, "error", title), result=TurnResult("end_turn", error=why))
+    shown = plain(out)
+    assert re.search(r"^✗ Failed after \d+\.\d s: No model is configured\.$", shown, re.M), shown
+    assert shown.count("OPENAI_API_KEY") == 1, shown
+    lines = shown.splitlines()
+    head = lines.index("✗ No model is configured")
+    detail = lines[head + 1 : head + 4]  # the reason, wrapped to three lines, each indented
+    assert all(line.startswith("  ") for line in detail) and detail[-1].endswith("config.yaml."), shown
+
+
 # ------------------------------------------------------------------ paused, live
 
 

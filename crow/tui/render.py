@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
+from rich.padding import Padding
 from rich.text import Text
 
 from crow.events import (
@@ -103,7 +104,7 @@ class Renderer:
             line = Text(f"■ Cancelled after {took}", style="yellow")
         elif result is not None and result.error:
             line = Text(f"✗ Failed after {took}: ", style="red")
-            line.append(printable(result.error))
+            line.append(printable(_first_sentence(result.error)))  # the notice above said it all
         elif stop in _STOPPED:
             line = Text(f"⚠ Stopped after {took}: {_STOPPED[str(stop)]}", style="yellow")
         else:
@@ -225,9 +226,9 @@ class Renderer:
                 mark, style = _NOTICE.get(event.severity, _NOTICE["info"])
                 line = Text(mark, style=style)
                 line.append(printable(event.headline), style=style if event.severity != "info" else "")
-                for more in (event.detail or "").splitlines():  # under the headline, indented
-                    line.append("\n  " + printable(more), style=style if event.severity == "error" else "")
-                self._print(line, gap=self._after == "text")
+                detail = Text(printable(event.detail or ""), style=style if event.severity == "error" else "")
+                shown = (line, Padding(detail, (0, 0, 0, 2))) if event.detail else (line,)
+                self._print(*shown, gap=self._after == "text")  # the detail indented, wrapped lines too
         elif isinstance(event, CompactionStarted):
             if self._state is not None:
                 self._state.phase = "Compacting the context"
@@ -342,3 +343,10 @@ class _Live(Live):
             super().refresh()
         except OSError as exc:
             self.failure = exc
+
+
+def _first_sentence(text: str) -> str:
+    """A failure's first sentence, for the turn's one-line summary (its notice has the rest)."""
+    import re
+
+    return re.split(r"(?<=[.!?])\s", text.strip(), maxsplit=1)[0].splitlines()[0] if text.strip() else text
