@@ -134,7 +134,7 @@ def write_json(obj: dict[str, Any]) -> None:
 def activity(event: Event) -> str | None:
     """The stderr line for an event of text and json modes (None: nothing to show)."""
     if isinstance(event, ToolCallStart):
-        from crow.acp.view import tool_title
+        from crow.tool_kinds import tool_title
 
         return f"→ {printable(tool_title(event.call, event.spec))}"
     if isinstance(event, ToolCallEnd):
@@ -229,7 +229,7 @@ def event_object(event: Event) -> dict[str, Any] | None:
         kind = "text" if isinstance(event, TextDelta) else "thought"
         return {"type": kind, "text": event.text, "message_id": event.message_id}
     if isinstance(event, ToolCallStart):
-        from crow.acp.view import tool_title
+        from crow.tool_kinds import tool_title
 
         spec = event.spec
         return {

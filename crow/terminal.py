@@ -265,7 +265,7 @@ def printable(text: str) -> str:
 
 
 def _call_name(call: ToolCall, spec: ToolSpec | None = None) -> str:
-    from crow.acp.view import tool_title
+    from crow.tool_kinds import tool_title
 
     return f"{tool_title(call, spec)!r} (call {call.id})"
 
@@ -282,7 +282,7 @@ def question_lines(call: ToolCall, cwd: str, spec: ToolSpec | None = None) -> li
     `printable` before they reach a terminal."""
     import difflib
 
-    from crow.acp.view import current_text, tool_title
+    from crow.tool_kinds import current_text, tool_title
 
     args = call.args
     lines = [("title", f"\nAllow {tool_title(call, spec)}?")]

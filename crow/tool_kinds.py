@@ -5,12 +5,15 @@ A server declares both in a tool's `_meta["crow"]` (`{"kind": "read", "title": "
 (readOnlyHint: read, destructiveHint: edit, else other). The kind is one of ACP's tool
 kinds. Policy relies on it only for trusted servers (`ToolHub.kind`); the editor's view
 uses it for any. A stored result keeps the kind and title its call was shown with
-(`presented`), so a replayed session looks as it did live.
+(`presented`), so a replayed session looks as it did live. Also what a proposed edit would
+change (`edit_diff`, `current_text`). No acp here: the terminal shows calls with these too.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from collections.abc import Mapping
 from typing import Any
 
@@ -112,3 +115,26 @@ def edit_diff(meta: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
         if isinstance(candidate, Mapping) and "new_text" in candidate and "path" in candidate:
             return candidate
     return None
+
+
+def current_text(path: str, limit: int = 1_000_000) -> str | None:
+    """A file's text as it is now, for a preview: None when it is missing, not a regular
+    file (a FIFO must not block the question), over `limit` bytes or not UTF-8."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(limit + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        return data.decode("utf-8") if len(data) <= limit else None
+    except UnicodeDecodeError:
+        return None

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import stat
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -31,7 +30,7 @@ from crow.acp.protocol import ToolCallStart
 from crow.command_catalog import shown_line
 from crow.llm.base import ToolSpec
 from crow.messages import Message, ToolCall, ToolResult
-from crow.tool_kinds import PRESENTATION, tool_title
+from crow.tool_kinds import PRESENTATION, current_text, tool_title
 from crow.tool_kinds import edit_diff as _diff
 from crow.tool_kinds import path_arg as _path_arg
 
@@ -99,29 +98,6 @@ def preview(call: ToolCall, cwd: Path | str = ".", spec: ToolSpec | None = None)
     if kind == "execute" and a.get("command"):
         return [tool_content(text_block(f"$ {a['command']}"))]
     return None
-
-
-def current_text(path: str, limit: int = 1_000_000) -> str | None:
-    """A file's text as it is now, for a preview: None when it is missing, not a regular
-    file (a FIFO must not block the question), over `limit` bytes or not UTF-8."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
-            return None
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(limit + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    try:
-        return data.decode("utf-8") if len(data) <= limit else None
-    except UnicodeDecodeError:
-        return None
 
 
 def terminal_id(result: ToolResult) -> str | None:

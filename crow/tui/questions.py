@@ -51,7 +51,7 @@ class ChatClient:
         timeout: float = 600.0,
     ) -> str | None:
         from crow.acp.client import DEFAULT_CHOICES
-        from crow.acp.view import tool_title
+        from crow.tool_kinds import tool_title
 
         choices = list(options or DEFAULT_CHOICES)
         shown = [Option(c.id, c.label, TerminalClient.KEYS.get(c.id)) for c in choices]
