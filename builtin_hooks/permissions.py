@@ -16,7 +16,9 @@ kinds that relax a question); a kind that makes a tool stricter (edit, execute) 
 believed from any server. "Always allow" / "always reject" add session rules scoped to
 what the prompt named (`git status` commands, edits to one file or folder, one tool).
 Requests are asked one at a time per session, each re-checked against the rules the
-previous answer may have added. A request nobody answers within `timeout` seconds counts
+previous answer may have added. A subagent's session (`Session.parent`) shares its root
+session's rules and question lock: the user's "always" holds across the tree, and the
+tree asks one question at a time. A request nobody answers within `timeout` seconds counts
 as a rejection, so a turn never hangs on an unseen prompt.
 """
 
@@ -61,7 +63,7 @@ class PermissionsHook(Hook):
                 f"{call.name} needs the user's permission, and no editor is attached to "
                 "ask. Run with --yolo (or mode: yolo), or allow it with a permissions rule."
             )
-        lock: anyio.Lock = session.state.setdefault(_LOCK, anyio.Lock())
+        lock: anyio.Lock = session.root.state.setdefault(_LOCK, anyio.Lock())
         async with lock:
             settled = self._settle(session, call)  # the previous answer may have settled it
             if settled != "ask":
@@ -150,7 +152,8 @@ class PermissionsHook(Hook):
 
 def _session_rules(session: Any) -> rules.RuleSet:
     """The session's rules: those granted for its project (read once, at its first call)
-    and its own "always" answers."""
+    and its own "always" answers; a subagent's are its root session's."""
+    session = session.root
     found: rules.RuleSet | None = session.state.get(_RULES)
     if found is None:
         found = session.state[_RULES] = rules.RuleSet()

@@ -182,6 +182,46 @@ class Agent:
         self.sessions[session.id] = session
         return session
 
+    async def create_child(
+        self,
+        parent: Session,
+        *,
+        config: Config | None = None,
+        mode: str | None = None,
+        model: str | None = None,
+        title: str = "",
+    ) -> Session:
+        """A subagent's session, to run a turn inside `parent`'s (crow's `task` tool does; a
+        plugin may too): the parent's folder, roots, thought level and settings (`config`
+        replaces them: its own `system_prompt`, `max_iterations`), `mode` and `model` unless
+        given, and the parent's tool servers, shared: nothing connects again and dropping the
+        child closes none. Stored at once with `parent_id`, so it is listed under the parent
+        and loadable later. It is not kept in `agent.sessions` and its `client` is None: the
+        caller sets what it asks through (`crow.editor.child_client`), runs it
+        (`run_turn`) and drops it."""
+        await self.session_ready(parent)
+        child = Session(
+            id=uuid.uuid4().hex,
+            cwd=parent.cwd,
+            mode=mode or parent.mode,
+            model=parent.model if model is None else model,
+            title=title,
+            thought_level=parent.thought_level,
+            config=config or parent.config,
+            store=self._store,
+            tools=parent.tools,
+            additional_directories=list(parent.additional_directories),
+            parent_id=parent.id,
+            parent=parent,
+        )
+        if self._store is not None:
+            await self._store.create_session(
+                id=child.id, cwd=str(child.cwd), title=title, mode=child.mode, model=child.model,
+                thought_level=child.thought_level or None, parent_id=parent.id,
+                additional_directories=child.additional_directories,
+            )  # fmt: skip
+        return child
+
     def _prepare_soon(self, session: Session, servers: list[ServerSpec], *, new: bool) -> None:
         """Connect the session's tools in the background; `session_ready` waits for it."""
         once = Once(f"crow.session:{session.id}", SessionError(f"session {session.id} was closed"))

@@ -88,3 +88,20 @@ class EditorClient(Protocol):
     ) -> dict[str, Any]:
         """Returns output, exit_code, timed_out, truncated and terminal_id."""
         ...
+
+
+def child_client(
+    client: EditorClient | None, *, session_id: str, name: str, parent_call_id: str
+) -> EditorClient | None:
+    """What a subagent's session (`session_id`, run by the parent's call `parent_call_id`)
+    asks through: the parent's front end, its questions naming the child (`name`). A front
+    end offers that as `for_child(session_id=, name=, parent_call_id=)` (crow's three do: the
+    ACP client asks on the child's session when the editor shows subagents, else on the
+    parent's with the child's call ids); one without it is asked as it is."""
+    if client is None:
+        return None
+    for_child = getattr(client, "for_child", None)
+    if for_child is None:
+        return client
+    made: EditorClient = for_child(session_id=session_id, name=name, parent_call_id=parent_call_id)
+    return made

@@ -26,6 +26,9 @@ __all__ = [
     "ModeChanged",
     "Notice",
     "PlanUpdated",
+    "SubagentEvent",
+    "SubagentFinished",
+    "SubagentStarted",
     "TextDelta",
     "ThoughtDelta",
     "TitleChanged",
@@ -166,6 +169,54 @@ class CommandsChanged:
     commands: tuple[Command, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class SubagentStarted:
+    """A child session (a subagent: crow's `task` tool) starts inside the parent's turn, run
+    by the parent's tool call `parent_call_id`. Sent before any of its `SubagentEvent`s.
+    `name` is its agent definition's; `description` the task's short title; `cwd` and
+    `additional_directories` where it works."""
+
+    parent_call_id: str
+    session_id: str
+    name: str
+    description: str
+    cwd: str
+    additional_directories: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentEvent:
+    """An event of child session `session_id`'s turn, as its own loop emitted it (its tool
+    call ids are its own: a front end showing them among the parent's makes them unique
+    with `child_call_id`)."""
+
+    parent_call_id: str
+    session_id: str
+    event: Event
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentFinished:
+    """Child session `session_id` ended: sent after its last `SubagentEvent`, before the
+    parent's call ends. `stop_reason` is its turn's (ACP stop reasons) or "failed" with
+    `error`; `turns` its model calls, `input_tokens`/`output_tokens` what they used, `cost`
+    its USD total (None when unknown)."""
+
+    parent_call_id: str
+    session_id: str
+    stop_reason: str
+    turns: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float | None = None
+    error: str | None = None
+
+
+def child_call_id(parent_call_id: str, call_id: str) -> str:
+    """A child's tool call id as shown among the parent's calls: unique across the tree."""
+    return f"{parent_call_id}/{call_id}"
+
+
 Event = (
     TextDelta
     | ThoughtDelta
@@ -181,5 +232,8 @@ Event = (
     | TitleChanged
     | UserMessageAdded
     | CommandsChanged
+    | SubagentStarted
+    | SubagentEvent
+    | SubagentFinished
 )
 Emit = Callable[[Event], Awaitable[None]]

@@ -79,6 +79,27 @@ class Session:
     # More workspace roots (ACP `additionalDirectories`): absolute folders the file tools and
     # the sandbox cover too; `cwd` stays where relative paths start. Stored with the session.
     additional_directories: list[str] = field(default_factory=list)
+    # A subagent's (`Agent.create_child`): the session whose turn runs it. `parent` is the
+    # live parent while that turn runs (None for a child loaded later); `parent_id` is stored.
+    parent_id: str | None = None
+    parent: Session | None = field(default=None, repr=False)
+
+    @property
+    def root(self) -> Session:
+        """The session at the top of the subagent tree (itself for an ordinary session):
+        whose permission rules and questions a child shares."""
+        session = self
+        while session.parent is not None:
+            session = session.parent
+        return session
+
+    @property
+    def depth(self) -> int:
+        """How many live parents this session has (0: not a subagent)."""
+        depth, session = 0, self.parent
+        while session is not None:
+            depth, session = depth + 1, session.parent
+        return depth
 
     @property
     def roots(self) -> list[Path]:

@@ -79,6 +79,7 @@ async def read_session(
         config=project.config,
         store=store,
         additional_directories=beside(path, list(record.additional_directories)),
+        parent_id=record.parent_id,
     )
     session.state[PROJECT] = project
     return session, transcript

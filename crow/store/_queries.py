@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 _COLUMNS = (
     "id, cwd, title, created_at, updated_at, model, mode, todos, files, config, message_count,"
-    " additional_directories, cost, thought_level"
+    " additional_directories, cost, thought_level, parent_id"
 )
 _JSON_FIELDS = frozenset({"todos", "files", "config", "additional_directories"})
 
@@ -51,10 +51,10 @@ def get_row(c: sqlite3.Connection, columns: str, session_id: str) -> tuple[Any, 
 def _to_record(row: Sequence[Any]) -> SessionRecord:
     import json  # see the module docstring
 
-    sid, cwd, title, created, updated, model, mode, todos, files, config, count, dirs, cost, level = row
+    sid, cwd, title, created, updated, model, mode, todos, files, config, count, dirs, cost, level, up = row
     return SessionRecord(sid, cwd, title, iso(created), iso(updated), model, mode,
                          *map(json.loads, (todos, files, config)), count, json.loads(dirs),
-                         cost, level)  # fmt: skip
+                         cost, level, up)  # fmt: skip
 
 
 def record(c: sqlite3.Connection, session_id: str) -> SessionRecord:
@@ -70,10 +70,11 @@ def create(c: sqlite3.Connection, r: SessionRecord) -> SessionRecord:
             raise StoreError(f"session {r.id!r} already exists")
         c.execute(
             "INSERT INTO sessions (id, cwd, title, created_at, updated_at, model, mode,"
-            " todos, files, config, additional_directories, cost, thought_level)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " todos, files, config, additional_directories, cost, thought_level, parent_id)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (r.id, r.cwd, r.title, created, updated, r.model, r.mode,
-             *map(to_json, (r.todos, r.files, r.config, r.additional_directories)), r.cost, r.thought_level),
+             *map(to_json, (r.todos, r.files, r.config, r.additional_directories)), r.cost, r.thought_level,
+             r.parent_id),
         )  # fmt: skip
         return record(c, r.id)
 

@@ -3,7 +3,8 @@
 sessions  one row per session: metadata, `message_count` (the next seq),
           `context_head` (JSON list of messages) and `context_from` (a seq),
           `additional_directories` (JSON list: the session's other workspace roots), `cost`
-          (USD, NULL when a call's price was unknown) and `thought_level`
+          (USD, NULL when a call's price was unknown), `thought_level` and `parent_id` (a
+          subagent's: the session whose turn ran it; deleted with it)
 entries   (session_id, seq) -> message JSON, in_context flag; append-only
 context_history  each context a rewrite replaced: (session_id, until_seq, context_head,
           context_from), in force for the entries before `until_seq` (a rewind finds the
@@ -24,7 +25,7 @@ from crow.private import secure_store
 from crow.store import locks
 
 T = TypeVar("T")
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Written by every context rewrite (`_queries.set_context`), never by an append; rows in
 # insertion order (rowid) with until_seq never decreasing.
 _CONTEXT_HISTORY = (
@@ -40,8 +41,10 @@ CREATE TABLE sessions (
   todos TEXT NOT NULL DEFAULT '[]', files TEXT NOT NULL DEFAULT '{}',
   config TEXT NOT NULL DEFAULT '{}', message_count INTEGER NOT NULL DEFAULT 0,
   context_from INTEGER NOT NULL DEFAULT 0, context_head TEXT NOT NULL DEFAULT '[]',
-  additional_directories TEXT NOT NULL DEFAULT '[]', cost REAL DEFAULT 0, thought_level TEXT
+  additional_directories TEXT NOT NULL DEFAULT '[]', cost REAL DEFAULT 0, thought_level TEXT,
+  parent_id TEXT REFERENCES sessions (id) ON DELETE CASCADE
 );
+CREATE INDEX sessions_by_parent ON sessions (parent_id) WHERE parent_id IS NOT NULL;
 CREATE INDEX sessions_by_time ON sessions (updated_at DESC, id);
 CREATE INDEX sessions_by_cwd ON sessions (cwd, updated_at DESC, id);
 CREATE TABLE entries (
@@ -66,6 +69,11 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     # (a session's earlier rewrites are not known: crow.rewind takes back only turns whose
     # prompt a crow of this version stored, and those it finds).
     4: _CONTEXT_HISTORY,
+    # 5: a subagent's parent session (crow's `task` tool): listed under it, deleted with it.
+    5: (
+        "ALTER TABLE sessions ADD COLUMN parent_id TEXT REFERENCES sessions (id) ON DELETE CASCADE",
+        "CREATE INDEX sessions_by_parent ON sessions (parent_id) WHERE parent_id IS NOT NULL",
+    ),
 }
 
 

@@ -18,7 +18,7 @@ class SessionRecord:
 
     __slots__ = _FIELDS = (
         "id", "cwd", "title", "created_at", "updated_at", "model", "mode", "todos", "files", "config",
-        "message_count", "additional_directories", "cost", "thought_level",
+        "message_count", "additional_directories", "cost", "thought_level", "parent_id",
     )  # fmt: skip
     id: str
     cwd: str
@@ -34,6 +34,7 @@ class SessionRecord:
     additional_directories: list[str]  # the session's other workspace roots (absolute)
     cost: float | None  # USD over the session's model calls; None once a price was unknown
     thought_level: str | None  # the level chosen for models that take one (crow.reasoning)
+    parent_id: str | None  # a subagent's: the session whose turn ran it
 
     def __init__(
         self,
@@ -51,12 +52,13 @@ class SessionRecord:
         additional_directories: list[str] | None = None,
         cost: float | None = 0.0,
         thought_level: str | None = None,
+        parent_id: str | None = None,
     ) -> None:
         todos, files = todos if todos is not None else [], files if files is not None else {}
         config = config if config is not None else {}
         dirs = additional_directories if additional_directories is not None else []
         values = (id, cwd, title, created_at, updated_at, model, mode, todos, files, config, message_count,
-                  dirs, cost, thought_level)  # fmt: skip
+                  dirs, cost, thought_level, parent_id)  # fmt: skip
         for name, value in zip(self._FIELDS, values, strict=True):
             object.__setattr__(self, name, value)
 
