@@ -44,6 +44,8 @@ _EXPORTS = {
     "Usage": "crow.llm.base",
     "ServerSpec": "crow.tools",
     "PromptCommand": "crow.commands",
+    "AgentDefinition": "crow.agent_definitions",
+    "find_agents": "crow.agent_definitions",
     "CommandError": "crow.errors",
     "expand_arguments": "crow.commands",
     "split_frontmatter": "crow.frontmatter",

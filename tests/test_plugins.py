@@ -112,6 +112,7 @@ async def test_a_mixed_stack_has_one_order_whatever_the_registration_time(
             "permissions",
             "plan",
             "ask",
+            "subagents",
             "checkpoints",
             "filesystem",
             "todolist",
@@ -233,7 +234,7 @@ def test_the_builtins_are_crows_own_entry_points() -> None:
     declared = project["entry-points"][GROUP]
     assert set(declared) == {
         "tracing", "permissions", "plan", "checkpoints", "filesystem", "todolist", "skills", "memory",
-        "summarization", "ask",
+        "summarization", "ask", "subagents",
     }  # fmt: skip
     assert all(value.startswith("builtin_hooks.") for value in declared.values())
     from importlib.metadata import entry_points
