@@ -79,7 +79,10 @@ async def test_a_task_runs_a_child_with_its_own_context_and_returns_its_answer(
         assert finished.stop_reason == "end_turn" and finished.turns == 1
         # the result names the child for the front ends, and its footer what it took
         stored = tool_results(list(session.messages))["t1"]
-        assert stored.meta["crow/subagent"] == {"session_id": started[0].session_id, "agent": "general-purpose"}
+        assert stored.meta["crow/subagent"] == {
+            "session_id": started[0].session_id,
+            "agent": "general-purpose",
+        }
         assert "[subagent general-purpose: 1 model call," in stored.content
         listed, _ = await agent.store.list_sessions()
         child = next(r for r in listed if r.id == started[0].session_id)
@@ -120,7 +123,9 @@ async def test_two_tasks_of_one_reply_run_at_once_each_seeing_only_its_own_promp
         assert results["t2"].content.startswith("answer to CHILD two")
 
 
-async def test_a_childs_cost_counts_into_the_parents_as_it_grows(model_env: ScriptedLLM, tmp_path: Path) -> None:
+async def test_a_childs_cost_counts_into_the_parents_as_it_grows(
+    model_env: ScriptedLLM, tmp_path: Path
+) -> None:
     llm = model_env
     priced = {"openai:scripted": ModelSettings(pricing=Pricing(input=1.0, output=2.0))}
     call = 0.002  # 1000 input and 500 output tokens at $1 and $2 per million
@@ -144,7 +149,9 @@ async def test_a_childs_cost_counts_into_the_parents_as_it_grows(model_env: Scri
         stored = {r.id: r for r in (await agent.store.list_sessions())[0]}
         assert stored[session.id].cost == pytest.approx(3 * call)
         assert stored[finished.session_id].cost == pytest.approx(call)
-        assert "1,000 input / 500 output tokens, $0.0020]" in tool_results(list(session.messages))["t1"].content
+        assert (
+            "1,000 input / 500 output tokens, $0.0020]" in tool_results(list(session.messages))["t1"].content
+        )
 
 
 async def test_a_child_of_an_unpriced_model_makes_the_parents_cost_unknown(
@@ -185,7 +192,11 @@ async def test_a_cancel_during_children_settles_every_history_and_the_next_promp
         assert {f.stop_reason for f in finished} == {"cancelled"}
         # each child's end is told before the parent's call that ran it ends
         for f in finished:
-            end = next(i for i, e in enumerate(events) if isinstance(e, ToolCallEnd) and e.call.id == f.parent_call_id)
+            end = next(
+                i
+                for i, e in enumerate(events)
+                if isinstance(e, ToolCallEnd) and e.call.id == f.parent_call_id
+            )
             assert events.index(f) < end
         for sid in [session.id, *(s.session_id for s in started)]:
             validate(await agent.store.load_context(sid))
