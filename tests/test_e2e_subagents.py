@@ -41,7 +41,7 @@ def is_child(request: RecordedRequest) -> bool:
 
 
 def config(home: Path, **more: Any) -> Config:
-    return Config(model="openai:scripted", home=home, mode="yolo", **more)
+    return Config(**{"model": "openai:scripted", "home": home, "mode": "yolo", **more})
 
 
 class Events(list[Any]):

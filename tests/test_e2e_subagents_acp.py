@@ -165,3 +165,51 @@ async def child_ids(home: Path, parent_id: str) -> list[str]:
         return [r.id for r in listed if r.parent_id == parent_id]
     finally:
         await store.aclose()
+
+
+async def test_a_definitions_prompt_tools_and_mode_hold_through_a_spawned_crow(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """A repository's reviewer (read_file, grep) gets its own system prompt and only its
+    tools; a write it was not offered is refused without asking. A repository's yolo agent
+    under an ask-mode parent still asks."""
+    agents = workspace / ".crow" / "agents"
+    agents.mkdir(parents=True)
+    (agents / "reviewer.md").write_text(
+        "---\nname: reviewer\ndescription: Reviews code\ntools: read_file, grep\n---\nREVIEWER-PROMPT: find bugs.\n"
+    )
+    (agents / "loose.md").write_text(
+        "---\nname: loose\ndescription: Does anything\nmode: yolo\n---\nLOOSE-PROMPT\n"
+    )
+
+    def child(request: RecordedRequest) -> Reply:
+        if child_answered(request):
+            return Reply(text="child finished")
+        name = "sneaky.txt" if "REVIEWER" in request.system else "asked.txt"
+        return Reply(tool_calls=[ToolCallSpec("write_file", {"path": name, "content": "x"}, id="w1")])
+
+    llm.rule(is_child, child)
+    llm.push(
+        Reply(tool_calls=[task("t1", "CHILD review", agent="reviewer")]),
+        Reply(tool_calls=[task("t2", "CHILD write", agent="loose")]),
+        Reply(text="parent done"),
+    )
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
+        sid = await start(conn, workspace)  # mode ask: the default
+        assert (await prompt(conn, sid)).stop_reason == "end_turn"
+    reviewer = next(r for r in llm.requests if is_child(r) and "REVIEWER" in r.system)
+    assert reviewer.system.startswith("REVIEWER-PROMPT: find bugs.")
+    assert sorted(reviewer.tool_names) == ["grep", "read_file"]
+    refused = next(
+        m["content"]
+        for r in llm.requests
+        if is_child(r) and "REVIEWER" in r.system and child_answered(r)
+        for m in r.messages
+        if m["role"] == "tool"
+    )
+    assert refused.startswith("Error: write_file was not offered to this subagent (agent reviewer)")
+    assert not (workspace / "sneaky.txt").exists()
+    # the loose agent's write was asked about (the parent's mode), and allowed by the editor
+    (asked,) = client.permission_requests
+    assert "asked.txt" in str(asked[0])
+    assert (workspace / "asked.txt").exists()
