@@ -224,9 +224,13 @@ class SubagentsHook(Hook):
             }
         )
         mode = subagents.child_mode(parent.mode, definition.mode)
-        child = await self.agent.create_child(
-            parent, config=config, mode=mode, model=model, title=description
-        )
+        try:
+            child = await self.agent.create_child(
+                parent, config=config, mode=mode, model=model, title=description
+            )
+        except Exception as exc:  # the store: the call's failure, not the parent's turn
+            log.warning("could not start subagent %s: %s", definition.name, exc, exc_info=True)
+            return ToolResult(call.id, call.name, error=f"The subagent could not start: {_failure(exc)}")
         child.client = child_client(
             parent.client, session_id=child.id, name=definition.name, parent_call_id=call.id
         )

@@ -10,12 +10,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from crow import Agent, Message, SubagentEvent, SubagentFinished, SubagentStarted
 from crow.config import HooksConfig
+from crow.events import ToolCallEnd
 from crow.messages import validate
-from tests.llm_server import RecordedRequest, Reply, ScriptedLLM, ToolCallSpec
+from tests.llm_server import RecordedRequest, Reply, ScriptedLLM, Stall, ToolCallSpec
 from tests.test_e2e_subagents import Events, config, is_child, model_env, task, tool_results
 
 pytestmark = pytest.mark.anyio
@@ -207,3 +209,29 @@ async def test_bad_task_arguments_get_clear_errors_and_start_nothing(
         assert "`prompt` is empty" in results["empty_prompt"]
         assert "`prompt` is 1,000,006 characters; keep it under 100,000" in results["huge_prompt"]
         assert results["unknown_agent"] == "Error: unknown agent 'nope'; the agents are: general-purpose"
+
+
+async def test_a_cancel_ends_running_and_waiting_children_alike(
+    model_env: ScriptedLLM, tmp_path: Path
+) -> None:
+    llm = model_env
+    llm.rule(is_child, Stall(seconds=60))
+    llm.push(Reply(tool_calls=[task(f"t{i}", f"CHILD {i}") for i in range(6)]))
+    events = Events()
+    async with Agent(config(tmp_path / "home", hooks=subagents(max_concurrent=2))) as agent:
+        session = agent.create_session(tmp_path)
+        async with anyio.create_task_group() as tg:
+
+            async def prompt() -> None:
+                await agent.prompt(session, Message("user", "delegate"), events)
+
+            tg.start_soon(prompt)
+            await anyio.to_thread.run_sync(llm.wait_for_requests, 3, 20.0)  # two children wait on the model
+            tg.cancel_scope.cancel()
+        started = events.of(SubagentStarted)
+        assert len(started) == 2  # the four waiting for a slot never started
+        assert [f.stop_reason for f in events.of(SubagentFinished)] == ["cancelled", "cancelled"]
+        ended = {e.call.id: e.result for e in events.of(ToolCallEnd)}
+        assert sorted(ended) == [f"t{i}" for i in range(6)] and all(r.is_error for r in ended.values())
+        for sid in [session.id, *(s.session_id for s in started)]:
+            validate(await agent.store.load_context(sid))
