@@ -23,18 +23,16 @@ import contextlib
 import json
 import logging
 import re
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import PY, Ctx, Figure, median, ms
-from bench.llm_proc import _HEAD, _chunk
+from bench.common import PY, Ctx, Figure, median, ms, serving
+from bench.llm_proc import _HEAD, _chunk, read_request
 
 G = "subagents"
 LATENCY = 0.020  # seconds each child reply takes
@@ -69,13 +67,7 @@ def _tasks(n: int, stall: bool) -> bytes:
 async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, arrivals: list[Any]) -> None:
     try:
         while True:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n")[1:]:
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            body = json.loads(await reader.readexactly(length)) if length else {}
+            head, body = await read_request(reader)
             if head.startswith(b"GET /arrivals"):
                 data = json.dumps(arrivals).encode()
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data))
@@ -118,16 +110,9 @@ async def run(ctx: Ctx) -> list[Figure]:
         return await _measure(ctx, base_url)
 
 
-@contextlib.contextmanager
-def _model(latency: float) -> Iterator[str]:
-    """This file as the model's process; its base URL."""
-    proc = subprocess.Popen([PY, __file__, str(latency)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        yield proc.stdout.readline().strip()
-    finally:
-        proc.kill()
-        proc.wait()
+def _model(latency: float) -> contextlib.AbstractContextManager[str]:
+    """This file as the model's process; yields its base URL."""
+    return serving([PY, __file__, str(latency)])
 
 
 async def _measure(ctx: Ctx, base_url: str) -> list[Figure]:

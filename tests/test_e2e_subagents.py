@@ -9,6 +9,7 @@ tests/test_e2e_subagents_definitions.py; a spawned crow: tests/test_e2e_subagent
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,20 @@ def task(id: str, prompt: str, description: str = "Look it up", **more: Any) -> 
 
 def is_child(request: RecordedRequest) -> bool:
     return "CHILD" in request.last_user_text
+
+
+def answered(request: RecordedRequest) -> bool:
+    """Whether the request carries a tool result (the caller's second model call on)."""
+    return any(m["role"] == "tool" for m in request.messages)
+
+
+def calls_then_answers(*calls: ToolCallSpec, answer: str) -> Callable[[RecordedRequest], Reply]:
+    """A child (a rule's step) that makes `calls` in its first reply, then answers."""
+
+    def reply(request: RecordedRequest) -> Reply:
+        return Reply(text=answer) if answered(request) else Reply(tool_calls=list(calls))
+
+    return reply
 
 
 def config(home: Path, **more: Any) -> Config:
@@ -207,11 +222,18 @@ async def test_a_cancel_during_children_settles_every_history_and_the_next_promp
         assert session.messages[-1].content == "after the cancel"
 
 
+@pytest.mark.parametrize(
+    ("fault", "said"),
+    [
+        (Fault(500, "the model is down"), "Error: The subagent's model call failed:"),
+        (Fault(401, "invalid api key"), "Error: The subagent failed: Authentication required"),
+    ],
+)
 async def test_a_child_whose_model_fails_is_an_error_result_and_the_parent_goes_on(
-    model_env: ScriptedLLM, tmp_path: Path
+    model_env: ScriptedLLM, tmp_path: Path, fault: Fault, said: str
 ) -> None:
     llm = model_env
-    llm.rule(is_child, Fault(500, "the model is down"))
+    llm.rule(is_child, fault)
     llm.push(Reply(tool_calls=[task("t1", "CHILD fails")]), Reply(text="parent went on"))
     no_retries = {"openai": ProviderSettings(max_retries=0)}
     events = Events()
@@ -220,26 +242,8 @@ async def test_a_child_whose_model_fails_is_an_error_result_and_the_parent_goes_
         result = await agent.prompt(session, Message("user", "delegate"), events)
         assert result.stop_reason == "end_turn" and session.messages[-1].content == "parent went on"
         stored = tool_results(list(session.messages))["t1"]
-        assert stored.content.startswith("Error: The subagent's model call failed:")
-        assert "500" in stored.content
+        assert stored.content.startswith(said)
+        assert str(fault.status) in stored.content
         (finished,) = events.of(SubagentFinished)
         assert finished.stop_reason == "failed" and finished.error
-        validate(await agent.store.load_context(finished.session_id))
-
-
-async def test_a_child_without_a_valid_key_is_an_error_result_naming_it(
-    model_env: ScriptedLLM, tmp_path: Path
-) -> None:
-    llm = model_env
-    llm.rule(is_child, Fault(401, "invalid api key"))
-    llm.push(Reply(tool_calls=[task("t1", "CHILD fails")]), Reply(text="parent went on"))
-    events = Events()
-    async with Agent(config(tmp_path / "home")) as agent:
-        session = agent.create_session(tmp_path)
-        result = await agent.prompt(session, Message("user", "delegate"), events)
-        assert result.stop_reason == "end_turn" and session.messages[-1].content == "parent went on"
-        stored = tool_results(list(session.messages))["t1"]
-        assert stored.content.startswith("Error: The subagent failed: Authentication required")
-        (finished,) = events.of(SubagentFinished)
-        assert finished.stop_reason == "failed"
         validate(await agent.store.load_context(finished.session_id))

@@ -18,7 +18,7 @@ from crow.messages import Message, validate
 from crow.store import SQLiteStore
 from tests.conftest import RecordingClient, crow_env, spawn_crow
 from tests.llm_server import RecordedRequest, Reply, ScriptedLLM, Stall, ToolCallSpec
-from tests.test_e2e_subagents import is_child, task
+from tests.test_e2e_subagents import answered, calls_then_answers, is_child, task
 
 pytestmark = pytest.mark.anyio
 
@@ -36,10 +36,6 @@ def ended_with(client: RecordingClient, call_id: str) -> str:
     """The text of the last update of the parent's tool call `call_id`."""
     updates = [u for u in client.of_type("ToolCallProgress") if u.tool_call_id == call_id and u.content]
     return "".join(c.content.text for c in updates[-1].content if getattr(c, "content", None))
-
-
-def child_answered(request: RecordedRequest) -> bool:
-    return any(m["role"] == "tool" for m in request.messages)
 
 
 async def stored(home: Path, session_id: str) -> tuple[Any, list[Message]]:
@@ -80,12 +76,8 @@ async def test_two_tasks_run_at_once_through_a_spawned_crow(
 async def test_a_childs_permission_request_reaches_the_editor_and_its_answer_holds(
     llm: ScriptedLLM, home: Path, workspace: Path, answer: str
 ) -> None:
-    def child(request: RecordedRequest) -> Reply:
-        if child_answered(request):
-            return Reply(text="child finished")
-        return Reply(tool_calls=[ToolCallSpec("write_file", {"path": "made.txt", "content": "hi"}, id="w1")])
-
-    llm.rule(is_child, child)
+    write = ToolCallSpec("write_file", {"path": "made.txt", "content": "hi"}, id="w1")
+    llm.rule(is_child, calls_then_answers(write, answer="child finished"))
     llm.push(Reply(tool_calls=[task("t1", "CHILD write a file")]), Reply(text="parent done"))
     client = RecordingClient()
     client.permission_answer = answer
@@ -96,32 +88,25 @@ async def test_a_childs_permission_request_reaches_the_editor_and_its_answer_hol
     assert "made.txt" in str(asked[0])
     assert (workspace / "made.txt").exists() == (answer == "allow_once")
     write_result = next(
-        m
-        for r in llm.requests
-        if is_child(r) and child_answered(r)
-        for m in r.messages
-        if m["role"] == "tool"
+        m for r in llm.requests if is_child(r) and answered(r) for m in r.messages if m["role"] == "tool"
     )
     if answer == "reject_once":
         assert write_result["content"].startswith("Error: The user declined this tool call.")
 
 
 async def test_a_childs_question_goes_to_the_editor(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
-    def child(request: RecordedRequest) -> Reply:
-        if child_answered(request):
-            return Reply(text="the user chose")
-        question = {"question": "Which one?", "options": ["red", "blue"]}
-        return Reply(tool_calls=[ToolCallSpec("ask_user", question, id="q1")])
-
-    llm.rule(is_child, child)
+    question = {"question": "Which one?", "options": ["red", "blue"]}
+    llm.rule(
+        is_child, calls_then_answers(ToolCallSpec("ask_user", question, id="q1"), answer="the user chose")
+    )
     llm.push(Reply(tool_calls=[task("t1", "CHILD ask the user")]), Reply(text="parent done"))
     async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
         sid = await start(conn, workspace)
         assert (await prompt(conn, sid)).stop_reason == "end_turn"
     (asked,) = client.permission_requests
     assert [o.name for o in asked[1]][:2] == ["red", "blue"]
-    answered = next(r for r in llm.requests if is_child(r) and child_answered(r))
-    assert "red" in str([m for m in answered.messages if m["role"] == "tool"])
+    second = next(r for r in llm.requests if is_child(r) and answered(r))
+    assert "red" in str([m for m in second.messages if m["role"] == "tool"])
 
 
 async def test_a_cancel_stops_every_child_and_each_history_stays_valid(
@@ -183,7 +168,7 @@ async def test_a_definitions_prompt_tools_and_mode_hold_through_a_spawned_crow(
     )
 
     def child(request: RecordedRequest) -> Reply:
-        if child_answered(request):
+        if answered(request):
             return Reply(text="child finished")
         name = "sneaky.txt" if "REVIEWER" in request.system else "asked.txt"
         return Reply(tool_calls=[ToolCallSpec("write_file", {"path": name, "content": "x"}, id="w1")])
@@ -203,7 +188,7 @@ async def test_a_definitions_prompt_tools_and_mode_hold_through_a_spawned_crow(
     refused = next(
         m["content"]
         for r in llm.requests
-        if is_child(r) and "REVIEWER" in r.system and child_answered(r)
+        if is_child(r) and "REVIEWER" in r.system and answered(r)
         for m in r.messages
         if m["role"] == "tool"
     )

@@ -15,7 +15,15 @@ import pytest
 from crow import Agent, Message, Notice, SubagentStarted
 from crow.config import DEFAULT_SYSTEM_PROMPT
 from tests.llm_server import RecordedRequest, Reply, ScriptedLLM, ToolCallSpec
-from tests.test_e2e_subagents import Events, config, is_child, model_env, task, tool_results
+from tests.test_e2e_subagents import (
+    Events,
+    calls_then_answers,
+    config,
+    is_child,
+    model_env,
+    task,
+    tool_results,
+)
 
 pytestmark = pytest.mark.anyio
 __all__ = ["model_env"]  # the fixture, shared
@@ -31,10 +39,6 @@ def agent_file(folder: Path, name: str, body: str = "", **meta: Any) -> Path:
 
 def task_spec(request: RecordedRequest) -> dict[str, Any]:
     return next(t["function"] for t in request.tools if t["function"]["name"] == "task")
-
-
-def answered(request: RecordedRequest) -> bool:
-    return any(m["role"] == "tool" for m in request.messages)
 
 
 async def test_the_task_tool_lists_the_folders_agents_and_follows_their_files(
@@ -93,12 +97,8 @@ async def test_a_definitions_prompt_and_tools_are_what_the_childs_model_gets(
         tools="read_file, grep, NoSuchTool",
     )
 
-    def child(request: RecordedRequest) -> Reply:  # a hostile child calls what it was not offered
-        if answered(request):
-            return Reply(text="reviewed")
-        return Reply(tool_calls=[ToolCallSpec("write_file", {"path": "x.txt", "content": "no"}, id="w1")])
-
-    llm.rule(is_child, child)
+    write = ToolCallSpec("write_file", {"path": "x.txt", "content": "no"}, id="w1")  # not offered
+    llm.rule(is_child, calls_then_answers(write, answer="reviewed"))
     llm.push(Reply(tool_calls=[task("t1", "CHILD review", agent="reviewer")]), Reply(text="parent done"))
     events = Events()
     async with Agent(config(tmp_path / "home", mode="ask")) as agent:

@@ -18,14 +18,18 @@ from crow.config import HooksConfig
 from crow.events import ToolCallEnd
 from crow.messages import validate
 from tests.llm_server import RecordedRequest, Reply, ScriptedLLM, Stall, ToolCallSpec
-from tests.test_e2e_subagents import Events, config, is_child, model_env, task, tool_results
+from tests.test_e2e_subagents import (
+    Events,
+    calls_then_answers,
+    config,
+    is_child,
+    model_env,
+    task,
+    tool_results,
+)
 
 pytestmark = pytest.mark.anyio
 __all__ = ["model_env"]  # the fixture, shared
-
-
-def answered(request: RecordedRequest) -> bool:
-    return any(m["role"] == "tool" for m in request.messages)
 
 
 def subagents(**settings: Any) -> HooksConfig:
@@ -49,14 +53,8 @@ async def test_a_child_calling_task_is_refused_at_the_depth_limit(
 ) -> None:
     llm = model_env
 
-    def child(request: RecordedRequest) -> Reply:
-        if answered(request):
-            return Reply(text="did it myself")
-        return Reply(
-            tool_calls=[task("c1", "GRANDCHILD"), ToolCallSpec("exit_plan_mode", {"plan": "x"}, id="c2")]
-        )
-
-    llm.rule(is_child, child)
+    plan = ToolCallSpec("exit_plan_mode", {"plan": "x"}, id="c2")
+    llm.rule(is_child, calls_then_answers(task("c1", "GRANDCHILD"), plan, answer="did it myself"))
     llm.push(Reply(tool_calls=[task("t1", "CHILD go deeper")]), Reply(text="parent done"))
     events = Events()
     async with Agent(config(tmp_path / "home")) as agent:
@@ -79,12 +77,7 @@ async def test_with_max_depth_two_a_child_runs_its_own_child(model_env: Scripted
     llm = model_env
     llm.rule(lambda r: "GRANDCHILD" in r.last_user_text, Reply(text="grandchild answer"))
 
-    def child(request: RecordedRequest) -> Reply:
-        if answered(request):
-            return Reply(text="child relays it")
-        return Reply(tool_calls=[task("c1", "GRANDCHILD look")])
-
-    llm.rule(is_child, child)
+    llm.rule(is_child, calls_then_answers(task("c1", "GRANDCHILD look"), answer="child relays it"))
     llm.push(Reply(tool_calls=[task("t1", "CHILD go deeper")]), Reply(text="parent done"))
     events = Events()
     async with Agent(config(tmp_path / "home", hooks=subagents(max_depth=2))) as agent:
@@ -161,12 +154,8 @@ async def test_a_child_at_its_turn_limit_returns_what_it_has(model_env: Scripted
 async def test_a_plan_mode_parents_child_runs_read_only(model_env: ScriptedLLM, tmp_path: Path) -> None:
     llm = model_env
 
-    def child(request: RecordedRequest) -> Reply:
-        if answered(request):
-            return Reply(text="could not write")
-        return Reply(tool_calls=[ToolCallSpec("write_file", {"path": "x.txt", "content": "no"}, id="w1")])
-
-    llm.rule(is_child, child)
+    write = ToolCallSpec("write_file", {"path": "x.txt", "content": "no"}, id="w1")
+    llm.rule(is_child, calls_then_answers(write, answer="could not write"))
     llm.push(Reply(tool_calls=[task("t1", "CHILD write")]), Reply(text="parent done"))
     events = Events()
     async with Agent(config(tmp_path / "home")) as agent:
