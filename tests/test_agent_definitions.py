@@ -247,3 +247,22 @@ def test_an_unchanged_file_is_not_read_again_a_changed_one_is(
         agents, problems = find_agents(cwd, home)
         assert "a" not in agents and len(problems) == 1
     assert len(reads) == 2
+
+
+def test_the_worked_example_in_the_docs_reads_as_they_say(dirs: tuple[Path, Path]) -> None:
+    cwd, home = dirs
+    docs = (Path(__file__).parents[1] / "docs" / "agents.md").read_text()
+    example = docs.split("`.crow/agents/reviewer.md` in your project:\n\n```markdown\n")[1].split("\n```")[0]
+    write(cwd / ".crow/agents/reviewer.md", example + "\n")
+    agents, problems = find_agents(cwd, home)
+    reviewer = agents["reviewer"]
+    assert problems == [] and reviewer.scope == "project"
+    assert (reviewer.tools, reviewer.mode, reviewer.model) == (
+        ("read_file", "grep", "glob"),
+        "read_only",
+        None,
+    )
+    assert reviewer.description.startswith("Reviews a change for bugs") and reviewer.description.endswith(
+        "Read-only."
+    )
+    assert reviewer.prompt.startswith("You are a careful code reviewer.")
