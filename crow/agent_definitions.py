@@ -152,7 +152,7 @@ def _parse(path: str, scope: Scope) -> AgentDefinition | str:
 def _definition(meta: dict[str, Any], prompt: str, path: str, scope: Scope) -> AgentDefinition:
     name = meta.get("name", Path(path).stem)
     if not isinstance(name, str) or not NAME.fullmatch(name):
-        raise ValueError(f"{name!r} is not an agent name (1-64 letters, digits, _ or -)")
+        raise ValueError(f"{_shown(name)} is not an agent name (1-64 letters, digits, _ or -)")
     if not prompt:
         raise ValueError("the body (the agent's system prompt) is empty")
     if meta.get("disallowedTools"):  # ignoring it would give the agent what its author denied
@@ -201,11 +201,19 @@ def _mode(meta: dict[str, Any]) -> str | None:
     if "mode" in meta:
         mode = meta["mode"]
         if mode is not None and mode not in MODES:
-            raise ValueError(f"'mode' {mode!r} is not one of {', '.join(MODES)}")
+            raise ValueError(f"'mode' {_shown(mode)} is not one of {', '.join(MODES)}")
         return mode
     claude = meta.get("permissionMode")
     if claude is None:
         return None
     if not isinstance(claude, str) or claude not in CLAUDE_MODES:
-        raise ValueError(f"'permissionMode' {claude!r} is not one of {', '.join(CLAUDE_MODES)}")
+        raise ValueError(f"'permissionMode' {_shown(claude)} is not one of {', '.join(CLAUDE_MODES)}")
     return CLAUDE_MODES[claude]
+
+
+def _shown(value: object) -> str:
+    """A frontmatter value in a problem line: text quoted and cut, anything else by its
+    type (a YAML list of aliases of aliases spelled out would be billions of items)."""
+    if isinstance(value, str):
+        return repr(value if len(value) <= 80 else value[:79] + "…")
+    return f"a {type(value).__name__}" if isinstance(value, list | dict) else repr(value)

@@ -169,7 +169,7 @@ def test_a_hostile_repository_costs_only_its_bad_files(tmp_path: Path, dirs: tup
         "badname.md: '../../etc' is not an agent name",
         "has space.md: 'has space' is not an agent name",
         f"longname.md: '{'a' * 65}' is not an agent name",
-        "intname.md: [1] is not an agent name",
+        "intname.md: a list is not an agent name",
         "badmode.md: 'mode' 'read-only' is not one of ask, accept_edits, yolo, read_only, plan",
         "dontask.md: 'permissionMode' 'dontAsk' is not one of",
         "denies.md: 'disallowedTools' is not supported",
@@ -266,3 +266,32 @@ def test_the_worked_example_in_the_docs_reads_as_they_say(dirs: tuple[Path, Path
         "Read-only."
     )
     assert reviewer.prompt.startswith("You are a careful code reviewer.")
+
+
+LAUGHS = """\
+import resource, sys
+from pathlib import Path
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+from crow.agent_definitions import find_agents
+agents, problems = find_agents(Path(sys.argv[1]), Path(sys.argv[1]) / "home")
+print(sorted(agents), problems)
+"""
+
+
+@pytest.mark.parametrize("key", ["name", "mode", "permissionMode", "tools", "model", "description"])
+def test_a_billion_laughs_value_is_refused_not_spelled_out(tmp_path: Path, key: str) -> None:
+    """1 KB of YAML aliases (a list of lists of ... 9^12 words) as a field: the problem line
+    named the value with repr(), spelling it out until memory ran out."""
+    import subprocess
+    import sys
+
+    lines = ["---", "a0: &a0 [" + ",".join(["lol"] * 9) + "]"]
+    lines += [f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 12)]
+    lines += [f"{key}: [*a11]", "description: x" if key != "description" else "", "---", "body"]
+    write(tmp_path / ".crow" / "agents" / "laugh.md", "\n".join(lines) + "\n")
+    done = subprocess.run(
+        [sys.executable, "-c", LAUGHS, str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("['general-purpose'] [") and "laugh.md: " in done.stdout
+    assert len(done.stdout) < 1000, done.stdout[:1000]
