@@ -78,15 +78,6 @@ class ChildPolicy:
     counted_cost: float = 0.0  # how much of its cost the parent's total holds already
 
 
-def default_agent() -> AgentDefinition:
-    return AgentDefinition(
-        DEFAULT_AGENT,
-        "General-purpose agent: researches questions, searches code and carries out "
-        "multi-step tasks with every tool.",
-        "",
-    )
-
-
 class SubagentsHook(Hook):
     name = "subagents"
     # Outside permissions (-90): a tool a child was not offered is refused before anyone
@@ -127,18 +118,14 @@ class SubagentsHook(Hook):
         return function_server([(task, True)], "crow-subagents", shown)
 
     def agents(self, session: Session) -> dict[str, AgentDefinition]:
-        """The agent definitions of the session's folder; the default one always."""
+        """The agent definitions of the session's folder (the default among them)."""
         try:
             found, problems = find_agents(session.cwd, Path(self.agent.config.home))
-        except NotImplementedError:  # TODO(core): drop once the definitions slice lands
-            found, problems = {}, []
-        except Exception:  # a bug there must not take the tool away
+        except Exception:  # a bug there: the call says so, the child's tool list holds
             log.exception("finding agent definitions under %s failed", session.cwd)
-            found, problems = {}, []
+            return {}
         for problem in problems:
             log.debug("agent definitions: %s", problem)
-        if DEFAULT_AGENT not in found:
-            found = {DEFAULT_AGENT: default_agent(), **found}
         return found
 
     def tool_description(self, session: Session) -> str:
@@ -206,7 +193,7 @@ class SubagentsHook(Hook):
         name = str(call.args.get("agent") or DEFAULT_AGENT)
         definition = agents.get(name)
         if definition is None:
-            known = ", ".join(sorted(agents))
+            known = ", ".join(sorted(agents)) or "none (finding them failed; see crow's log)"
             return ToolResult(call.id, call.name, error=f"unknown agent {name!r}; the agents are: {known}")
         slots: anyio.Semaphore = session.state.setdefault(_SLOTS, anyio.Semaphore(self.limits.max_concurrent))
         async with slots:  # cancellable while it waits: nothing has started yet
@@ -226,7 +213,7 @@ class SubagentsHook(Hook):
         mode = subagents.child_mode(parent.mode, definition.mode)
         try:
             child = await self.agent.create_child(
-                parent, config=config, mode=mode, model=model, title=description
+                parent, config=config, mode=mode, model=model, title=description, agent=definition.name
             )
         except Exception as exc:  # the store: the call's failure, not the parent's turn
             log.warning("could not start subagent %s: %s", definition.name, exc, exc_info=True)
@@ -313,7 +300,7 @@ class SubagentsHook(Hook):
         current = self.agent.model_ref(parent)
         if not ref or ref == "inherit" or ref == current:
             return None
-        why = subagents.foreign_model(ref, definition.path, self.agent.config)
+        why = subagents.foreign_model(ref, definition.scope, self.agent.config)
         if why is None:
             try:
                 self.agent.provider_for(ref, parent.config)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("crow.subagents")
@@ -57,13 +56,11 @@ def child_mode(parent: str, wanted: str | None) -> str:
     return "read_only" if mode == "plan" else mode
 
 
-def foreign_model(ref: str, definition_path: str, config: Any) -> str | None:
-    """Why a definition may not choose model `ref` (None: it may): a repository's agent
-    file may name only a model the user's own config names; the user's own files (in
-    crow's home) any."""
-    if _in_home(definition_path, Path(config.home)):
-        return None
-    if ref in config.model_choices() or ref in config.model_settings:
+def foreign_model(ref: str, scope: str, config: Any) -> str | None:
+    """Why a definition from `scope` may not choose model `ref` (None: it may): a
+    repository's agent file may name only a model the user's own config names; the user's
+    own files (in crow's home) any."""
+    if scope == "user" or ref in config.model_choices() or ref in config.model_settings:
         return None
     return (
         "it is not one of your configured models (model, models or model_settings in your "
@@ -107,13 +104,3 @@ def cut(text: str, limit: int) -> str:
     """`text` on one line, at most `limit` characters."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _in_home(path: str, home: Path) -> bool:
-    """Whether an agent file is the user's own (in crow's home), not a repository's."""
-    if not path:
-        return False
-    try:
-        return Path(path).resolve().is_relative_to(home.expanduser().resolve())
-    except (OSError, ValueError):
-        return False

@@ -99,9 +99,8 @@ async def test_a_task_runs_a_child_with_its_own_context_and_returns_its_answer(
             "agent": "general-purpose",
         }
         assert "[subagent general-purpose: 1 model call," in stored.content
-        listed, _ = await agent.store.list_sessions()
-        child = next(r for r in listed if r.id == started[0].session_id)
-        assert child.parent_id == session.id
+        child = await agent.store.get_session(started[0].session_id)
+        assert child is not None and child.parent_id == session.id
         # loadable afterwards, its history as it ran
         loaded, transcript = await agent.load_session(child.id)
         assert loaded.parent_id == session.id
@@ -161,9 +160,8 @@ async def test_a_childs_cost_counts_into_the_parents_as_it_grows(
         # before the parent's next model call
         parents = [e.cost for e in events.of(UsageUpdated)]
         assert parents == pytest.approx([call, 2 * call, 3 * call])
-        stored = {r.id: r for r in (await agent.store.list_sessions())[0]}
-        assert stored[session.id].cost == pytest.approx(3 * call)
-        assert stored[finished.session_id].cost == pytest.approx(call)
+        assert (await agent.store.get_session(session.id)).cost == pytest.approx(3 * call)
+        assert (await agent.store.get_session(finished.session_id)).cost == pytest.approx(call)
         assert (
             "1,000 input / 500 output tokens, $0.0020]" in tool_results(list(session.messages))["t1"].content
         )

@@ -146,8 +146,7 @@ async def child_ids(home: Path, parent_id: str) -> list[str]:
     store = SQLiteStore(home / "crow.db", home=home)
     await store.open()
     try:
-        listed, _ = await store.list_sessions()
-        return [r.id for r in listed if r.parent_id == parent_id]
+        return [r.id for r in await store.descendants([parent_id])]
     finally:
         await store.aclose()
 
