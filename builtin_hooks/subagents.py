@@ -15,8 +15,8 @@ child, never widen it:
   refused before any hook (permissions included) sees it. No child gets `exit_plan_mode`
   (it cannot change the parent's mode), and `task` only below `max_depth`.
 - mode: the stricter of the parent's and the definition's (plan counts as read_only).
-- model: the definition's when it is the user's own (a file in the user's home, or a
-  model the user's configuration names) and resolves, else the parent's, told once.
+- model: the definition's when it is the user's choice (a file in the user's agents
+  folder, or a model the user's config names) and resolves, else the parent's, told once.
 
 Settings (`hooks.settings.subagents`, the user's config): `max_depth` (1; at most 3),
 `max_turns` (25 model calls per child), `max_concurrent` (4 running children per parent
@@ -27,6 +27,7 @@ parent's stored total as it grows, and the parent's front end gets a `UsageUpdat
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,7 +114,7 @@ class SubagentsHook(Hook):
                 raise ToolError(wrong)
             return "checked"
 
-        self._description = (task.__doc__ or "").replace("\n            ", "\n").strip()
+        self._description = inspect.cleandoc(task.__doc__ or "")
         shown = {TOOL: ("think", "{description}")}
         return function_server([(task, True)], "crow-subagents", shown)
 
