@@ -109,7 +109,9 @@ def test_sessions_delete_takes_the_children_and_their_checkpoints(home: Path, tm
         (home / "checkpoints" / sid).mkdir(parents=True)
         (home / "checkpoints" / sid / "turn.json").write_text("{}")
     done = _cli(crow_env(None, home), "sessions", "delete", P[:8])
-    assert done.returncode == 0 and done.stderr.endswith(f"\ndeleted {P} and 3 subagent sessions\n"), done.stderr
+    assert done.returncode == 0 and done.stderr.endswith(f"\ndeleted {P} and 3 subagent sessions\n"), (
+        done.stderr
+    )
     assert sorted(os.listdir(home / "checkpoints")) == [Q]
     assert [
         line.split("\t")[0] for line in _cli(crow_env(None, home), "sessions", "list").stdout.splitlines()
@@ -149,3 +151,34 @@ async def test_acp_lists_only_top_level_sessions_and_a_parents_delete_takes_its_
             await conn.prompt(session_id=child, prompt=[acp.text_block("still there?")])
         assert gone.value.code == -32002
         assert (await conn.list_sessions()).sessions == []
+
+
+async def test_deleting_a_parent_cancels_a_turn_running_in_its_loaded_child_first(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    import asyncio
+
+    from tests.test_e2e_cancel_request import SLOW, until_text
+
+    llm.rule(lambda r: "CHILD" in r.last_user_text, Reply(text="the child found 42"), times=1)
+    llm.push(
+        Reply(tool_calls=[ToolCallSpec("task", {"description": "Find it", "prompt": "CHILD: find it"})]),
+        Reply(text="parent done"),
+    )
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
+        await initialize_125(conn)
+        sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("delegate")])
+        with sqlite3.connect(home / "crow.db") as db:
+            [(child,)] = db.execute("SELECT id FROM sessions WHERE parent_id = ?", (sid,)).fetchall()
+        await conn.load_session(cwd=str(workspace), session_id=child, mcp_servers=[])
+        llm.push(SLOW)
+        turn = asyncio.create_task(conn.prompt(session_id=child, prompt=[acp.text_block("go on")]))
+        await until_text(client, child)
+        assert await raw_request(conn, "session/delete", {"sessionId": sid}) == {}
+        assert turn.done(), "the child's turn settled before the delete was answered"
+        assert (await turn).stop_reason == "cancelled"
+        with sqlite3.connect(home / "crow.db") as db:
+            assert db.execute("SELECT count(*) FROM sessions").fetchone()[0] == 0
+        other = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+        assert (await conn.prompt(session_id=other, prompt=[acp.text_block("hi")])).stop_reason == "end_turn"
