@@ -8,6 +8,7 @@ import os
 import sqlite3
 import sys
 from pathlib import Path
+from typing import Any
 
 import acp
 import anyio
@@ -118,24 +119,29 @@ def test_sessions_delete_takes_the_children_and_their_checkpoints(home: Path, tm
     ] == [Q]
 
 
-async def test_acp_lists_only_top_level_sessions_and_a_parents_delete_takes_its_child(
-    llm: ScriptedLLM, home: Path, workspace: Path
-) -> None:
+async def _parent_and_child(conn: Any, llm: ScriptedLLM, home: Path, workspace: Path) -> tuple[str, str]:
+    """A session whose turn ran one `task`: (its id, its child's), the child loaded."""
     llm.rule(lambda r: "CHILD" in r.last_user_text, Reply(text="the child found 42"), times=1)
     llm.push(
         Reply(tool_calls=[ToolCallSpec("task", {"description": "Find it", "prompt": "CHILD: find it"})]),
         Reply(text="parent done"),
     )
+    await initialize_125(conn)
+    sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+    assert (await conn.prompt(session_id=sid, prompt=[acp.text_block("delegate")])).stop_reason == "end_turn"
+    with sqlite3.connect(home / "crow.db") as db:
+        [(child,)] = db.execute("SELECT id FROM sessions WHERE parent_id = ?", (sid,)).fetchall()
+    await conn.load_session(cwd=str(workspace), session_id=child, mcp_servers=[])
+    return sid, child
+
+
+async def test_acp_lists_only_top_level_sessions_and_a_parents_delete_takes_its_child(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
     async with spawn_crow(crow_env(llm, home, CROW_MODE="yolo")) as (conn, _proc, _client):
-        await initialize_125(conn)
-        sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
-        done = await conn.prompt(session_id=sid, prompt=[acp.text_block("delegate")])
-        assert done.stop_reason == "end_turn"
-        with sqlite3.connect(home / "crow.db") as db:
-            [(child,)] = db.execute("SELECT id FROM sessions WHERE parent_id = ?", (sid,)).fetchall()
+        sid, child = await _parent_and_child(conn, llm, home, workspace)
         assert [s.session_id for s in (await conn.list_sessions()).sessions] == [sid]
-        # the child is loadable by its id, and may go on as a session of its own
-        await conn.load_session(cwd=str(workspace), session_id=child, mcp_servers=[])
+        # the child was loadable by its id, and may go on as a session of its own
         llm.push(
             Reply(tool_calls=[ToolCallSpec("write_file", {"path": "found.txt", "content": "42\n"})]),
             Reply(text="written"),
@@ -160,18 +166,8 @@ async def test_deleting_a_parent_cancels_a_turn_running_in_its_loaded_child_firs
 
     from tests.test_e2e_cancel_request import SLOW, until_text
 
-    llm.rule(lambda r: "CHILD" in r.last_user_text, Reply(text="the child found 42"), times=1)
-    llm.push(
-        Reply(tool_calls=[ToolCallSpec("task", {"description": "Find it", "prompt": "CHILD: find it"})]),
-        Reply(text="parent done"),
-    )
     async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
-        await initialize_125(conn)
-        sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
-        await conn.prompt(session_id=sid, prompt=[acp.text_block("delegate")])
-        with sqlite3.connect(home / "crow.db") as db:
-            [(child,)] = db.execute("SELECT id FROM sessions WHERE parent_id = ?", (sid,)).fetchall()
-        await conn.load_session(cwd=str(workspace), session_id=child, mcp_servers=[])
+        sid, child = await _parent_and_child(conn, llm, home, workspace)
         llm.push(SLOW)
         turn = asyncio.create_task(conn.prompt(session_id=child, prompt=[acp.text_block("go on")]))
         await until_text(client, child)
