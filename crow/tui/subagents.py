@@ -32,8 +32,7 @@ from crow.events import (
     ToolCallStart,
 )
 from crow.tui import tools
-from crow.tui.text import clip, seconds, tokens
-from crow.tui.text import cost as usd
+from crow.tui.text import child_ended, child_figures, clip
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -45,14 +44,6 @@ if TYPE_CHECKING:
 NESTED_SHOWN = 10  # a finished child's lines printed under its task; the rest fold
 INDENT = "  "
 _NOTICE = {"warning": ("⚠ ", "yellow"), "error": ("✗ ", "red")}  # a child's info notices stay out
-_ENDED = {
-    "end_turn": ("✓ done", "green"),
-    "cancelled": ("■ cancelled", "yellow"),
-    "failed": ("✗ failed", "red"),
-    "max_turn_requests": ("⚠ stopped at its limit of model requests", "yellow"),
-    "max_tokens": ("⚠ stopped at the output limit", "yellow"),
-    "refusal": ("⚠ the model refused", "yellow"),
-}
 
 
 @dataclass
@@ -195,18 +186,11 @@ def _summary(child: Child, width: int) -> list[Text]:
     line = Text(no_wrap=True, overflow="ellipsis")
     if end is None:  # its task ended without the child's end (cannot happen)
         return [line.append("↳ ended", style="dim")]
-    failed = bool(end.error) and end.stop_reason != "cancelled"
-    said, style = ("✗ failed", "red") if failed else _ENDED.get(end.stop_reason, ("⚠ stopped", "yellow"))
+    said, style = child_ended(end)
     line.append("↳ " + said, style=style)
-    figures = [f"{end.turns} model call{'s' * (end.turns != 1)}"]
-    if end.input_tokens or end.output_tokens:
-        figures.append(f"{tokens(end.input_tokens)} tokens in, {tokens(end.output_tokens)} out")
-    if end.cost is not None:
-        figures.append(usd(end.cost))
-    figures.append(seconds(child.took))
-    line.append(" · " + " · ".join(figures), style="dim")
+    line.append(" · " + child_figures(end, child.took), style="dim")
     line.truncate(width, overflow="ellipsis")
-    if not failed:
+    if style != "red":
         return [line]
     first = next((ln for ln in str(end.error).splitlines() if ln.strip()), "")
     return [line, Text("  │ " + clip(first.strip(), max(1, width - 4)), style="red", no_wrap=True)]

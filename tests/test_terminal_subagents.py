@@ -1,0 +1,222 @@
+"""Subagents in the terminal front ends with a real `task` (builtin_hooks/subagents.py): `crow
+run`'s text, json and stream-json output, the child's questions asked through
+`TerminalClient.for_child` (one at a time with the parent's, naming the child), and `crow
+chat` in a real terminal (tmux) asking a child's permission. The renderer alone:
+tests/test_tui_subagents.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from crow.llm.base import ToolSpec
+from crow.messages import ToolCall
+from crow.terminal import TerminalClient
+from tests.conftest import CROW, crow_env
+from tests.llm_server import RecordedRequest, Reply, ScriptedLLM, ToolCallSpec
+from tests.support.tmux import Terminal
+from tests.test_cli_run import run
+from tests.test_terminal_prompts import crow_run_on_a_terminal
+from tests.test_tui_render import until
+
+RUN = ToolSpec("execute", "", {}, kind="execute", title="Run {command}")
+
+
+@pytest.fixture(autouse=True)
+def private_home(home: Path) -> None:
+    home.chmod(0o700)  # else the first run warns that it made it private, on stderr
+
+
+def child_asks(request: RecordedRequest) -> bool:
+    return "CHILD" in request.last_user_text
+
+
+def script_a_task(
+    llm: ScriptedLLM, child_call: ToolCallSpec, parent_answer: str = "Parent: it is 42."
+) -> None:
+    """The parent's model calls `task` once; the child's calls `child_call`, then answers."""
+    llm.rule(child_asks, Reply(text="CHILD-THINKS ", tool_calls=[child_call]), times=1)
+    llm.rule(child_asks, Reply(text="the child found 42"), times=1)
+    task = {"description": "Find the number", "prompt": "CHILD: find the number"}
+    llm.push(Reply(tool_calls=[ToolCallSpec("task", task, id="t1")]), Reply(text=parent_answer))
+
+
+def test_crow_run_text_keeps_stdout_to_the_parents_answer(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    (workspace / "a.txt").write_text("42\nmore\n")
+    script_a_task(llm, ToolCallSpec("read_file", {"path": "a.txt"}, id="c1"))
+    done = run("delegate", env=crow_env(llm, home), cwd=workspace)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "Parent: it is 42.\n"
+    tag = "[general-purpose · Find the number]"
+    assert (
+        f"→ Find the number\n  {tag} started\n  {tag} → Read a.txt\n  {tag} ✓ [a.txt: lines 1-2 of 2] (2 more lines)\n"
+        in done.stderr
+    ), done.stderr
+    assert re.search(
+        rf"  {re.escape(tag)} ✓ done · \d+ model calls? · .*\d+\.\d s\n  ✓ the child found 42", done.stderr
+    )
+    assert "CHILD-THINKS" not in done.stderr + done.stdout
+
+
+def test_crow_run_stream_json_links_the_childs_events_to_its_task(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    (workspace / "a.txt").write_text("42\n")
+    script_a_task(llm, ToolCallSpec("read_file", {"path": "a.txt"}, id="c1"))
+    done = run("delegate", "--output", "stream-json", env=crow_env(llm, home), cwd=workspace)
+    assert done.returncode == 0, done.stderr
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    types = [e["type"] for e in events]
+    begin, end = types.index("subagent_started"), types.index("subagent_finished")
+    task_call = next(e for e in events if e["type"] == "tool_call" and e["name"] == "task")
+    task_result = next(e for e in events if e["type"] == "tool_result" and e["name"] == "task")
+    assert events.index(task_call) < begin < end < events.index(task_result)
+    started = events[begin]
+    child = started["session_id"]
+    assert started == {
+        "type": "subagent_started",
+        "parent_tool_call_id": "t1",
+        "session_id": child,
+        "name": "general-purpose",
+        "description": "Find the number",
+        "cwd": str(workspace),
+        "additional_directories": [],
+    }
+    assert "parent_tool_call_id" not in task_call and "session_id" not in task_call
+    inside = events[begin + 1 : end]
+    assert inside and all(e["parent_tool_call_id"] == "t1" and e["session_id"] == child for e in inside)
+    read = next(e for e in inside if e["type"] == "tool_call")
+    assert (read["id"], read["name"], read["args"]) == ("c1", "read_file", {"path": "a.txt"})
+    assert any(e["type"] == "tool_result" and e["id"] == "c1" and "42" in e["output"] for e in inside)
+    assert "".join(e["text"] for e in inside if e["type"] == "text") == "CHILD-THINKS the child found 42"
+    finished = events[end]
+    assert finished["stop_reason"] == "end_turn" and finished["error"] is None
+    assert {"turns", "input_tokens", "output_tokens", "cost"} <= set(finished)
+    outside = [e for e in events if "parent_tool_call_id" not in e]
+    assert all("CHILD" not in e.get("text", "") for e in outside)
+    assert events[-1]["type"] == "result" and events[-1]["answer"] == "Parent: it is 42."
+    assert task_result["output"].startswith("the child found 42")
+
+
+def test_crow_run_json_answer_is_the_parents(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
+    (workspace / "a.txt").write_text("42\n")
+    script_a_task(llm, ToolCallSpec("read_file", {"path": "a.txt"}, id="c1"))
+    done = run("delegate", "--output", "json", env=crow_env(llm, home), cwd=workspace)
+    assert done.returncode == 0, done.stderr
+    [line] = done.stdout.splitlines()
+    report = json.loads(line)
+    assert report["answer"] == "Parent: it is 42." and report["stop_reason"] == "end_turn"
+    assert set(report) == {"session_id", "stop_reason", "answer", "usage", "cost"}
+    assert "[general-purpose · Find the number] → Read a.txt" in done.stderr
+
+
+def test_crow_run_on_a_terminal_asks_a_childs_permission_naming_it(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    script_a_task(llm, ToolCallSpec("execute", {"command": "echo from-the-child"}, id="c1"))
+    out = b""
+    with crow_run_on_a_terminal(llm, home, workspace) as (proc, master):
+        deadline = time.monotonic() + 30
+        answered = False
+        while proc.poll() is None and time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.1)
+            if ready:
+                try:
+                    out += os.read(master, 65536)
+                except OSError:
+                    break
+            if not answered and b"Answer for" in out:
+                os.write(master, b"y\n")
+                answered = True
+        proc.wait(timeout=10)
+    text = out.decode(errors="replace")
+    assert proc.returncode == 0, text
+    assert "general-purpose (subagent) asks: Allow Run echo from-the-child?" in text
+    assert "$ echo from-the-child" in text and "(call t1/c1)" in text
+    child_requests = [r for r in llm.requests if child_asks(r)]
+    result = [m["content"] for m in child_requests[-1].messages if m["role"] == "tool"]
+    assert result and result[0].startswith("from-the-child")
+    assert "Parent: it is 42." in text
+
+
+@pytest.mark.anyio
+async def test_a_childs_questions_name_it_and_wait_for_the_parents(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The parent and a child ask at once: one question on the terminal, then the other;
+    each answer goes to the client that asked."""
+    read, write = os.pipe()
+    parent = TerminalClient(str(workspace), fd=read)
+    child = parent.for_child(session_id="s-child", name="reviewer\x1b[2J", parent_call_id="t1")
+    answers: dict[str, str | None] = {}
+
+    async def ask(client: TerminalClient, who: str, command: str) -> None:
+        call = ToolCall("c1", "execute", {"command": command})
+        answers[who] = await client.ask_permission(call, spec=RUN, timeout=30)
+
+    async def shown() -> str:
+        seen = ""
+        with anyio.fail_after(15):
+            while seen.count("Answer for") < 1:
+                seen += capsys.readouterr().err
+                await anyio.sleep(0.02)
+        return seen
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask, child, "child", "echo child")
+            first = await shown()
+            assert "reviewer\\x1b[2J (subagent) asks: Allow Run echo child?" in first
+            assert "'Run echo child' (call t1/c1)" in first
+            tg.start_soon(ask, parent, "parent", "echo parent")
+            # the parent's question waits for the child's answer
+            await until(lambda: parent._io.lock().statistics().tasks_waiting == 1, timeout=15)
+            assert "echo parent" not in capsys.readouterr().err
+            os.write(write, b"n\n")
+            second = await shown()
+            assert "\nAllow Run echo parent?" in second and "(call c1)" in second and "subagent" not in second
+            os.write(write, b"y\n")
+    finally:
+        os.close(read)
+        os.close(write)
+    assert answers == {"child": "reject_once", "parent": "allow_once"}
+    form = parent.for_child(session_id="s", name="reviewer", parent_call_id="t1")
+    assert (form.asker, parent.asker, form._io is parent._io) == ("reviewer", "", True)
+
+
+@pytest.fixture
+def chat(tmp_path: Path, llm: ScriptedLLM, home: Path, workspace: Path) -> Iterator[Terminal]:
+    term = Terminal([*CROW, "chat"], env=crow_env(llm, home), cwd=workspace, socket=tmp_path / "tmux.sock")
+    term.wait_for("›")
+    yield term
+    term.close()
+
+
+def test_crow_chat_asks_a_childs_permission_and_shows_its_call_under_the_task(
+    chat: Terminal, llm: ScriptedLLM
+) -> None:
+    script_a_task(llm, ToolCallSpec("execute", {"command": "echo from-the-child"}, id="c1"))
+    chat.type("delegate")
+    screen = chat.wait_for("Answer for")
+    assert "general-purpose (subagent) asks: Allow Run echo from-the-child?" in screen, screen
+    assert "Answer for general-purpose: Run echo from-the-child (call t1/c1)" in screen
+    chat.send("y")
+    screen = chat.wait_for("Parent: it is 42.")
+    assert re.search(
+        r"✓ general-purpose: Find the number · \d+\.\d s\n"
+        r"  ✓ Run echo from-the-child · \d+\.\d s\n"
+        r"  ↳ ✓ done · \d+ model calls? · .*\d+\.\d s\n",
+        screen,
+    ), screen
+    assert screen.index("↳ ✓ done") < screen.index("Parent: it is 42.")
+    assert "CHILD-THINKS" not in screen and "the child found 42" not in screen
