@@ -190,8 +190,30 @@ async def test_a_childs_questions_name_it_and_wait_for_the_parents(
         os.close(read)
         os.close(write)
     assert answers == {"child": "reject_once", "parent": "allow_once"}
-    form = parent.for_child(session_id="s", name="reviewer", parent_call_id="t1")
-    assert (form.asker, parent.asker, form._io is parent._io) == ("reviewer", "", True)
+
+
+@pytest.mark.anyio
+async def test_a_childs_forms_and_choices_name_it(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    read, write = os.pipe()
+    parent = TerminalClient(str(workspace), fd=read)
+    child = parent.for_child(session_id="s-child", name="reviewer", parent_call_id="t1")
+    try:
+        os.write(write, b"blue\n")
+        schema = {"type": "object", "properties": {"colour": {"type": "string"}}}
+        filled = await child.elicit(None, "Which colour?", schema, timeout=15)
+        options = [("a", "Approve", "allow_once"), ("r", "Reject", "reject_once")]
+        os.write(write, b"2\n")  # typed after the form: what was typed before a question is dropped
+        chosen = await child.ask(None, options, title="Approve the plan?", text="1. step", timeout=15)
+    finally:
+        os.close(read)
+        os.close(write)
+    err = capsys.readouterr().err
+    assert (filled.action, filled.content, chosen) == ("accept", {"colour": "blue"}, "r")
+    assert "\nreviewer (subagent) asks: Which colour?" in err
+    assert "\nreviewer (subagent) asks: Approve the plan?" in err
+    assert parent.asker == "" and child._io is parent._io
 
 
 @pytest.fixture
