@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import select
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +22,7 @@ from tests.conftest import CROW, crow_env
 from tests.llm_server import RecordedRequest, Reply, ScriptedLLM, ToolCallSpec
 from tests.support.tmux import Terminal
 from tests.test_cli_run import run
-from tests.test_terminal_prompts import crow_run_on_a_terminal
+from tests.test_terminal_prompts import answer_once
 from tests.test_tui_render import until
 
 RUN = ToolSpec("execute", "", {}, kind="execute", title="Run {command}")
@@ -124,23 +122,8 @@ def test_crow_run_on_a_terminal_asks_a_childs_permission_naming_it(
     llm: ScriptedLLM, home: Path, workspace: Path
 ) -> None:
     script_a_task(llm, ToolCallSpec("execute", {"command": "echo from-the-child"}, id="c1"))
-    out = b""
-    with crow_run_on_a_terminal(llm, home, workspace) as (proc, master):
-        deadline = time.monotonic() + 30
-        answered = False
-        while proc.poll() is None and time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.1)
-            if ready:
-                try:
-                    out += os.read(master, 65536)
-                except OSError:
-                    break
-            if not answered and b"Answer for" in out:
-                os.write(master, b"y\n")
-                answered = True
-        proc.wait(timeout=10)
-    text = out.decode(errors="replace")
-    assert proc.returncode == 0, text
+    status, text = answer_once(llm, home, workspace, b"y\n")
+    assert status == 0, text
     assert "general-purpose (subagent) asks: Allow Run echo from-the-child?" in text
     assert "$ echo from-the-child" in text and "(call t1/c1)" in text
     child_requests = [r for r in llm.requests if child_asks(r)]
