@@ -225,3 +225,29 @@ def test_crow_chat_asks_a_childs_permission_and_shows_its_call_under_the_task(
     ), screen
     assert screen.index("↳ ✓ done") < screen.index("Parent: it is 42.")
     assert "CHILD-THINKS" not in screen and "the child found 42" not in screen
+
+
+def test_crow_runs_lines_for_a_child_are_escaped_and_a_grandchilds_objects_name_their_own_task() -> None:
+    from crow.events import SubagentEvent, SubagentFinished, SubagentStarted, TextDelta, ToolCallStart
+    from crow.run_output import Activity, event_object
+
+    hostile = "rev\x1b[2Jiewer\nname"
+    activity = Activity()
+    assert activity.line(SubagentStarted("t1", "s1", hostile, "Find\x07 it", "/w")) == (
+        "  [rev\\x1b[2Jiewer name · Find\\x07 it] started"
+    )
+    call = ToolCall("c1", "execute", {"command": "ls\x1b[8m"})
+    line = activity.line(SubagentEvent("t1", "s1", ToolCallStart(call, RUN)))
+    assert line == "  [rev\\x1b[2Jiewer name · Find\\x07 it] → Run ls\\x1b[8m"
+    assert activity.line(SubagentEvent("t1", "s1", TextDelta("CHILD", "m"))) is None
+    ended = activity.line(SubagentFinished("t1", "s1", "failed", turns=1, error="boom\x1b[31m\nmore"))
+    tail = r"\] ✗ failed · 1 model call · \d+\.\d s: boom\\x1b\[31m \(1 more line\)$"
+    assert ended is not None and re.search(tail, ended), ended
+    grandchild = SubagentEvent("t1", "s1", SubagentEvent("c7", "s2", TextDelta("deep", "m")))
+    assert event_object(grandchild) == {
+        "type": "text",
+        "parent_tool_call_id": "c7",
+        "session_id": "s2",
+        "text": "deep",
+        "message_id": "m",
+    }

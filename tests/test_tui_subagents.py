@@ -264,3 +264,27 @@ def test_a_child_with_many_calls_folds_the_rest_for_expand() -> None:
     assert "  … 6 more lines (Ctrl-O to expand)\n  ↳ ✓ done" in shown
     renderer.expand()
     assert "reviewer: Read all › ✓ Read f14.py" in plain(out) and "body 14" in plain(out)
+
+
+def test_fifty_children_at_once_keep_the_live_part_within_half_the_screen() -> None:
+    from crow.tui.live import LiveView
+
+    con, _ = console(width=60)
+    renderer = Renderer(con)
+
+    async def run() -> None:
+        renderer.start_turn()
+        for n in range(50):
+            read = tool("c1", READ, {"path": f"f{n}.py"}, ToolResult("c1", "read_file", output="x"))
+            for event in [
+                *started(f"t{n}", f"Task {n}"),
+                *inside(f"t{n}", *read, read[0], *chunks("text\nmore")),
+            ]:
+                await renderer.emit(event)
+
+    anyio.run(run)
+    assert renderer._state is not None
+    lines = con.render_lines(LiveView(renderer._state), con.options)
+    assert len(lines) <= 12, lines  # a 24-line screen: the live part takes half at most
+    shown = "\n".join("".join(s.text for s in line).rstrip() for line in lines)
+    assert "reviewer: Task 49\n  ✓ Read f49.py" in shown and "│ more" in shown
