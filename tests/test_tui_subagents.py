@@ -212,7 +212,7 @@ def test_hostile_child_text_shows_literally() -> None:
     renderer = Renderer(con)
     bad = ToolCall("c1", "execute", {"command": HOSTILE})
     events = [
-        *started("t1", HOSTILE, name=HOSTILE),
+        *started("t1", HOSTILE + "\nDESC", name=HOSTILE + "\nNAME"),
         *inside(
             "t1",
             ToolCallStart(bad, RUN),
@@ -229,6 +229,7 @@ def test_hostile_child_text_shows_literally() -> None:
     shown = plain(out)
     assert "[red]fake[/red] \\x1b[8mhidden" in shown
     assert shown.count("[red]fake[/red]") >= 6  # name, title, the call, its error, the notice, the summary
+    assert not re.search(r"^(NAME|DESC)", shown, re.M), "a name or a title stays on its line"
 
 
 def test_on_a_20_column_terminal_no_child_line_is_wider() -> None:

@@ -62,11 +62,11 @@ class Child:
     @property
     def label(self) -> str:
         """`reviewer: ` before the task's title (printable, short)."""
-        return clip(self.name, 24) + ": "
+        return clip(" ".join(self.name.split()), 24) + ": "  # one line, whatever the name holds
 
     def tag(self, width: int) -> str:
         """`reviewer: Find it`, what an expanded output is headed with."""
-        return self.label + clip(self.description, max(1, width - cell_len(self.label)))
+        return self.label + clip(" ".join(self.description.split()), max(1, width - cell_len(self.label)))
 
 
 class Children:
