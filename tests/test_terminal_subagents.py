@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -251,3 +253,47 @@ def test_crow_runs_lines_for_a_child_are_escaped_and_a_grandchilds_objects_name_
         "text": "deep",
         "message_id": "m",
     }
+
+
+def test_crow_chat_shows_two_children_at_once_each_under_its_task(
+    chat: Terminal, llm: ScriptedLLM, workspace: Path
+) -> None:
+    """Two tasks of one reply run at once: while both children wait for their model, the
+    live part shows each one's call under its own task; at the end each group is printed
+    under its task's line."""
+    seen = threading.Event()  # the test saw both groups live: the children may answer
+
+    def when_seen(text: str) -> Any:
+        def step(request: RecordedRequest) -> Reply:
+            seen.wait(30)
+            return Reply(text=text)
+
+        return step
+
+    tasks = []
+    for who in ("A", "B"):
+        (workspace / f"{who}.txt").write_text(f"{who} file\n")
+        asked = f"CHILD-{who}"
+
+        def first(r: RecordedRequest, asked: str = asked) -> bool:
+            return asked in r.last_user_text and not any(m["role"] == "tool" for m in r.messages)
+
+        llm.rule(
+            first, Reply(tool_calls=[ToolCallSpec("read_file", {"path": f"{who}.txt"}, id="c1")]), times=1
+        )
+        llm.rule(lambda r, asked=asked: asked in r.last_user_text, when_seen(f"{who} done"), times=1)
+        tasks.append(ToolCallSpec("task", {"description": f"Look at {who}", "prompt": asked}, id=f"t{who}"))
+    llm.push(Reply(tool_calls=tasks), Reply(text="Both done."))
+    chat.type("delegate twice")
+    live = re.compile(
+        r"⋯ general-purpose: Look at A\n  ✓ Read A\.txt · \d+\.\d s\n"
+        r"⋯ general-purpose: Look at B\n  ✓ Read B\.txt · \d+\.\d s\n"
+    )
+    chat.wait_for(lambda screen: bool(live.search(screen)), timeout=30)
+    seen.set()
+    screen = chat.wait_for("Both done.", timeout=30)
+    for who in ("A", "B"):
+        assert re.search(
+            rf"✓ general-purpose: Look at {who} · \d+\.\d s\n  ✓ Read {who}\.txt · \d+\.\d s\n  ↳ ✓ done",
+            screen,
+        ), screen
