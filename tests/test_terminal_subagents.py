@@ -297,3 +297,16 @@ def test_crow_chat_shows_two_children_at_once_each_under_its_task(
             rf"✓ general-purpose: Look at {who} · \d+\.\d s\n  ✓ Read {who}\.txt · \d+\.\d s\n  ↳ ✓ done",
             screen,
         ), screen
+
+
+def test_crow_chat_asks_a_childs_ask_user_naming_it(chat: Terminal, llm: ScriptedLLM) -> None:
+    from tests.test_tui_questions import ask
+
+    script_a_task(llm, ask("Which colour?", ["red", "green"]))
+    chat.type("delegate")
+    screen = chat.wait_for("2. green")
+    assert "general-purpose (subagent) asks: Which colour?" in screen, screen
+    chat.send("Down", "Enter")
+    chat.wait_for("Parent: it is 42.")
+    child = [r for r in llm.requests if child_asks(r)][-1]
+    assert [m["content"] for m in child.messages if m["role"] == "tool"] == ['The user chose "green".']
