@@ -63,7 +63,7 @@ def test_crow_run_text_keeps_stdout_to_the_parents_answer(
         in done.stderr
     ), done.stderr
     assert re.search(
-        rf"  {re.escape(tag)} ✓ done · \d+ model calls? · .*\d+\.\d s\n  ✓ the child found 42", done.stderr
+        rf"  {re.escape(tag)} ✓ done · 2 model calls · .*\d+\.\d s\n  ✓ the child found 42", done.stderr
     )
     assert "CHILD-THINKS" not in done.stderr + done.stdout
 
@@ -222,7 +222,7 @@ def test_crow_chat_asks_a_childs_permission_and_shows_its_call_under_the_task(
     assert re.search(
         r"✓ general-purpose: Find the number · \d+\.\d s\n"
         r"  ✓ Run echo from-the-child · \d+\.\d s\n"
-        r"  ↳ ✓ done · \d+ model calls? · .*\d+\.\d s\n",
+        r"  ↳ ✓ done · 2 model calls · .*\d+\.\d s\n",
         screen,
     ), screen
     assert screen.index("↳ ✓ done") < screen.index("Parent: it is 42.")
