@@ -64,6 +64,7 @@ DEFAULT_AGENT = "general-purpose"
 _CHILD = "subagents.child"  # session.state of a child: its ChildPolicy
 _SLOTS = "subagents.slots"  # session.state of a parent: its running children's semaphore
 _TOLD = "subagents.told"  # root session.state: the model notices already given
+_SKIPPED = "subagents.skipped"  # session.state: the agent files' problems already told
 _logged: set[Any] = set()  # what was logged once per process
 
 
@@ -120,18 +121,27 @@ class SubagentsHook(Hook):
 
     def agents(self, session: Session) -> dict[str, AgentDefinition]:
         """The agent definitions of the session's folder (the default among them)."""
+        return self._scan(session)[0]
+
+    def _scan(self, session: Session) -> tuple[dict[str, AgentDefinition], list[str]]:
         try:
-            found, problems = find_agents(session.cwd, Path(self.agent.config.home))
+            return find_agents(session.cwd, Path(self.agent.config.home))
         except Exception:  # a bug there: the call says so, the child's tool list holds
             log.exception("finding agent definitions under %s failed", session.cwd)
-            return {}
-        for problem in problems:
-            log.debug("agent definitions: %s", problem)
-        return found
+            return {}, []
 
-    def tool_description(self, session: Session) -> str:
-        listing = subagents.listing(list(self.agents(session).values()))
+    def tool_description(self, session: Session, found: dict[str, AgentDefinition] | None = None) -> str:
+        listing = subagents.listing(list((found if found is not None else self.agents(session)).values()))
         return f"{self._description}\n\n`agent` names one of these (default {DEFAULT_AGENT}):\n{listing}"
+
+    async def _tell_problems(self, ctx: HookContext, problems: list[str]) -> None:
+        """Each agent file skipped, told once per session (as prompt files' problems are)."""
+        told: set[str] = ctx.session.state.setdefault(_SKIPPED, set())
+        new = [p for p in problems if p not in told]
+        if new:
+            told.update(new)
+            log.warning("agent definitions skipped: %s", "; ".join(new))
+            await ctx.notify("\n".join(new), "warning", "Agent definitions skipped")
 
     # ------------------------------------------------------------ what a session is offered
     async def modify_request(self, ctx: HookContext, request: ModelRequest) -> ModelRequest | None:
@@ -144,7 +154,9 @@ class SubagentsHook(Hook):
                 if policy is None or policy.allowed is None or spec.name in policy.allowed:
                     tools.append(spec)
             elif spec.name == TOOL and self._offers_task(session):
-                tools.append(dataclasses.replace(spec, description=self.tool_description(session)))
+                found, problems = self._scan(session)
+                await self._tell_problems(ctx, problems)
+                tools.append(dataclasses.replace(spec, description=self.tool_description(session, found)))
             elif spec.name == PLAN_TOOL and policy is None:
                 tools.append(spec)
         return request.replace(tools=tools)

@@ -188,3 +188,21 @@ async def test_the_users_own_agent_may_choose_its_model(model_env: ScriptedLLM, 
     assert models == {"CHILD one": "my-model", "CHILD two": "scripted"}
     (told,) = [e for e in events if isinstance(e, Notice)]
     assert told.text.startswith("Agent broken asks for model nowhere:model, but it cannot be used: ")
+
+
+async def test_an_agent_file_crow_skips_is_told_once_per_session(model_env: ScriptedLLM, tmp_path: Path) -> None:
+    llm = model_env
+    ws = tmp_path / "ws"
+    agents = ws / ".crow" / "agents"
+    agent_file(agents, "reviewer", description="Reviews")
+    (agents / "broken.md").write_text("---\nname: broken\nmode: sideways\n---\nYou are broken.\n")
+    llm.default = Reply(text="ok")
+    async with Agent(config(tmp_path / "home")) as agent:
+        session = agent.create_session(ws)
+        first, second = Events(), Events()
+        await agent.prompt(session, Message("user", "hi"), first)
+        await agent.prompt(session, Message("user", "again"), second)
+    told = [e for e in first if isinstance(e, Notice) and e.title == "Agent definitions skipped"]
+    assert len(told) == 1 and "broken.md" in told[0].text and "sideways" in told[0].text, told
+    assert not [e for e in second if isinstance(e, Notice) and e.title == "Agent definitions skipped"]
+    assert "- reviewer: Reviews" in task_spec(llm.requests[-1])["description"]
