@@ -29,7 +29,7 @@ from typing import Any
 
 import anyio
 
-from crow import EditorClient, Hook, HookContext, ProjectRules, ToolCall, ToolResult, rules
+from crow import EditorClient, Hook, HookContext, ProjectRules, ToolCall, ToolResult, rules, subagents
 
 log = logging.getLogger("crow.permissions")
 MODES = ("ask", "accept_edits", "yolo", "read_only", "plan")
@@ -100,7 +100,9 @@ class PermissionsHook(Hook):
         spec = hub.spec(call.name) if hub is not None else None
         changes = spec is not None and spec.kind in CHANGES
         read_only = bool(spec and spec.read_only) and not changes
-        mode = session.mode if session.mode in MODES else "ask"
+        # A subagent's: stricter still when a parent's mode was made so while it runs.
+        mode = subagents.live_mode(session) if session.parent is not None else session.mode
+        mode = mode if mode in MODES else "ask"
         if mode in ("read_only", "plan"):
             # Edits and commands never run here, whatever the rules; an allow rule can admit
             # another server's tool, whose read-only hint crow does not believe.

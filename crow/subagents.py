@@ -56,6 +56,17 @@ def child_mode(parent: str, wanted: str | None) -> str:
     return "read_only" if mode == "plan" else mode
 
 
+def live_mode(session: Any) -> str:
+    """The mode `session`'s tool calls are judged in now: its own, made stricter by each
+    live parent's as it is now. A child's mode is set when it starts; the user switching
+    the session to a stricter mode while a child runs must hold that child too."""
+    mode, parent = session.mode, session.parent
+    while parent is not None:
+        mode = child_mode(parent.mode, mode)
+        parent = parent.parent
+    return mode
+
+
 def foreign_model(ref: str, scope: str, config: Any) -> str | None:
     """Why a definition from `scope` may not choose model `ref` (None: it may): a
     repository's agent file may name only a model the user's own config names; the user's
