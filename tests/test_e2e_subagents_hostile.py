@@ -4,6 +4,7 @@ a cancel at the child's last moments."""
 
 from __future__ import annotations
 
+import threading
 from functools import partial
 from pathlib import Path
 
@@ -13,6 +14,8 @@ import anyio.lowlevel
 import pytest
 
 from crow import Agent, Message, SubagentStarted
+from crow.errors import SessionBusy
+from crow.messages import validate
 from tests.llm_server import RecordedRequest, Reply, ScriptedLLM, ToolCallSpec
 from tests.test_e2e_subagents import Events, answered, config, is_child, model_env, task, tool_results
 
@@ -50,3 +53,36 @@ async def test_a_parent_made_stricter_while_its_child_runs_holds_the_child_too(
         _, transcript = await agent.load_session(started.session_id)
         refused = tool_results(transcript)["w1"]
         assert refused.is_error and "not" in refused.content
+
+
+async def test_a_running_childs_session_loaded_again_is_busy_not_a_second_writer(
+    model_env: ScriptedLLM, tmp_path: Path
+) -> None:
+    """An editor loads a running subagent's session by its id (from the tool call's meta)
+    and prompts it: the child's turn holds it, as another process's would."""
+    llm = model_env
+    asked, release = threading.Event(), threading.Event()
+
+    def child(request: RecordedRequest) -> Reply:
+        asked.set()
+        release.wait(20)
+        return Reply(text="child done")
+
+    llm.rule(is_child, child, times=1)
+    llm.push(Reply(tool_calls=[task("t1", "CHILD slow")]), Reply(text="parent done"))
+    events = Events()
+    async with Agent(config(tmp_path / "home")) as agent:
+        session = agent.create_session(tmp_path)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(agent.prompt, session, Message("user", "delegate"), events)
+            await anyio.to_thread.run_sync(asked.wait, 20)
+            (started,) = events.of(SubagentStarted)
+            loaded, _ = await agent.load_session(started.session_id)
+            try:
+                with pytest.raises(SessionBusy):
+                    await agent.prompt(loaded, Message("user", "me too"), Events())
+            finally:
+                release.set()
+        _, transcript = await agent.load_session(started.session_id)
+        assert [m.content for m in transcript if m.role == "user"] == ["CHILD slow"]
+        validate(transcript)

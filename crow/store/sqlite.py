@@ -24,7 +24,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from crow.errors import StoreError
+from crow.errors import SessionBusy, StoreError
 from crow.messages import Message
 from crow.store import _queries as q
 from crow.store import locks
@@ -176,6 +176,15 @@ class SQLiteStore:
         live crow process holds it; a lock left by a process that is gone is taken over.
         Returns True when the session may have changed since this store last read or wrote
         it (another process ran a turn): the caller reloads its context."""
+        if session_id in self._held:
+            # Another `Session` of this process runs a turn in it (one `Session` nests its
+            # own uses without locking again): a running subagent's session, loaded again by
+            # its id and prompted, would be a second writer of one history.
+            raise SessionBusy(
+                f"busy: session {session_id} is running a turn in this crow process (a subagent's,"
+                " say); try again when it ends",
+                pid=os.getpid(),
+            )
         try:
             generation, took_over = await self._run_small(q.lock, session_id, self._token, time.time())
         except asyncio.CancelledError:
