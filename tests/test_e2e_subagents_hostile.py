@@ -86,3 +86,37 @@ async def test_a_running_childs_session_loaded_again_is_busy_not_a_second_writer
         _, transcript = await agent.load_session(started.session_id)
         assert [m.content for m in transcript if m.role == "user"] == ["CHILD slow"]
         validate(transcript)
+
+
+async def test_a_running_childs_session_is_not_deleted_under_it(model_env: ScriptedLLM, tmp_path: Path) -> None:
+    """Deleting a subagent's session (by its id, from an editor) while it runs is refused,
+    as it is while another process runs a turn there: else the child's turn fails on a
+    session gone under it and the parent reads a failure the user caused."""
+    llm = model_env
+    asked, release = threading.Event(), threading.Event()
+
+    def child(request: RecordedRequest) -> Reply:
+        asked.set()
+        release.wait(20)
+        return Reply(text="child done")
+
+    llm.rule(is_child, child, times=1)
+    llm.push(Reply(tool_calls=[task("t1", "CHILD slow")]), Reply(text="parent done"))
+    events = Events()
+    async with Agent(config(tmp_path / "home")) as agent:
+        session = agent.create_session(tmp_path)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(agent.prompt, session, Message("user", "delegate"), events)
+            await anyio.to_thread.run_sync(asked.wait, 20)
+            (started,) = events.of(SubagentStarted)
+            try:
+                with pytest.raises(SessionBusy):
+                    await agent.delete_session(started.session_id)
+            finally:
+                release.set()
+        result = tool_results(list(session.messages))["t1"]
+        assert not result.is_error and result.content.startswith("child done")
+        _, transcript = await agent.load_session(started.session_id)
+        assert [m.content for m in transcript if m.role == "assistant"] == ["child done"]
+        await agent.delete_session(session.id)  # once it is over, with its parent
+        assert await agent.store.get_session(started.session_id) is None

@@ -20,12 +20,13 @@ needs none, and its cost is measured against `crow --help` (bench/store.py).
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from crow.errors import StoreError
+from crow.errors import SessionBusy, StoreError
 from crow.store import locks
 from crow.store._codec import encode_cursor, from_iso, iso, load, to_json, unknown
 from crow.store._schema import transaction
@@ -108,11 +109,19 @@ def _under(count: int) -> str:
     )
 
 
-def delete(c: sqlite3.Connection, session_id: str, token: str) -> list[str]:
-    """Delete a session and the sessions under it (the schema cascades); their ids, it first."""
+def delete(
+    c: sqlite3.Connection, session_id: str, token: str, held: frozenset[str] = frozenset()
+) -> list[str]:
+    """Delete a session and the sessions under it (the schema cascades); their ids, it first.
+    `held`: the sessions this process runs a turn in (its lock is this process's token)."""
     with transaction(c):
         get_row(c, "1", session_id)  # an unknown id says so
         gone = [session_id, *(r[0] for r in c.execute(_under(1) + "SELECT id FROM under", (session_id,)))]
+        if running := next((sid for sid in gone if sid in held), None):  # a subagent's, say
+            raise SessionBusy(
+                f"busy: session {running} is running a turn in this crow process; try again when it ends",
+                pid=os.getpid(),
+            )
         # Not while another live process runs a turn in one of them (SessionBusy): that turn
         # and every later prompt there would fail on a session gone under them.
         now = time.time()

@@ -116,7 +116,7 @@ class SQLiteStore:
         return await self._run_small(q.update, session_id, fields)
 
     async def delete_session(self, session_id: str) -> list[str]:
-        return await self._run(q.delete, session_id, self._token)
+        return await self._run(q.delete, session_id, self._token, frozenset(self._held))
 
     async def list_sessions(
         self, *, cwd: str | None = None, limit: int = 50, cursor: str | None = None
