@@ -64,7 +64,7 @@ DEFAULT_AGENT = "general-purpose"
 _CHILD = "subagents.child"  # session.state of a child: its ChildPolicy
 _SLOTS = "subagents.slots"  # session.state of a parent: its running children's semaphore
 _TOLD = "subagents.told"  # root session.state: the model notices already given
-_SKIPPED = "subagents.skipped"  # session.state: the agent files' problems already told
+_SKIPPED = "subagents.skipped"  # root session.state: the agent files' problems already told
 _logged: set[Any] = set()  # what was logged once per process
 
 
@@ -135,8 +135,9 @@ class SubagentsHook(Hook):
         return f"{self._description}\n\n`agent` names one of these (default {DEFAULT_AGENT}):\n{listing}"
 
     async def _tell_problems(self, ctx: HookContext, problems: list[str]) -> None:
-        """Each agent file skipped, told once per session (as prompt files' problems are)."""
-        told: set[str] = ctx.session.state.setdefault(_SKIPPED, set())
+        """Each agent file skipped, told once per session (as prompt files' problems are):
+        its root's, as a child offered `task` (max_depth 2 on) reads the files again."""
+        told: set[str] = ctx.session.root.state.setdefault(_SKIPPED, set())
         new = [p for p in problems if p not in told]
         if new:
             told.update(new)

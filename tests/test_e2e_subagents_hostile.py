@@ -13,7 +13,8 @@ import anyio.from_thread
 import anyio.lowlevel
 import pytest
 
-from crow import Agent, Message, SubagentStarted
+from crow import Agent, Message, Notice, SubagentEvent, SubagentStarted
+from crow.config import HooksConfig
 from crow.errors import SessionBusy
 from crow.messages import validate
 from tests.llm_server import RecordedRequest, Reply, ScriptedLLM, ToolCallSpec
@@ -88,7 +89,9 @@ async def test_a_running_childs_session_loaded_again_is_busy_not_a_second_writer
         validate(transcript)
 
 
-async def test_a_running_childs_session_is_not_deleted_under_it(model_env: ScriptedLLM, tmp_path: Path) -> None:
+async def test_a_running_childs_session_is_not_deleted_under_it(
+    model_env: ScriptedLLM, tmp_path: Path
+) -> None:
     """Deleting a subagent's session (by its id, from an editor) while it runs is refused,
     as it is while another process runs a turn there: else the child's turn fails on a
     session gone under it and the parent reads a failure the user caused."""
@@ -120,3 +123,24 @@ async def test_a_running_childs_session_is_not_deleted_under_it(model_env: Scrip
         assert [m.content for m in transcript if m.role == "assistant"] == ["child done"]
         await agent.delete_session(session.id)  # once it is over, with its parent
         assert await agent.store.get_session(started.session_id) is None
+
+
+async def test_a_skipped_agent_file_is_told_once_for_the_whole_tree(
+    model_env: ScriptedLLM, tmp_path: Path
+) -> None:
+    """With max_depth 2 each child is offered `task` too, and reads the agent files again:
+    a broken file is still told once, not once more per child."""
+    llm = model_env
+    agents = tmp_path / ".crow" / "agents"
+    agents.mkdir(parents=True)
+    (agents / "broken.md").write_text("---\nname: broken\nmode: sideways\n---\nYou are broken.\n")
+    llm.rule(is_child, Reply(text="child answer"))
+    llm.push(Reply(tool_calls=[task("t1", "CHILD one"), task("t2", "CHILD two")]), Reply(text="parent done"))
+    events = Events()
+    hooks = HooksConfig(settings={"subagents": {"max_depth": 2}})
+    async with Agent(config(tmp_path / "home", hooks=hooks)) as agent:
+        session = agent.create_session(tmp_path)
+        await agent.prompt(session, Message("user", "delegate"), events)
+    seen = [e.event if isinstance(e, SubagentEvent) else e for e in events]
+    told = [e for e in seen if isinstance(e, Notice) and e.title == "Agent definitions skipped"]
+    assert len(told) == 1, told
