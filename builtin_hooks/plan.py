@@ -46,6 +46,7 @@ from crow import (
 log = logging.getLogger("crow.hooks.plan")
 
 TOOL = "exit_plan_mode"
+SUBAGENT_TOOL = "task"  # crow's subagents (builtin_hooks/subagents.py)
 MAX_PLAN = 100_000  # characters; a plan is something a person reads
 # (option_id, label, ACP permission kind); an approving option's id is the mode it picks.
 OPTIONS = (
@@ -200,6 +201,10 @@ class PlanHook(Hook):
 
 def _read_only(session: Session, name: str) -> bool:
     spec = session.tools.spec(name) if session.tools is not None else None
+    if name == SUBAGENT_TOOL and session.tools is not None and session.tools.trusted(name):
+        # Read-only itself (so tasks run side by side), but its child runs in the mode the
+        # session has when it starts: after the approval, one that edits.
+        return False
     return bool(spec and spec.read_only)
 
 

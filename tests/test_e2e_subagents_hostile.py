@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.from_thread
@@ -144,3 +145,36 @@ async def test_a_skipped_agent_file_is_told_once_for_the_whole_tree(
     seen = [e.event if isinstance(e, SubagentEvent) else e for e in events]
     told = [e for e in seen if isinstance(e, Notice) and e.title == "Agent definitions skipped"]
     assert len(told) == 1, told
+
+
+class ApprovesPlans:
+    """A front end whose user approves every plan with "Yes, and auto-accept edits"."""
+
+    can_read = can_write = can_terminal = can_elicit = False
+
+    async def ask(self, call: Any, options: Any, **_: Any) -> str:
+        return "accept_edits"
+
+    async def ask_permission(self, call: Any, **_: Any) -> str | None:
+        return None
+
+
+async def test_a_task_sent_beside_the_plan_runs_as_plan_mode_whenever_the_approval_lands(
+    model_env: ScriptedLLM, tmp_path: Path
+) -> None:
+    """A call written in the same reply as exit_plan_mode was written before anyone
+    approved the plan: a task among them must not start a child that edits."""
+    llm = model_env
+    write = ToolCallSpec("write_file", {"path": "x.txt", "content": "early"}, id="w1")
+    llm.rule(is_child, lambda r: Reply(text="child done") if answered(r) else Reply(tool_calls=[write]))
+    plan = ToolCallSpec("exit_plan_mode", {"plan": "1. write x.txt"}, id="p1")
+    llm.push(Reply(tool_calls=[plan, task("t1", "CHILD write x.txt")]), Reply(text="parent done"))
+    async with Agent(config(tmp_path / "home", mode="plan")) as agent:
+        session = agent.create_session(tmp_path)
+        session.client = ApprovesPlans()
+        events = Events()
+        await agent.prompt(session, Message("user", "plan it"), events)
+        assert session.mode == "accept_edits"  # approved
+        assert not (tmp_path / "x.txt").exists()
+        refused = tool_results(list(session.messages))["t1"]
+        assert refused.is_error and "same reply as exit_plan_mode" in refused.content
