@@ -254,21 +254,17 @@ class SubagentsHook(Hook):
         try:
             result = await self.agent.run_turn(child, prompt, forward)
         except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True):
-                await self._fold_cost(ctx, child, policy)
-                await ctx.send(finished("cancelled"))
+            await self._finish(ctx, child, policy, finished("cancelled"))
             raise
         except Exception as exc:  # the child's failure is the call's, never the parent's turn
             why = _failure(exc)
             log.warning("subagent %s (session %s) failed: %s", definition.name, child.id, why, exc_info=True)
-            await self._fold_cost(ctx, child, policy)
-            await ctx.send(finished("failed", why))
+            await self._finish(ctx, child, policy, finished("failed", why))
             return _result(call, child, policy, error=f"The subagent failed: {why}")
-        await self._fold_cost(ctx, child, policy)
         if result.error:
-            await ctx.send(finished("failed", result.error))
+            await self._finish(ctx, child, policy, finished("failed", result.error))
             return _result(call, child, policy, error=f"The subagent's model call failed: {result.error}")
-        await ctx.send(finished(result.stop_reason))
+        await self._finish(ctx, child, policy, finished(result.stop_reason))
         answer = _answer(child) or "(The subagent gave no answer.)"
         if result.stop_reason == "max_turn_requests":
             limit = self.limits.max_turns
@@ -276,6 +272,16 @@ class SubagentsHook(Hook):
         elif result.stop_reason != "end_turn":
             answer += f"\n\n[The subagent stopped: {result.stop_reason}.]"
         return _result(call, child, policy, output=answer)
+
+    async def _finish(
+        self, ctx: HookContext, child: Session, policy: ChildPolicy, done: SubagentFinished
+    ) -> None:
+        """The child is over: its cost joins the parent's and the front end hears how it
+        ended, shielded: a cancel landing now (in the child's last, shielded store write,
+        say) must not leave the child shown as running after its task call ends."""
+        with anyio.CancelScope(shield=True):
+            await self._fold_cost(ctx, child, policy)
+            await ctx.send(done)
 
     async def after_model_call(self, ctx: HookContext, response: ModelResponse) -> None:
         policy: ChildPolicy | None = ctx.session.state.get(_CHILD)

@@ -178,3 +178,47 @@ async def test_a_task_sent_beside_the_plan_runs_as_plan_mode_whenever_the_approv
         assert not (tmp_path / "x.txt").exists()
         refused = tool_results(list(session.messages))["t1"]
         assert refused.is_error and "same reply as exit_plan_mode" in refused.content
+
+
+class Checkpointing(Events):
+    """A front end that awaits before it takes an event (as the ACP adapter's write does)."""
+
+    async def __call__(self, event: Any) -> None:
+        await anyio.lowlevel.checkpoint()
+        self.append(event)
+
+
+async def test_a_cancel_landing_during_the_childs_last_store_write_still_finishes_it(
+    model_env: ScriptedLLM, tmp_path: Path
+) -> None:
+    """The user cancels just as the child's turn ends: while it releases its session (its
+    last store write, shielded). The front end still hears the child finish, before the
+    task call ends, and every history is valid."""
+    llm = model_env
+    llm.rule(is_child, Reply(text="child done"), times=1)
+    llm.push(Reply(tool_calls=[task("t1", "CHILD quick")]), Reply(text="parent done"))
+    events = Checkpointing()
+    async with Agent(config(tmp_path / "home")) as agent:
+        session = agent.create_session(tmp_path)
+        await agent.ready()
+        store = agent.store
+        unlock = store.unlock_session
+        with anyio.CancelScope() as scope:
+
+            async def cancelled_meanwhile(session_id: str) -> None:
+                if session_id != session.id:  # the child's
+                    scope.cancel()
+                await unlock(session_id)
+
+            store.unlock_session = cancelled_meanwhile  # type: ignore[method-assign]
+            await agent.prompt(session, Message("user", "delegate"), events)
+        store.unlock_session = unlock  # type: ignore[method-assign]
+        assert scope.cancelled_caught
+        (started,) = events.of(SubagentStarted)
+        kinds = [type(e).__name__ for e in events if type(e).__name__ in ("SubagentFinished", "ToolCallEnd")]
+        assert kinds[:1] == ["SubagentFinished"], kinds
+        assert "ToolCallEnd" in kinds
+        _, parent = await agent.load_session(session.id)
+        _, child = await agent.load_session(started.session_id)
+        validate(parent)
+        validate(child)
