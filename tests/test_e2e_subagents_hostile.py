@@ -222,3 +222,44 @@ async def test_a_cancel_landing_during_the_childs_last_store_write_still_finishe
         _, child = await agent.load_session(started.session_id)
         validate(parent)
         validate(child)
+
+
+class AllowsWhenReleased:
+    """A front end whose user answers a permission question ("allow once") when released."""
+
+    can_read = can_write = can_terminal = can_elicit = False
+
+    def __init__(self) -> None:
+        self.asked, self.release = anyio.Event(), anyio.Event()
+
+    async def ask_permission(self, call: Any, *, options: Any = (), **_: Any) -> str | None:
+        self.asked.set()
+        await self.release.wait()
+        return next(c.id for c in options if c.kind == "allow_once")
+
+
+async def test_loading_a_child_while_its_tool_call_waits_does_not_answer_that_call(
+    model_env: ScriptedLLM, tmp_path: Path
+) -> None:
+    """A load repairs a session a crash left with unanswered tool calls, holding it. A
+    running child's open call is not such a call: its real result comes, and its history
+    must not get a made-up "interrupted" one beside it."""
+    llm = model_env
+    write = ToolCallSpec("write_file", {"path": "x.txt", "content": "written"}, id="w1")
+    llm.rule(is_child, lambda r: Reply(text="child done") if answered(r) else Reply(tool_calls=[write]))
+    llm.push(Reply(tool_calls=[task("t1", "CHILD write")]), Reply(text="parent done"))
+    client = AllowsWhenReleased()
+    events = Events()
+    async with Agent(config(tmp_path / "home", mode="ask")) as agent:
+        session = agent.create_session(tmp_path)
+        session.client = client
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(agent.prompt, session, Message("user", "delegate"), events)
+            await client.asked.wait()
+            (started,) = events.of(SubagentStarted)
+            await agent.load_session(started.session_id)  # an editor opening it
+            client.release.set()
+        assert (tmp_path / "x.txt").read_text() == "written"
+        _, transcript = await agent.load_session(started.session_id)
+        validate(transcript)
+        assert [m.content for m in transcript if m.role == "tool"] == [tool_results(transcript)["w1"].content]
