@@ -1,6 +1,8 @@
-"""End to end: a subagent attacked from its parent's side (builtin_hooks/subagents.py,
-builtin_hooks/permissions.py): the user changing the parent's mode while a child runs, and
-a cancel at the child's last moments."""
+"""End to end: a subagent attacked from around it (builtin_hooks/subagents.py,
+builtin_hooks/permissions.py, builtin_hooks/plan.py, the store's locks): the user changing
+the parent's mode while a child runs, a task sent beside exit_plan_mode, a running child's
+session loaded, prompted or deleted by its id, a broken agent file read by every child, and
+a cancel landing in the child's last store write."""
 
 from __future__ import annotations
 
