@@ -356,7 +356,6 @@ class SubagentsHook(Hook):
         await ctx.send(UsageUpdated(parent.context_tokens(), ctx.context_window, parent.cost))
 
 
-_logged: set[Any] = set()  # what was logged once per process
 
 
 def _answer(child: Session) -> str:
