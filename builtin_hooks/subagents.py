@@ -356,8 +356,6 @@ class SubagentsHook(Hook):
         await ctx.send(UsageUpdated(parent.context_tokens(), ctx.context_window, parent.cost))
 
 
-
-
 def _answer(child: Session) -> str:
     return next((m.content for m in reversed(child.messages) if m.role == "assistant" and m.content), "")
 
