@@ -310,3 +310,30 @@ def test_crow_chat_asks_a_childs_ask_user_naming_it(chat: Terminal, llm: Scripte
     chat.wait_for("Parent: it is 42.")
     child = [r for r in llm.requests if child_asks(r)][-1]
     assert [m["content"] for m in child.messages if m["role"] == "tool"] == ['The user chose "green".']
+
+
+def test_a_childs_refused_call_in_a_pipeline_is_exit_4_as_the_parents_is(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """Piped, nobody is asked: a child's write is refused. docs/terminal.md: "the exit status
+    says so (4)" -- a script relying on it reruns with --yolo; it got 0."""
+    script_a_task(llm, ToolCallSpec("write_file", {"path": "b.txt", "content": "x"}, id="c1"))
+    done = run("delegate", env=crow_env(llm, home), cwd=workspace)
+    assert not (workspace / "b.txt").exists()
+    assert done.returncode == 4, done.stderr
+    assert done.stdout == "Parent: it is 42.\n"
+
+
+def test_a_child_that_refused_then_went_on_is_not_exit_4(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """As for the parent: only a refusal in the child's last tool round says the work was
+    not done; one the child's model got past does not."""
+    (workspace / "a.txt").write_text("42\n")
+    llm.rule(child_asks, Reply(tool_calls=[ToolCallSpec("write_file", {"path": "b.txt", "content": "x"})]), times=1)
+    llm.rule(child_asks, Reply(tool_calls=[ToolCallSpec("read_file", {"path": "a.txt"})]), times=1)
+    llm.rule(child_asks, Reply(text="the child found 42"), times=1)
+    task = {"description": "Find the number", "prompt": "CHILD: find the number"}
+    llm.push(Reply(tool_calls=[ToolCallSpec("task", task, id="t1")]), Reply(text="Parent: it is 42."))
+    done = run("delegate", env=crow_env(llm, home), cwd=workspace)
+    assert done.returncode == 0, done.stderr
