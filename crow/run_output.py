@@ -180,7 +180,8 @@ class Activity:
             tag, _ = self._children.get(event.session_id, (f"[{event.session_id}]", 0.0))
             inner = event.event
             line = None if isinstance(inner, ModeChanged | SubagentEvent) else activity(inner)
-            return f"  {tag} {line.lstrip()}" if line else None
+            # each line tagged (a notice may have several): children side by side interleave
+            return "\n".join(f"  {tag} {part.lstrip()}" for part in line.splitlines()) if line else None
         if isinstance(event, SubagentFinished):
             from crow.tui.text import child_ended, child_figures
 

@@ -337,3 +337,21 @@ def test_a_child_that_refused_then_went_on_is_not_exit_4(
     llm.push(Reply(tool_calls=[ToolCallSpec("task", task, id="t1")]), Reply(text="Parent: it is 42."))
     done = run("delegate", env=crow_env(llm, home), cwd=workspace)
     assert done.returncode == 0, done.stderr
+
+
+def test_every_stderr_line_of_a_childs_notice_names_the_child() -> None:
+    """Two children side by side: a line without its tag cannot be told apart (docs/terminal.md:
+    "each line tagged with its agent and task")."""
+    from crow.events import Notice, SubagentEvent, SubagentStarted
+    from crow.run_output import Activity
+
+    activity = Activity()
+    activity.line(SubagentStarted("t1", "s1", "reviewer", "Find it", "/w"))
+    notice = Notice("the MCP server failed:\nTraceback ...\nOSError: gone", "warning")
+    line = activity.line(SubagentEvent("t1", "s1", notice))
+    assert line is not None
+    assert line.splitlines() == [
+        "  [reviewer · Find it] the MCP server failed:",
+        "  [reviewer · Find it] Traceback ...",
+        "  [reviewer · Find it] OSError: gone",
+    ]
