@@ -179,7 +179,9 @@ class Activity:
         if isinstance(event, SubagentEvent):
             tag, _ = self._children.get(event.session_id, (f"[{event.session_id}]", 0.0))
             inner = event.event
-            line = None if isinstance(inner, ModeChanged | SubagentEvent) else activity(inner)
+            if isinstance(inner, SubagentStarted | SubagentEvent | SubagentFinished):
+                return self.line(inner)  # a grandchild's: tagged with its own name and task
+            line = None if isinstance(inner, ModeChanged) else activity(inner)
             # each line tagged (a notice may have several): children side by side interleave
             return "\n".join(f"  {tag} {part.lstrip()}" for part in line.splitlines()) if line else None
         if isinstance(event, SubagentFinished):

@@ -355,3 +355,20 @@ def test_every_stderr_line_of_a_childs_notice_names_the_child() -> None:
         "  [reviewer · Find it] Traceback ...",
         "  [reviewer · Find it] OSError: gone",
     ]
+
+
+def test_a_grandchilds_stderr_lines_name_it() -> None:
+    """With `max_depth: 2` a subagent's own subagent is shown too, tagged with its own name
+    and task; its lines were dropped (only stream-json had them)."""
+    from crow.events import SubagentEvent, SubagentFinished, SubagentStarted, ToolCallStart
+    from crow.run_output import Activity
+
+    activity = Activity()
+    activity.line(SubagentStarted("t1", "s1", "planner", "Plan it", "/w"))
+    started = activity.line(SubagentEvent("t1", "s1", SubagentStarted("c7", "s2", "explore", "Look", "/w")))
+    assert started == "  [explore · Look] started"
+    call = ToolCall("g1", "execute", {"command": "ls"})
+    inner = activity.line(SubagentEvent("t1", "s1", SubagentEvent("c7", "s2", ToolCallStart(call, RUN))))
+    assert inner == "  [explore · Look] → Run ls"
+    ended = activity.line(SubagentEvent("t1", "s1", SubagentFinished("c7", "s2", "end_turn", turns=1)))
+    assert ended is not None and ended.startswith("  [explore · Look] ✓ done · 1 model call")
