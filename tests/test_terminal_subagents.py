@@ -372,3 +372,24 @@ def test_a_grandchilds_stderr_lines_name_it() -> None:
     assert inner == "  [explore · Look] → Run ls"
     ended = activity.line(SubagentEvent("t1", "s1", SubagentFinished("c7", "s2", "end_turn", turns=1)))
     assert ended is not None and ended.startswith("  [explore · Look] ✓ done · 1 model call")
+
+
+@pytest.mark.anyio
+async def test_a_hostile_call_id_is_shown_escaped_in_crow_runs_question(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Call ids are the model server's: `Answer for ... (call t1/c1)` wrote them raw, so an
+    id could clear the screen or draw over the question (the chat's picker escapes them)."""
+    read, write = os.pipe()
+    parent = TerminalClient(str(workspace), fd=read)
+    child = parent.for_child(session_id="s-child", name="reviewer", parent_call_id="t1\x1b[2J")
+    try:
+        os.write(write, b"n\n")
+        call = ToolCall("c1\x1b]0;owned\x07", "execute", {"command": "ls"})
+        assert await child.ask_permission(call, spec=RUN, timeout=15) == "reject_once"
+    finally:
+        os.close(read)
+        os.close(write)
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x07" not in err, repr(err)
+    assert "(call t1\\x1b[2J/c1\\x1b]0;owned\\x07)" in err
