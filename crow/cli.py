@@ -106,8 +106,8 @@ _RUN_EXIT_STATUS = """exit status:
        plugin, stdout closed); json output still ends with the object, its error and cause
   3    the turn stopped short: max_turn_requests or max_tokens reached, or the model refused
   4    a tool call was refused permission (by you, by a rule or the mode, or because nobody
-       could be asked: stdin is not a terminal) in the turn's last tool round, and then the
-       model ended the turn
+       could be asked: stdin is not a terminal) in the turn's last tool round (a
+       subagent's: in its own last), and then the model ended the turn
   130  Ctrl-C cancelled the turn (the history stays valid: crow run --continue goes on)
   141  stdout was closed early (a reader such as head went away)"""
 

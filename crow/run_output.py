@@ -12,7 +12,8 @@ line parses.
 
 `Tracker` watches the events for what the end needs: the answer (the text of the model's
 last message; empty when that message only called tools) and whether the last tool round
-had a call the permission hook refused (`crow.rules.REFUSED`).
+had a call the permission hook refused (`crow.rules.REFUSED`), a subagent's in its own
+last tool round included.
 """
 
 from __future__ import annotations
@@ -56,9 +57,17 @@ class Tracker:
         self.refused = False  # in the last tool round
         self._message = None  # the id of the message `answer` is from
         self._new_round = True
+        self._children: dict[str, Tracker] = {}  # a running subagent's, by its session id
 
     def see(self, event: Event) -> None:
-        if isinstance(event, TextDelta):
+        if isinstance(event, SubagentEvent):
+            # A child's call refused in its last tool round was refused in the parent's
+            # round that ran the task: the work asked for was not done (exit 4).
+            self._children.setdefault(event.session_id, Tracker()).see(event.event)
+        elif isinstance(event, SubagentFinished):
+            child = self._children.pop(event.session_id, None)
+            self.refused = self.refused or (child is not None and child.refused)
+        elif isinstance(event, TextDelta):
             if event.message_id != self._message:
                 self._message, self.answer = event.message_id, ""
             self.answer += event.text
@@ -170,8 +179,11 @@ class Activity:
         if isinstance(event, SubagentEvent):
             tag, _ = self._children.get(event.session_id, (f"[{event.session_id}]", 0.0))
             inner = event.event
-            line = None if isinstance(inner, ModeChanged | SubagentEvent) else activity(inner)
-            return f"  {tag} {line.lstrip()}" if line else None
+            if isinstance(inner, SubagentStarted | SubagentEvent | SubagentFinished):
+                return self.line(inner)  # a grandchild's: tagged with its own name and task
+            line = None if isinstance(inner, ModeChanged) else activity(inner)
+            # each line tagged (a notice may have several): children side by side interleave
+            return "\n".join(f"  {tag} {part.lstrip()}" for part in line.splitlines()) if line else None
         if isinstance(event, SubagentFinished):
             from crow.tui.text import child_ended, child_figures
 

@@ -68,7 +68,7 @@ def _table(rows: list[tuple[SessionRecord, int]], short: dict[str, str], now: fl
             f"{'  ' * depth}└ {short[r.id]}" if depth else short[r.id],
             ago(from_iso(r.updated_at), now),
             f"{r.message_count} msgs",
-            _cut(_field(" ".join(_title(r).split())) or "(untitled)", 50),
+            _title(r, 50),
             _field("~" + r.cwd[len(home) :] if r.cwd.startswith(home + os.sep) else r.cwd),
         )
         for r, depth in rows
@@ -105,10 +105,15 @@ def ago(then: float, now: float) -> str:
     return f"{days} days ago" if days < 7 else day.isoformat()
 
 
-def _title(r: SessionRecord) -> str:
-    """A subagent's title names its agent: `Find the parser (explore)`."""
+def _title(r: SessionRecord, width: int) -> str:
+    """The title cell, at most `width` characters: a subagent's names its agent (`Find the
+    parser (explore)`), the title cut before the name is."""
     agent = r.config.get("agent") if r.parent_id and isinstance(r.config, dict) else None
-    return f"{r.title} ({agent})" if isinstance(agent, str) and agent else r.title
+    title = _field(" ".join(r.title.split())) or "(untitled)"
+    if not (isinstance(agent, str) and agent):
+        return _cut(title, width)
+    named = f" ({_cut(_field(' '.join(agent.split())), width // 2)})"
+    return _cut(title, max(1, width - len(named))) + named
 
 
 def _cut(text: str, width: int) -> str:

@@ -302,7 +302,8 @@ def printable(text: str) -> str:
 def _call_name(call: ToolCall, spec: ToolSpec | None = None, task_call: str = "") -> str:
     from crow.tool_kinds import tool_title
 
-    return f"{tool_title(call, spec)!r} (call {shown_call_id(call, task_call)})"
+    # the ids are the model server's, unchecked: one could hold an escape sequence
+    return printable(f"{tool_title(call, spec)!r} (call {shown_call_id(call, task_call)})")
 
 
 def _question(call: ToolCall, cwd: str, spec: ToolSpec | None = None, asker: str = "") -> str:

@@ -178,3 +178,20 @@ async def test_deleting_a_parent_cancels_a_turn_running_in_its_loaded_child_firs
             assert db.execute("SELECT count(*) FROM sessions").fetchone()[0] == 0
         other = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
         assert (await conn.prompt(session_id=other, prompt=[acp.text_block("hi")])).stop_reason == "end_turn"
+
+
+def test_sessions_list_keeps_a_long_titled_subagents_agent_name(home: Path, tmp_path: Path) -> None:
+    """The title is cut to its column, the agent's name after it stays: it was cut away."""
+    from tests.support.on_pty import stdout_on_pty
+
+    async def tree() -> None:
+        async with SQLiteStore(home / "crow.db") as s:
+            await s.create_session(id=P, cwd=str(tmp_path), title="parent")
+            long = "Review every caller of paginate() and the tests around it"
+            await s.create_session(id=C1, cwd=str(tmp_path), title=long, parent_id=P, config={"agent": "reviewer"})
+
+    anyio.run(tree)
+    status, out = stdout_on_pty([sys.executable, "-m", "crow", "sessions", "list"], env=crow_env(None, home))
+    assert status == 0
+    child = out.decode().replace("\r\n", "\n").splitlines()[1]
+    assert "Review every caller" in child and "… (reviewer)" in child, child

@@ -310,3 +310,86 @@ def test_crow_chat_asks_a_childs_ask_user_naming_it(chat: Terminal, llm: Scripte
     chat.wait_for("Parent: it is 42.")
     child = [r for r in llm.requests if child_asks(r)][-1]
     assert [m["content"] for m in child.messages if m["role"] == "tool"] == ['The user chose "green".']
+
+
+def test_a_childs_refused_call_in_a_pipeline_is_exit_4_as_the_parents_is(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """Piped, nobody is asked: a child's write is refused. docs/terminal.md: "the exit status
+    says so (4)" -- a script relying on it reruns with --yolo; it got 0."""
+    script_a_task(llm, ToolCallSpec("write_file", {"path": "b.txt", "content": "x"}, id="c1"))
+    done = run("delegate", env=crow_env(llm, home), cwd=workspace)
+    assert not (workspace / "b.txt").exists()
+    assert done.returncode == 4, done.stderr
+    assert done.stdout == "Parent: it is 42.\n"
+
+
+def test_a_child_that_refused_then_went_on_is_not_exit_4(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """As for the parent: only a refusal in the child's last tool round says the work was
+    not done; one the child's model got past does not."""
+    (workspace / "a.txt").write_text("42\n")
+    llm.rule(child_asks, Reply(tool_calls=[ToolCallSpec("write_file", {"path": "b.txt", "content": "x"})]), times=1)
+    llm.rule(child_asks, Reply(tool_calls=[ToolCallSpec("read_file", {"path": "a.txt"})]), times=1)
+    llm.rule(child_asks, Reply(text="the child found 42"), times=1)
+    task = {"description": "Find the number", "prompt": "CHILD: find the number"}
+    llm.push(Reply(tool_calls=[ToolCallSpec("task", task, id="t1")]), Reply(text="Parent: it is 42."))
+    done = run("delegate", env=crow_env(llm, home), cwd=workspace)
+    assert done.returncode == 0, done.stderr
+
+
+def test_every_stderr_line_of_a_childs_notice_names_the_child() -> None:
+    """Two children side by side: a line without its tag cannot be told apart (docs/terminal.md:
+    "each line tagged with its agent and task")."""
+    from crow.events import Notice, SubagentEvent, SubagentStarted
+    from crow.run_output import Activity
+
+    activity = Activity()
+    activity.line(SubagentStarted("t1", "s1", "reviewer", "Find it", "/w"))
+    notice = Notice("the MCP server failed:\nTraceback ...\nOSError: gone", "warning")
+    line = activity.line(SubagentEvent("t1", "s1", notice))
+    assert line is not None
+    assert line.splitlines() == [
+        "  [reviewer · Find it] the MCP server failed:",
+        "  [reviewer · Find it] Traceback ...",
+        "  [reviewer · Find it] OSError: gone",
+    ]
+
+
+def test_a_grandchilds_stderr_lines_name_it() -> None:
+    """With `max_depth: 2` a subagent's own subagent is shown too, tagged with its own name
+    and task; its lines were dropped (only stream-json had them)."""
+    from crow.events import SubagentEvent, SubagentFinished, SubagentStarted, ToolCallStart
+    from crow.run_output import Activity
+
+    activity = Activity()
+    activity.line(SubagentStarted("t1", "s1", "planner", "Plan it", "/w"))
+    started = activity.line(SubagentEvent("t1", "s1", SubagentStarted("c7", "s2", "explore", "Look", "/w")))
+    assert started == "  [explore · Look] started"
+    call = ToolCall("g1", "execute", {"command": "ls"})
+    inner = activity.line(SubagentEvent("t1", "s1", SubagentEvent("c7", "s2", ToolCallStart(call, RUN))))
+    assert inner == "  [explore · Look] → Run ls"
+    ended = activity.line(SubagentEvent("t1", "s1", SubagentFinished("c7", "s2", "end_turn", turns=1)))
+    assert ended is not None and ended.startswith("  [explore · Look] ✓ done · 1 model call")
+
+
+@pytest.mark.anyio
+async def test_a_hostile_call_id_is_shown_escaped_in_crow_runs_question(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Call ids are the model server's: `Answer for ... (call t1/c1)` wrote them raw, so an
+    id could clear the screen or draw over the question (the chat's picker escapes them)."""
+    read, write = os.pipe()
+    parent = TerminalClient(str(workspace), fd=read)
+    child = parent.for_child(session_id="s-child", name="reviewer", parent_call_id="t1\x1b[2J")
+    try:
+        os.write(write, b"n\n")
+        call = ToolCall("c1\x1b]0;owned\x07", "execute", {"command": "ls"})
+        assert await child.ask_permission(call, spec=RUN, timeout=15) == "reject_once"
+    finally:
+        os.close(read)
+        os.close(write)
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x07" not in err, repr(err)
+    assert "(call t1\\x1b[2J/c1\\x1b]0;owned\\x07)" in err
