@@ -164,3 +164,23 @@ def test_the_check_takes_unstable_updates_by_the_unstable_schema_only(schema: No
     )
     assert acp_schema.violations([_update({"sessionUpdate": "made_up", "sessionId": "k"})])
     assert acp_schema.violations([_update({"sessionUpdate": "usage_update", "used": 1})]), "stable: as strict"
+
+
+def test_a_task_call_ending_before_its_child_did_reports_the_child_idle_first() -> None:
+    """A cancel (or a failure) can end the task call without `SubagentFinished`: a client
+    that shows subagents must not show that child running for ever."""
+    view = SubagentView(ClientFeatures(subagents=True), Clock())
+    from crow.events import ToolCallEnd
+    from crow.messages import ToolResult
+
+    task = ToolCall("t1", "task", {})
+    shown = run(view, STARTED, ToolCallEnd(task, ToolResult("t1", "task", error="cancelled")))
+    assert [(s, u["sessionUpdate"]) for s, u in shown[2:]] == [
+        ("parent", "subagent_update"),
+        ("parent", "tool_call_update"),
+    ]
+    assert shown[2][1] == {
+        "sessionUpdate": "subagent_update", "sessionId": "kid", "state": {"state": "idle", "stopReason": "cancelled"}
+    }  # fmt: skip
+    finished = run(view, ToolCallEnd(task, ToolResult("t1", "task", output="again")))
+    assert [u["sessionUpdate"] for _, u in finished] == ["tool_call_update"], "told once"

@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import acp
+import anyio
 import pytest
 import yaml
 
 from crow.store import SQLiteStore
 from tests.conftest import FEATURES_125, RecordingClient, crow_env, initialize_125, spawn_crow
-from tests.llm_server import RecordedRequest, Reply, ScriptedLLM, Step, ToolCallSpec
+from tests.llm_server import RecordedRequest, Reply, ScriptedLLM, Stall, Step, ToolCallSpec
 from tests.support.ts_client import run_script
 
 pytestmark = pytest.mark.anyio
@@ -360,3 +361,55 @@ def test_the_typescript_sdk_client_takes_a_run_with_children(
         assert kinds.count("subagent_update") == 2 and calls == ["t1", "c1", "c2"]
     else:
         assert "subagent_update" not in kinds and calls == ["t1", "t1/c1", "t1/c2"]
+
+
+async def test_cancelling_the_parent_ends_its_children_idle_after_their_traffic(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """Two children, one waiting on its model: the parent's cancel ends both; each is
+    reported idle on the parent after all of its own updates, and the turn is cancelled."""
+    llm.push(
+        Reply(tool_calls=[task("ta", "Wait", "CHILD-A: wait"), task("tb", "Also wait", "CHILD-B: wait")]),
+        Reply(text="never"),
+    )
+    (workspace / "a.txt").write_text("a\n")
+    child(
+        llm,
+        "CHILD-A",
+        Reply(text="reading", tool_calls=[tool("read_file", "c1", path="a.txt")]),
+        Stall(seconds=30),
+    )
+    child(llm, "CHILD-B", Stall(seconds=30))
+    env = crow_env(llm, home, PYTHONPATH=str(SUPPORT))
+    async with spawn_crow(env, "--config", str(configure(home))) as (conn, _proc, client):
+        sid = await start(conn, workspace, subagents=True)
+        result: dict[str, Any] = {}
+
+        async def prompt() -> None:
+            result["answer"] = await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(prompt)
+                # the wire log and the model server have no events to wait on: poll them
+                while len([r for r in llm.requests if "CHILD" in r.last_user_text]) < 3:  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+                await conn.cancel(session_id=sid)
+        assert result["answer"].stop_reason == "cancelled"
+    updates = wire_updates(client)
+    children = {call: linked_child(updates, call) for call in ("ta", "tb")}
+    for call, kid in children.items():
+        told = [
+            i
+            for i, (s, u) in enumerate(updates)
+            if u["sessionUpdate"] == "subagent_update" and u["sessionId"] == kid
+        ]
+        mine = [i for i, (s, _) in enumerate(updates) if s == kid]
+        assert updates[told[-1]][1]["state"] == {"state": "idle", "stopReason": "cancelled"}, call
+        assert not mine or mine[-1] < told[-1]
+        ended = next(
+            i
+            for i, (_, u) in enumerate(updates)
+            if u.get("toolCallId") == call and u.get("status") in ("completed", "failed")
+        )
+        assert told[-1] < ended

@@ -361,13 +361,10 @@ class AcpServer(Extensions):
 
     # ------------------------------------------------------------ events -> updates
     async def _emit(self, session: Session, event: Event) -> None:
-        """The loop's sink: each event as the editor shows it (a subagent's: `acp_subagents`)."""
-        if isinstance(event, acp_subagents.EVENTS):
-            for session_id, update in self.subagents.updates(session.id, session.cwd, event):
-                await self._notify(session_id, update)
-        else:
-            for update in acp_convert.event_updates(event, session.cwd, self.features):
-                await self._notify(session.id, update)
+        """The loop's sink: each event as the editor shows it (`acp_subagents` also shows a
+        subagent's, and reports a child its task call outlived as ended)."""
+        for session_id, update in self.subagents.updates(session.id, session.cwd, event):
+            await self._notify(session_id, update)
         if isinstance(event, ModeChanged):  # clients that show config options, not modes
             options = ConfigOptionUpdate(
                 session_update="config_option_update", config_options=self._options(session)

@@ -122,6 +122,7 @@ class SubagentView:
         self.features = features
         self._clock = clock
         self._flattened: dict[str, _Flattened] = {}  # child session id -> its state
+        self._running: dict[tuple[str, str], str] = {}  # (session, task call) -> child announced
 
     def updates(self, session_id: str, cwd: Path, event: Event) -> list[Shown]:
         """What the editor is sent for `event`, emitted by session `session_id`'s turn."""
@@ -141,15 +142,18 @@ class SubagentView:
                 cwd=event.cwd,
                 additional_directories=list(event.additional_directories) or None,
             )
+            self._running[(session_id, event.parent_call_id)] = event.session_id
             link = _linked(event.parent_call_id, subagentSessionId=event.session_id)
             return [(session_id, announce), (session_id, link)]
         if isinstance(event, SubagentFinished):
+            self._running.pop((session_id, event.parent_call_id), None)
             ended = SubagentUpdate(
                 session_update="subagent_update", session_id=event.session_id, state=_idle(event)
             )
             return [(session_id, ended)]
         if not isinstance(event, SubagentEvent):
-            return [(session_id, u) for u in acp_convert.event_updates(event, cwd, self.features)]
+            shown = acp_convert.event_updates(event, cwd, self.features)
+            return self._unfinished(session_id, event) + [(session_id, u) for u in shown]
         inner, child = event.event, event.session_id
         if isinstance(inner, EVENTS):
             return self._as_sessions(child, cwd, inner)
@@ -159,7 +163,19 @@ class SubagentView:
         for update in shown:
             if isinstance(update, ToolCallShown):
                 update.field_meta = {"crow": {"parentToolCallId": event.parent_call_id}}
-        return [(child, u) for u in shown]
+        return self._unfinished(child, inner) + [(child, u) for u in shown]
+
+    def _unfinished(self, session_id: str, event: Event) -> list[Shown]:
+        """A task call that ends with its child unfinished (the turn was cancelled, or the
+        tool failed before the child's end was told): the child is reported idle first, so
+        that no editor shows it running for ever."""
+        child = (
+            self._running.pop((session_id, event.call.id), None) if isinstance(event, ToolCallEnd) else None
+        )
+        if child is None:
+            return []
+        state = {"state": "idle", "stopReason": "cancelled"}
+        return [(session_id, SubagentUpdate(session_update="subagent_update", session_id=child, state=state))]
 
     # ------------------------------------------------------------ without it
     def _flatten(self, cwd: Path, event: Event, rename: Callable[[str], str]) -> list[Any]:
@@ -173,6 +189,8 @@ class SubagentView:
             child = self._flattened.pop(event.session_id, None)
             return child.flush(self._clock()) if child is not None else []
         if not isinstance(event, SubagentEvent):
+            if isinstance(event, ToolCallEnd):
+                self._forget(event.call.id)
             return acp_convert.event_updates(event, cwd, self.features)
         child = self._flattened.get(event.session_id)
         if child is None:  # its start was not seen (a plugin's child): shown all the same
@@ -186,6 +204,8 @@ class SubagentView:
             now = self._clock()
             return child.flush(now) if now - child.sent_at >= FLUSH_EVERY else []
         if isinstance(inner, _CALLS):
+            if isinstance(inner, ToolCallEnd):
+                self._forget(child.rename(inner.call.id))
             return child.flush(self._clock()) + self._child_call(child, cwd, inner)
         if isinstance(inner, Notice):
             told = replace(
@@ -195,6 +215,11 @@ class SubagentView:
             )
             return acp_reports.updates(told, self.features)
         return []  # thoughts, plan, usage, title, mode, commands, compaction: see the docstring
+
+    def _forget(self, task_call: str) -> None:
+        """Drop what is kept of the children of a task call that ended (normally gone already)."""
+        for session_id in [k for k, c in self._flattened.items() if c.task_call == task_call]:
+            del self._flattened[session_id]
 
     @staticmethod
     def _child_call(
