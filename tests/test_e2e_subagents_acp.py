@@ -413,3 +413,78 @@ async def test_cancelling_the_parent_ends_its_children_idle_after_their_traffic(
             if u.get("toolCallId") == call and u.get("status") in ("completed", "failed")
         )
         assert told[-1] < ended
+
+
+@pytest.mark.parametrize("subagents", [False, True], ids=["flat", "sessions"])
+def test_a_childs_form_names_it_and_its_answer_reaches_the_child(
+    llm: ScriptedLLM, home: Path, workspace: Path, subagents: bool
+) -> None:
+    """Through the official TypeScript client: a child's `ask_user` form carries the child's
+    name, and the session and tool call ids the editor shows it under."""
+    llm.push(Reply(tool_calls=[task("t1", "Choose", "CHILD-A: choose a database")]), Reply(text="done"))
+    question = {"question": "Which database?", "options": ["SQLite", "Postgres"]}
+    child(llm, "CHILD-A", Reply(tool_calls=[tool("ask_user", "q1", **question)]), Reply(text="SQLite then"))
+    env = crow_env(llm, home, PYTHONPATH=str(SUPPORT))
+    prompt = {"sessionId": "${s.sessionId}", "prompt": [{"type": "text", "text": "go"}]}
+    script = {
+        "capabilities": {"elicitation": {"form": {}}, **({"subagents": {}} if subagents else {})},
+        "unstable": subagents,
+        "elicitation": {"action": "accept", "content": {"answer": "SQLite"}},
+        "steps": [
+            {"request": "session/new", "params": {"cwd": str(workspace), "mcpServers": []}, "as": "s"},
+            {"request": "session/prompt", "params": prompt, "as": "p"},
+        ],
+    }
+    out = run_script(script, env, workspace, "--config", str(configure(home)))
+    assert out["results"]["p"] == {"result": {"stopReason": "end_turn"}}
+    sid = out["results"]["s"]["result"]["sessionId"]
+    [form] = [r["params"] for r in out["requests"] if r["method"] == "elicitation/create"]
+    assert form["message"] == f"{AGENT}: Which database?"
+    [kid] = {
+        u["update"]["_meta"]["crow"]["subagentSessionId"]
+        for u in out["updates"]
+        if u["update"].get("toolCallId") == "t1" and "crow" in u["update"].get("_meta", {})
+    }
+    assert (form["sessionId"], form["toolCallId"]) == ((kid, "q1") if subagents else (sid, "t1/q1"))
+    answered = [m["content"] for m in llm.requests[-2].messages if m["role"] == "tool"]
+    assert len(answered) == 1 and "SQLite" in answered[0]
+
+
+@pytest.mark.parametrize("subagents", [False, True], ids=["flat", "sessions"])
+def test_a_childs_command_runs_in_an_editor_terminal_and_it_is_released(
+    llm: ScriptedLLM, home: Path, workspace: Path, subagents: bool
+) -> None:
+    llm.push(Reply(tool_calls=[task("t1", "Run it", "CHILD-A: run echo")]), Reply(text="done"))
+    child(
+        llm,
+        "CHILD-A",
+        Reply(tool_calls=[tool("execute", "x1", command="echo from-the-child")]),
+        Reply(text="ran"),
+    )
+    # commands run in the editor's terminal only without a sandbox (the editor cannot run bwrap)
+    env = crow_env(llm, home, PYTHONPATH=str(SUPPORT), CROW_SANDBOX="off")
+    prompt = {"sessionId": "${s.sessionId}", "prompt": [{"type": "text", "text": "go"}]}
+    script = {
+        "capabilities": {"terminal": True, **({"subagents": {}} if subagents else {})},
+        "unstable": subagents,
+        "steps": [
+            {"request": "session/new", "params": {"cwd": str(workspace), "mcpServers": []}, "as": "s"},
+            {"request": "session/prompt", "params": prompt, "as": "p"},
+        ],
+    }
+    out = run_script(script, env, workspace, "--config", str(configure(home)))
+    assert out["results"]["p"] == {"result": {"stopReason": "end_turn"}}
+    sid = out["results"]["s"]["result"]["sessionId"]
+    on = {
+        r["method"]: r["params"]["sessionId"] for r in out["requests"] if r["method"].startswith("terminal/")
+    }
+    assert {"terminal/create", "terminal/release"} <= on.keys()
+    [kid] = {
+        u["update"]["_meta"]["crow"]["subagentSessionId"]
+        for u in out["updates"]
+        if u["update"].get("toolCallId") == "t1" and "crow" in u["update"].get("_meta", {})
+    }
+    # The child shares its parent's tool servers, whose file tools were bound to the
+    # parent's client: its terminal is the parent session's, made and released there.
+    assert set(on.values()) == {sid} and kid != sid, on
+    assert "from-the-child" in str(llm.requests[-2].messages)
