@@ -113,17 +113,45 @@ def script_fix(llm: ScriptedLLM) -> None:
     )
 
 
-async def test_without_the_capability_child_calls_show_among_the_parents(
-    llm: ScriptedLLM, home: Path, workspace: Path
-) -> None:
+async def run_fix(llm: ScriptedLLM, home: Path, workspace: Path, subagents: bool) -> tuple[str, list[Any]]:
+    """One prompt of `script_fix` in a fresh crow: the parent's id and what was sent."""
     (workspace / "a.txt").write_text("hello\n")
     script_fix(llm)
     env = crow_env(llm, home, PYTHONPATH=str(SUPPORT))
     async with spawn_crow(env, "--config", str(configure(home))) as (conn, _proc, client):
-        sid = await start(conn, workspace, subagents=False)
+        sid = await start(conn, workspace, subagents)
         await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])
+    return sid, wire_updates(client)
+
+
+def ts_run(
+    home: Path, workspace: Path, env: dict[str, str], subagents: bool, **more: Any
+) -> tuple[dict[str, Any], str, str]:
+    """One prompt ("go") through the official TypeScript client (its unstable binding when
+    it advertises `subagents`: the stable one drops subagent_update unseen); `more` adds to
+    the script (`capabilities`, answers). Returns its output, the parent's and child's ids."""
+    capabilities = {**more.pop("capabilities", {}), **({"subagents": {}} if subagents else {})}
+    prompt = {"sessionId": "${s.sessionId}", "prompt": [{"type": "text", "text": "go"}]}
+    script = {
+        "capabilities": capabilities,
+        "unstable": subagents,
+        **more,
+        "steps": [
+            {"request": "session/new", "params": {"cwd": str(workspace), "mcpServers": []}, "as": "s"},
+            {"request": "session/prompt", "params": prompt, "as": "p"},
+        ],
+    }
+    out = run_script(script, env, workspace, "--config", str(configure(home)))
+    assert out["results"]["p"] == {"result": {"stopReason": "end_turn"}}
+    updates = [(u["sessionId"], u["update"]) for u in out["updates"]]
+    return out, out["results"]["s"]["result"]["sessionId"], linked_child(updates, "t1")
+
+
+async def test_without_the_capability_child_calls_show_among_the_parents(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    sid, updates = await run_fix(llm, home, workspace, subagents=False)
     assert (workspace / "a.txt").read_text() == "bye\n"
-    updates = wire_updates(client)
     assert {s for s, _ in updates} == {sid}, "everything on the parent's session"
     assert "subagent_update" not in [u["sessionUpdate"] for _, u in updates]
     child_id = linked_child(updates, "t1")
@@ -162,13 +190,7 @@ async def test_without_the_capability_child_calls_show_among_the_parents(
 async def test_with_the_capability_a_child_is_a_session_announced_first_and_ended_idle(
     llm: ScriptedLLM, home: Path, workspace: Path
 ) -> None:
-    (workspace / "a.txt").write_text("hello\n")
-    script_fix(llm)
-    env = crow_env(llm, home, PYTHONPATH=str(SUPPORT))
-    async with spawn_crow(env, "--config", str(configure(home))) as (conn, _proc, client):
-        sid = await start(conn, workspace, subagents=True)
-        await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])
-    updates = wire_updates(client)
+    sid, updates = await run_fix(llm, home, workspace, subagents=True)
     child_id = linked_child(updates, "t1")
     assert await stored_children(home, sid) == [child_id]
     announced = [i for i, (s, u) in enumerate(updates) if u["sessionUpdate"] == "subagent_update"]
@@ -302,15 +324,10 @@ async def test_two_children_at_once_are_each_attributable(
 async def test_loading_the_parent_and_the_child_replays_each(
     llm: ScriptedLLM, home: Path, workspace: Path, subagents: bool
 ) -> None:
-    (workspace / "a.txt").write_text("hello\n")
-    script_fix(llm)
+    sid, updates = await run_fix(llm, home, workspace, subagents)
+    child_id = linked_child(updates, "t1")
     env = crow_env(llm, home, PYTHONPATH=str(SUPPORT))
-    config = str(configure(home))
-    async with spawn_crow(env, "--config", config) as (conn, _proc, client):
-        sid = await start(conn, workspace, subagents)
-        await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])
-    child_id = linked_child(wire_updates(client), "t1")
-    async with spawn_crow(env, "--config", config) as (conn, _proc, client):
+    async with spawn_crow(env, "--config", str(configure(home))) as (conn, _proc, client):
         await initialize_125(conn, WITH_SUBAGENTS if subagents else FEATURES_125)
         await conn.load_session(cwd=str(workspace), session_id=sid, mcp_servers=[])
         await conn.load_session(cwd=str(workspace), session_id=child_id, mcp_servers=[])
@@ -340,21 +357,7 @@ def test_the_typescript_sdk_client_takes_a_run_with_children(
 ) -> None:
     (workspace / "a.txt").write_text("hello\n")
     script_fix(llm)
-    env = crow_env(llm, home, PYTHONPATH=str(SUPPORT))
-    script = {
-        "capabilities": {"subagents": {}} if subagents else {},
-        "unstable": subagents,  # the SDK's stable binding drops subagent_update unseen
-        "steps": [
-            {"request": "session/new", "params": {"cwd": str(workspace), "mcpServers": []}, "as": "new"},
-            {
-                "request": "session/prompt",
-                "params": {"sessionId": "${new.sessionId}", "prompt": [{"type": "text", "text": "go"}]},
-                "as": "prompt",
-            },
-        ],
-    }
-    out = run_script(script, env, workspace, "--config", str(configure(home)))
-    assert out["results"]["prompt"] == {"result": {"stopReason": "end_turn"}}
+    out, _sid, _kid = ts_run(home, workspace, crow_env(llm, home, PYTHONPATH=str(SUPPORT)), subagents)
     kinds = [u["update"]["sessionUpdate"] for u in out["updates"]]
     calls = [u["update"]["toolCallId"] for u in out["updates"] if u["update"]["sessionUpdate"] == "tool_call"]
     if subagents:
@@ -425,26 +428,12 @@ def test_a_childs_form_names_it_and_its_answer_reaches_the_child(
     question = {"question": "Which database?", "options": ["SQLite", "Postgres"]}
     child(llm, "CHILD-A", Reply(tool_calls=[tool("ask_user", "q1", **question)]), Reply(text="SQLite then"))
     env = crow_env(llm, home, PYTHONPATH=str(SUPPORT))
-    prompt = {"sessionId": "${s.sessionId}", "prompt": [{"type": "text", "text": "go"}]}
-    script = {
-        "capabilities": {"elicitation": {"form": {}}, **({"subagents": {}} if subagents else {})},
-        "unstable": subagents,
-        "elicitation": {"action": "accept", "content": {"answer": "SQLite"}},
-        "steps": [
-            {"request": "session/new", "params": {"cwd": str(workspace), "mcpServers": []}, "as": "s"},
-            {"request": "session/prompt", "params": prompt, "as": "p"},
-        ],
-    }
-    out = run_script(script, env, workspace, "--config", str(configure(home)))
-    assert out["results"]["p"] == {"result": {"stopReason": "end_turn"}}
-    sid = out["results"]["s"]["result"]["sessionId"]
+    answer = {"action": "accept", "content": {"answer": "SQLite"}}
+    out, sid, kid = ts_run(
+        home, workspace, env, subagents, capabilities={"elicitation": {"form": {}}}, elicitation=answer
+    )
     [form] = [r["params"] for r in out["requests"] if r["method"] == "elicitation/create"]
     assert form["message"] == f"{AGENT}: Which database?"
-    [kid] = {
-        u["update"]["_meta"]["crow"]["subagentSessionId"]
-        for u in out["updates"]
-        if u["update"].get("toolCallId") == "t1" and "crow" in u["update"].get("_meta", {})
-    }
     assert (form["sessionId"], form["toolCallId"]) == ((kid, "q1") if subagents else (sid, "t1/q1"))
     answered = [m["content"] for m in llm.requests[-2].messages if m["role"] == "tool"]
     assert len(answered) == 1 and "SQLite" in answered[0]
@@ -463,27 +452,11 @@ def test_a_childs_command_runs_in_an_editor_terminal_and_it_is_released(
     )
     # commands run in the editor's terminal only without a sandbox (the editor cannot run bwrap)
     env = crow_env(llm, home, PYTHONPATH=str(SUPPORT), CROW_SANDBOX="off")
-    prompt = {"sessionId": "${s.sessionId}", "prompt": [{"type": "text", "text": "go"}]}
-    script = {
-        "capabilities": {"terminal": True, **({"subagents": {}} if subagents else {})},
-        "unstable": subagents,
-        "steps": [
-            {"request": "session/new", "params": {"cwd": str(workspace), "mcpServers": []}, "as": "s"},
-            {"request": "session/prompt", "params": prompt, "as": "p"},
-        ],
-    }
-    out = run_script(script, env, workspace, "--config", str(configure(home)))
-    assert out["results"]["p"] == {"result": {"stopReason": "end_turn"}}
-    sid = out["results"]["s"]["result"]["sessionId"]
+    out, sid, kid = ts_run(home, workspace, env, subagents, capabilities={"terminal": True})
     on = {
         r["method"]: r["params"]["sessionId"] for r in out["requests"] if r["method"].startswith("terminal/")
     }
     assert {"terminal/create", "terminal/release"} <= on.keys()
-    [kid] = {
-        u["update"]["_meta"]["crow"]["subagentSessionId"]
-        for u in out["updates"]
-        if u["update"].get("toolCallId") == "t1" and "crow" in u["update"].get("_meta", {})
-    }
     # The child shares its parent's tool servers, whose file tools were bound to the
     # parent's client: its terminal is the parent session's, made and released there.
     assert set(on.values()) == {sid} and kid != sid, on
