@@ -8,8 +8,10 @@ session (`_meta.crow.subagentSessionId`). The rest depends on the client:
   `subagent_update` on the parent's session (the child's id, the description as title, the
   agent's name as description, state running, where it works), sent before anything bearing
   the child's id; the child's events become the usual updates on the CHILD's session, its
-  tool calls under their own ids with `_meta.crow.parentToolCallId`; `SubagentFinished`
-  becomes a `subagent_update` with state idle, the stop reason and the tokens used.
+  tool calls under their own ids with `_meta.crow.parentToolCallId` (mode and command
+  changes excepted: a child session has neither to pick); `SubagentFinished` becomes a
+  `subagent_update` with state idle, the stop reason and the tokens used. A task call that
+  ends with its child unreported (a cancel) reports the child idle, cancelled, first.
 - It did not (Zed today): everything shows on the parent's session. Each child tool call is
   a tool call of its own, id `child_call_id(task call, call)`, shown as the parent's are
   (`crow.acp.view`) with `_meta.crow.parentToolCallId` and `subagentSessionId`. The child's
