@@ -11,6 +11,10 @@ Inside permissions and plan mode (a refused call records nothing), outside the f
   and another when the turn ends; a workspace too large, or no git, is skipped, and the
   user told once per session.
 When the turn ends its checkpoint is complete, and the session's oldest are pruned.
+
+A subagent's changes (a session with a live `parent`: crow's `task` tool) join the turn of
+the root session that runs it, so undoing or rewinding that turn puts back what its
+subagents changed too; the child's own turns record nothing.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ _TURN = "checkpoints.turn"  # turn_state: the TurnRecord
 _GIT_LOCK = "checkpoints.git_lock"  # turn_state: one snapshot at a time
 _NO_SNAPSHOTS = "checkpoints.no_snapshots"  # session.state: why commands are not snapshotted
 _WORKSPACE = "checkpoints.workspace"  # session.state: (roots, Workspace)
+_LIVE = "checkpoints.live"  # session.state: the running turn's (turn_state, prompt_id)
 
 
 class CheckpointsHook(Hook):
@@ -40,10 +45,14 @@ class CheckpointsHook(Hook):
         self.home = home
         self.keep_turns = keep_turns
 
+    async def before_agent(self, ctx: HookContext) -> None:
+        if ctx.session.parent is None:  # where its subagents' changes go (`_turn`)
+            ctx.session.state[_LIVE] = (ctx.turn_state, ctx.prompt_id)
+
     async def wrap_tool_call(self, ctx: HookContext, call: ToolCall, call_next: Any) -> ToolResult:
         hub = ctx.session.tools
         ours = hub is not None and hub.server_of(call.name) == "filesystem" and hub.trusted(call.name)
-        if hub is None or not ours or not ctx.prompt_id:
+        if hub is None or not ours or not _turn(ctx)[2]:
             return await call_next(call)
         kind = hub.kind(call.name)
         if kind == "edit":
@@ -53,12 +62,13 @@ class CheckpointsHook(Hook):
         return await call_next(call)
 
     def _record(self, ctx: HookContext) -> checkpoints.TurnRecord | None:
-        record = ctx.turn_state.get(_TURN)
+        session, turn_state, prompt_id = _turn(ctx)
+        record = turn_state.get(_TURN)
         if record is None:
-            folder = checkpoints.session_dir(self.home, ctx.session.id)
+            folder = checkpoints.session_dir(self.home, session.id)
             if folder is None:
                 return None
-            record = ctx.turn_state[_TURN] = checkpoints.TurnRecord(folder, ctx.prompt_id)
+            record = turn_state[_TURN] = checkpoints.TurnRecord(folder, prompt_id)
         return record
 
     async def _file_change(self, ctx: HookContext, call: ToolCall, call_next: Any) -> ToolResult:
@@ -91,17 +101,18 @@ class CheckpointsHook(Hook):
 
     async def _snapshot_before(self, ctx: HookContext) -> None:
         record = self._record(ctx)
-        if record is None or ctx.session.state.get(_NO_SNAPSHOTS):
+        session, turn_state, _ = _turn(ctx)
+        if record is None or session.state.get(_NO_SNAPSHOTS):
             return
-        lock: anyio.Lock = ctx.turn_state.setdefault(_GIT_LOCK, anyio.Lock())
+        lock: anyio.Lock = turn_state.setdefault(_GIT_LOCK, anyio.Lock())
         async with lock:  # two commands in one batch: one snapshot
-            if record.git or ctx.session.state.get(_NO_SNAPSHOTS):
+            if record.git or session.state.get(_NO_SNAPSHOTS):
                 return
-            shadow = snapshots.ShadowGit(self.home, ctx.session.cwd)
+            shadow = snapshots.ShadowGit(self.home, session.cwd)
             try:
                 why = await shadow.unavailable()
                 if why is None:
-                    ref = f"refs/crow/{ctx.session.id}/{record.turn}/before"
+                    ref = f"refs/crow/{session.id}/{record.turn}/before"
                     at = time.time_ns()
                     tree = await shadow.snapshot(ref)
                     record.git = {"workspace": str(shadow.work_tree), "before": tree, "at": at}
@@ -109,7 +120,7 @@ class CheckpointsHook(Hook):
             except (snapshots.SnapshotError, OSError, TimeoutError) as exc:
                 why = f"the snapshot failed ({exc})"
             if why is not None:
-                ctx.session.state[_NO_SNAPSHOTS] = why
+                session.state[_NO_SNAPSHOTS] = why
                 await ctx.notify(
                     f"What commands change in this workspace is not checkpointed: {why}. "
                     "/undo puts back only what write_file and edit_file changed.",
@@ -118,7 +129,9 @@ class CheckpointsHook(Hook):
                 )
 
     async def after_agent(self, ctx: HookContext) -> None:
-        record: checkpoints.TurnRecord | None = ctx.turn_state.get(_TURN)
+        if ctx.session.parent is None:
+            ctx.session.state.pop(_LIVE, None)
+        record: checkpoints.TurnRecord | None = ctx.turn_state.get(_TURN)  # a subagent's: None
         if record is None:
             return
         try:
@@ -132,6 +145,16 @@ class CheckpointsHook(Hook):
         except (snapshots.SnapshotError, OSError, TimeoutError) as exc:
             log.warning("the end-of-turn snapshot failed: %s", exc)
         await checkpoints.prune(self.home, ctx.session.id, self.keep_turns)
+
+
+def _turn(ctx: HookContext) -> tuple[Session, dict[str, Any], str]:
+    """The session, turn scratch and prompt id a change is recorded under: a subagent's
+    joins the running turn of its root session (it runs inside that turn)."""
+    if ctx.session.parent is not None:
+        live = ctx.session.root.state.get(_LIVE)
+        if live is not None:
+            return ctx.session.root, live[0], live[1]
+    return ctx.session, ctx.turn_state, ctx.prompt_id
 
 
 def _workspace(session: Session) -> Any:

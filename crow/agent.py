@@ -190,6 +190,7 @@ class Agent:
         mode: str | None = None,
         model: str | None = None,
         title: str = "",
+        agent: str = "",
     ) -> Session:
         """A subagent's session, to run a turn inside `parent`'s (crow's `task` tool does; a
         plugin may too): the parent's folder, roots, thought level and settings (`config`
@@ -198,7 +199,8 @@ class Agent:
         child closes none. Stored at once with `parent_id`, so it is listed under the parent
         and loadable later. It is not kept in `agent.sessions` and its `client` is None: the
         caller sets what it asks through (`crow.editor.child_client`), runs it
-        (`run_turn`) and drops it."""
+        (`run_turn`) and drops it. `agent`, its agent definition's name, is stored (in the
+        record's `config`) for `crow sessions list`."""
         await self.session_ready(parent)
         child = Session(
             id=uuid.uuid4().hex,
@@ -218,7 +220,7 @@ class Agent:
             await self._store.create_session(
                 id=child.id, cwd=str(child.cwd), title=title, mode=child.mode, model=child.model,
                 thought_level=child.thought_level or None, parent_id=parent.id,
-                additional_directories=child.additional_directories,
+                additional_directories=child.additional_directories, config={"agent": agent} if agent else {},
             )  # fmt: skip
         return child
 
@@ -391,22 +393,25 @@ class Agent:
             await tools.aclose()
 
     async def delete_session(self, session_id: str) -> None:
-        """Remove a session for good: its records (entries, lock) from the store, then its live
-        state. Raises `SessionBusy` while another crow process runs a turn in it (nothing is
-        deleted), `SessionError` for an id the store does not know."""
+        """Remove a session for good, with its subagents' sessions: their records (entries,
+        lock) from the store, then their live state and checkpoints. Raises `SessionBusy`
+        while another crow process runs a turn in one of them (nothing is deleted),
+        `SessionError` for an id the store does not know."""
         await self.ready()
         preparing = self._preparing.get(session_id)
         if preparing is not None and not preparing.done():  # its record may be half-written
             await self.close_session(session_id)
+        gone = [session_id]
         try:
-            await self._store.delete_session(session_id)
+            gone = await self._store.delete_session(session_id)
         except StoreError as exc:
             if preparing is None or "unknown session" not in str(exc):  # else: never stored
                 raise SessionError(str(exc)) from exc
-        await self.close_session(session_id)
         from crow.checkpoints import forget_session
 
-        await forget_session(session_id, Path(self.config.home))
+        for sid in gone:
+            await self.close_session(sid)
+            await forget_session(sid, Path(self.config.home))
 
     # ------------------------------------------------------------ project config
     def session_config(self, cwd: Path) -> SessionProject:

@@ -40,15 +40,19 @@ def main(args: argparse.Namespace) -> int:
         return _sessions(store, args.action, args.session_id, args.cwd, home)
 
 
-def _forget_checkpoints(home: str, session_id: str) -> None:
-    """What `session/delete` removes with a session: its checkpoints (copies of files'
+def _forget_checkpoints(home: str, session_ids: list[str]) -> None:
+    """What `session/delete` removes with sessions: their checkpoints (copies of files'
     earlier content) and their snapshot refs (`crow.checkpoints.forget_session`)."""
     import asyncio
     from pathlib import Path
 
     from crow.checkpoints import forget_session
 
-    asyncio.run(forget_session(session_id, Path(home)))
+    async def forget() -> None:
+        for sid in session_ids:
+            await forget_session(sid, Path(home))
+
+    asyncio.run(forget())
 
 
 def _sessions(store: DirectStore, action: str, session_id: str | None, cwd: str | None, home: str) -> int:
@@ -64,9 +68,10 @@ def _sessions(store: DirectStore, action: str, session_id: str | None, cwd: str 
     if record is None:
         raise SessionError(f"unknown session {session_id!r}")
     if action == "delete":
-        store.delete_session(session_id)
-        _forget_checkpoints(home, session_id)
-        print(f"deleted {session_id}", file=sys.stderr)
+        gone = store.delete_session(session_id)  # and its subagents' sessions
+        _forget_checkpoints(home, gone)
+        under = f" and {len(gone) - 1} subagent session{'s' * (len(gone) > 2)}" if len(gone) > 1 else ""
+        print(f"deleted {session_id}{under}", file=sys.stderr)
         return 0
     transcript = store.load_transcript(session_id)
     _private_stdout()  # export and show print the conversation

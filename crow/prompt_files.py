@@ -13,7 +13,8 @@ only regular `.md` files, at most `MAX_BYTES`, valid UTF-8 without NUL bytes; a 
 that leads out of its folder, a folder past `MAX_DEPTH` and files past `MAX_FILES` are
 skipped. Each skipped file is a problem the user is told about (once); the others are
 still offered. A scan is a listing and a stat per file: a file is read again only when
-its size, mtime or inode changed.
+its size, mtime or inode changed. `walk`, `read` and `StatCache` are the one place for this
+care: agent definitions (`crow.agent_definitions`) are read through them too.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ import itertools
 import logging
 import os
 import stat
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from crow.commands import NAME, PromptCommand, Scope, expand_arguments, one_line
 from crow.errors import CommandError
@@ -39,9 +43,36 @@ MAX_ENTRIES = 10 * MAX_FILES
 FOLDERS: tuple[tuple[str, Scope], ...] = ((".crow/commands", "project"), (".claude/commands", "project"))
 USER_FOLDER = "commands"  # in CROW_HOME
 
-_Key = tuple[int, int, int]  # size, mtime_ns, inode
+T = TypeVar("T")
+
+
+class StatCache(Generic[T]):
+    """What each file parsed to, by (real path, *more), parsed again only when the file's
+    size, mtime or inode changed: a scan costs a stat per unchanged file, not a read."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, ...], tuple[tuple[int, int, int], T]] = {}
+
+    def get(self, key: tuple[str, ...], parse: Callable[[], T]) -> T | None:
+        """The parse of the file at `key[0]` (None when it is gone since the listing)."""
+        try:
+            info = os.stat(key[0])
+        except OSError:
+            return None
+        stamp = (info.st_size, info.st_mtime_ns, info.st_ino)
+        cached = self._entries.get(key)
+        if cached is None or cached[0] != stamp:
+            cached = self._entries[key] = (stamp, parse())
+        return cached[1]
+
+    def trim(self) -> None:
+        """Files come and go over a long life: past a bound, forget them all."""
+        if len(self._entries) > 20 * MAX_FILES:
+            self._entries.clear()
+
+
 # (real path, name, scope) -> the file's command, or why it is skipped
-_cache: dict[tuple[str, str, str], tuple[_Key, PromptCommand | str]] = {}
+_cache: StatCache[PromptCommand | str] = StatCache()
 
 
 def folders(cwd: Path, home: Path) -> list[tuple[Path, Scope]]:
@@ -56,18 +87,22 @@ def scan(cwd: Path, home: Path) -> tuple[list[PromptCommand], list[str]]:
     problems: list[str] = []
     project = cwd.resolve()
     for folder, scope in folders(cwd, home):
-        for path, name in _walk(folder, problems, project if scope == "project" else None):
-            command = _load(path, name, scope, problems)
-            if command is not None:
-                found.append(command)
-    if len(_cache) > 20 * MAX_FILES:  # files come and go over a long life: forget them all
-        _cache.clear()
+        for path, name in walk(folder, problems, project if scope == "project" else None):
+            outcome = _cache.get((path, name, scope), partial(_parse, path, name, scope))
+            if isinstance(outcome, str):
+                problems.append(outcome)
+            elif outcome is not None:
+                found.append(outcome)
+    _cache.trim()
     return found, problems
 
 
-def _walk(folder: Path, problems: list[str], within: Path | None) -> list[tuple[str, str]]:
-    """(real path, command name) of each `.md` file under `folder` (which must lie in
-    `within`, when given: a project's folder symlinked elsewhere is refused), by name."""
+def walk(
+    folder: Path, problems: list[str], within: Path | None, what: str = "prompt files"
+) -> list[tuple[str, str]]:
+    """(real path, name) of each `.md` file under `folder` (which must lie in `within`,
+    when given: a project's folder symlinked elsewhere is refused), by name; a file's name
+    is its path below `folder` without `.md`, folders joined by `:`."""
     try:
         top = folder.resolve(strict=True)
     except (OSError, RuntimeError):
@@ -117,28 +152,12 @@ def _walk(folder: Path, problems: list[str], within: Path | None) -> list[tuple[
                     pending.append((real, (*parts, entry.name)))
             elif entry.name.endswith(".md"):
                 if len(out) == MAX_FILES:
-                    problems.append(f"{folder}: over {MAX_FILES} prompt files; the rest are skipped")
+                    problems.append(f"{folder}: over {MAX_FILES} {what}; the rest are skipped")
                     return sorted(out, key=lambda pair: pair[1])
                 out.append((real, ":".join((*parts, entry.name[:-3]))))
         if full:  # the folders of this listing are not read
             break
     return sorted(out, key=lambda pair: pair[1])
-
-
-def _load(path: str, name: str, scope: Scope, problems: list[str]) -> PromptCommand | None:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None  # gone since the listing
-    key = (info.st_size, info.st_mtime_ns, info.st_ino)
-    cached = _cache.get((path, name, scope))
-    if cached is None or cached[0] != key:
-        cached = _cache[path, name, scope] = (key, _parse(path, name, scope))
-    outcome = cached[1]
-    if isinstance(outcome, str):
-        problems.append(outcome)
-        return None
-    return outcome
 
 
 def _parse(path: str, name: str, scope: Scope) -> PromptCommand | str:

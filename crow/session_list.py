@@ -3,9 +3,13 @@
 On a terminal, for a person: aligned columns of the short id (the shortest unique prefix,
 at least 8 characters, which every command taking a SESSION_ID accepts), when it was last
 updated ("3 min ago", "yesterday", a date), the message count, the title and the folder.
-Piped, for a script: one line per session, five tab-separated fields that never contain a
+Piped, for a script: one line per session, six tab-separated fields that never contain a
 tab or a newline (escaped as `\\t`, `\\n`): the full id, the ISO 8601 update time (UTC), the
-message count, the folder and the title.
+message count, the folder, the title and the parent's full id (empty but for a subagent's).
+
+A subagent's session (crow's `task` tool) comes right after its parent, oldest first, and
+on a terminal indented under it (`  └ id ... title (agent)`); the page and its order are
+the top-level sessions'.
 """
 
 from __future__ import annotations
@@ -22,36 +26,52 @@ if TYPE_CHECKING:
 
 def show(store: DirectStore, cwd: str | None) -> None:
     on_terminal = sys.stdout.isatty()
-    rows: list[SessionRecord] = []
+    rows: list[tuple[SessionRecord, int]] = []
     cursor = None
     while True:
         records, cursor = store.list_sessions(cwd=cwd, cursor=cursor)
+        page = with_children(records, store.descendants([r.id for r in records]))
         if on_terminal:
-            rows += records  # aligned: every row first
+            rows += page  # aligned: every row first
         else:
-            for r in records:
-                fields = (r.id, r.updated_at, str(r.message_count), r.cwd, r.title)
+            for r, _ in page:
+                fields = (r.id, r.updated_at, str(r.message_count), r.cwd, r.title, r.parent_id or "")
                 print("\t".join(map(_field, fields)))
         if cursor is None:
             break
     if rows:
-        short = store.short_ids([r.id for r in rows])
+        short = store.short_ids([r.id for r, _ in rows])
         _table(rows, short, time.time())
 
 
-def _table(rows: list[SessionRecord], short: dict[str, str], now: float) -> None:
+def with_children(top: list[SessionRecord], under: list[SessionRecord]) -> list[tuple[SessionRecord, int]]:
+    """(session, depth) for each of `top` followed by the sessions under it, depth first;
+    `under` holds every session below `top`, oldest first."""
+    children: dict[str, list[SessionRecord]] = {}
+    for r in under:
+        children.setdefault(r.parent_id or "", []).append(r)
+    out: list[tuple[SessionRecord, int]] = []
+    pending = [(r, 0) for r in reversed(top)]
+    while pending:
+        record, depth = pending.pop()
+        out.append((record, depth))
+        pending += [(r, depth + 1) for r in reversed(children.get(record.id, []))]
+    return out
+
+
+def _table(rows: list[tuple[SessionRecord, int]], short: dict[str, str], now: float) -> None:
     from crow.store._codec import from_iso
 
     home = os.path.expanduser("~")
     cells = [
         (
-            short[r.id],
+            f"{'  ' * depth}└ {short[r.id]}" if depth else short[r.id],
             ago(from_iso(r.updated_at), now),
             f"{r.message_count} msgs",
-            _cut(_field(" ".join(r.title.split())) or "(untitled)", 50),
+            _cut(_field(" ".join(_title(r).split())) or "(untitled)", 50),
             _field("~" + r.cwd[len(home) :] if r.cwd.startswith(home + os.sep) else r.cwd),
         )
-        for r in rows
+        for r, depth in rows
     ]
     widths = [max(len(c[i]) for c in cells) for i in range(4)]
     try:
@@ -83,6 +103,12 @@ def ago(then: float, now: float) -> str:
     if days == 1:
         return "yesterday"
     return f"{days} days ago" if days < 7 else day.isoformat()
+
+
+def _title(r: SessionRecord) -> str:
+    """A subagent's title names its agent: `Find the parser (explore)`."""
+    agent = r.config.get("agent") if r.parent_id and isinstance(r.config, dict) else None
+    return f"{r.title} ({agent})" if isinstance(agent, str) and agent else r.title
 
 
 def _cut(text: str, width: int) -> str:

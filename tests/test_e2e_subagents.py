@@ -56,6 +56,5 @@ async def test_a_task_runs_a_child_with_its_own_context_and_returns_its_answer(
         assert any(isinstance(e, SubagentEvent) for e in events)
         finished = [e for e in events if isinstance(e, SubagentFinished)]
         assert finished and finished[0].stop_reason == "end_turn"
-        listed, _ = await agent.store.list_sessions()
-        child = next(r for r in listed if r.id == started[0].session_id)
-        assert child.parent_id == session.id
+        child = await agent.store.get_session(started[0].session_id)
+        assert child is not None and child.parent_id == session.id

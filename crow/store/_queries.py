@@ -98,29 +98,51 @@ def update(c: sqlite3.Connection, session_id: str, fields: dict[str, Any]) -> Se
         return record(c, session_id)
 
 
-def delete(c: sqlite3.Connection, session_id: str, token: str) -> None:
+def _under(count: int) -> str:
+    """A `WITH` naming `under`: the sessions under `count` given ids (their subagents',
+    theirs, ...), each step an index seek (`sessions_by_parent`)."""
+    marks = ", ".join("?" * count)
+    return (
+        f"WITH RECURSIVE under (id) AS (SELECT id FROM sessions WHERE parent_id IN ({marks})"
+        " UNION SELECT s.id FROM sessions s JOIN under u ON s.parent_id = u.id) "
+    )
+
+
+def delete(c: sqlite3.Connection, session_id: str, token: str) -> list[str]:
+    """Delete a session and the sessions under it (the schema cascades); their ids, it first."""
     with transaction(c):
-        # Not while another live process runs a turn in it (SessionBusy): that turn and
-        # every later prompt there would fail on a session gone under them.
         get_row(c, "1", session_id)  # an unknown id says so
-        locks.take(c, session_id, token, time.time())
+        gone = [session_id, *(r[0] for r in c.execute(_under(1) + "SELECT id FROM under", (session_id,)))]
+        # Not while another live process runs a turn in one of them (SessionBusy): that turn
+        # and every later prompt there would fail on a session gone under them.
+        now = time.time()
+        for sid in gone:
+            locks.take(c, sid, token, now)
         if c.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount == 0:
             raise unknown(session_id)
+        return gone
+
+
+def descendants(c: sqlite3.Connection, ids: Sequence[str]) -> list[SessionRecord]:
+    """Every session under `ids` (at most a page's: one SQL variable each), oldest first."""
+    if not ids:
+        return []
+    sql = _under(len(ids)) + f"SELECT {_COLUMNS} FROM sessions WHERE id IN under ORDER BY created_at, id"
+    return [_to_record(row) for row in c.execute(sql, tuple(ids))]
 
 
 def list_page(
     c: sqlite3.Connection, cwd: str | None, limit: int, after: tuple[float, str] | None
 ) -> tuple[list[SessionRecord], str | None]:
-    where, params = [], []
+    """A page of the top-level sessions (a subagent's is under its parent: `descendants`)."""
+    where, params = ["parent_id IS NULL"], []
     if cwd is not None:
         where.append("cwd = ?")
         params.append(cwd)
     if after is not None:
         where.append("(updated_at < ? OR (updated_at = ? AND id > ?))")
         params += [after[0], after[0], after[1]]
-    sql = f"SELECT {_COLUMNS} FROM sessions"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
+    sql = f"SELECT {_COLUMNS} FROM sessions WHERE " + " AND ".join(where)
     sql += " ORDER BY updated_at DESC, id LIMIT ?"
     rows = c.execute(sql, (*params, limit + 1)).fetchall()
     cursor = None

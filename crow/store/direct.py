@@ -57,14 +57,17 @@ class DirectStore:
     ) -> tuple[list[SessionRecord], str | None]:
         return self._call(q.list_page, cwd, limit, decode_cursor(cursor) if cursor else None)
 
+    def descendants(self, ids: Sequence[str]) -> list[SessionRecord]:
+        return self._call(q.descendants, ids)
+
     def match_ids(self, prefix: str, limit: int = 10) -> list[tuple[str, str]]:
         return self._call(q.match_ids, prefix, limit)
 
     def short_ids(self, ids: Sequence[str], minimum: int = 8) -> dict[str, str]:
         return self._call(q.short_ids, ids, minimum)
 
-    def delete_session(self, session_id: str) -> None:
-        self._call(q.delete, session_id, locks.process_token())
+    def delete_session(self, session_id: str) -> list[str]:
+        return self._call(q.delete, session_id, locks.process_token())
 
     def load_transcript(self, session_id: str) -> list[Message]:
         return self._call(q.load_transcript, session_id)

@@ -29,7 +29,7 @@ class SessionRecord:
     mode: str | None
     todos: list[dict[str, Any]]
     files: dict[str, str]
-    config: dict[str, Any]
+    config: dict[str, Any]  # a subagent's: {"agent": its agent definition's name}
     message_count: int
     additional_directories: list[str]  # the session's other workspace roots (absolute)
     cost: float | None  # USD over the session's model calls; None once a price was unknown

@@ -115,8 +115,8 @@ class SQLiteStore:
             raise TypeError(f"cannot update session field(s) {sorted(unknown)}")
         return await self._run_small(q.update, session_id, fields)
 
-    async def delete_session(self, session_id: str) -> None:
-        await self._run(q.delete, session_id, self._token)
+    async def delete_session(self, session_id: str) -> list[str]:
+        return await self._run(q.delete, session_id, self._token)
 
     async def list_sessions(
         self, *, cwd: str | None = None, limit: int = 50, cursor: str | None = None
@@ -125,6 +125,9 @@ class SQLiteStore:
             raise ValueError("limit must be at least 1")
         after = decode_cursor(cursor) if cursor else None
         return await self._run(q.list_page, cwd, limit, after)
+
+    async def descendants(self, ids: Sequence[str]) -> list[SessionRecord]:
+        return await self._run(q.descendants, ids)
 
     async def match_ids(self, prefix: str, limit: int = 10) -> list[tuple[str, str]]:
         return await self._run(q.match_ids, prefix, limit)
