@@ -91,7 +91,7 @@ def task_text(updates: list[tuple[str, dict[str, Any]]], call_id: str) -> list[s
 
 async def stored_children(home: Path, parent: str) -> list[str]:
     async with SQLiteStore(home / "crow.db") as store:
-        records, _ = await store.list_sessions()
+        records = await store.descendants([parent])
     return [r.id for r in records if r.parent_id == parent]
 
 
