@@ -1,4 +1,5 @@
-"""The subagent view (crow/acp/subagents.py) without a process: coalescing, bounds, what a
+"""The subagent view (crow/acp/subagents.py) without a process (end to end:
+tests/test_acp_subagents_e2e.py): coalescing, bounds, what a
 client without the `subagents` capability is never sent, and the schema check of unstable
 updates (tests/support/acp_schema.py)."""
 
