@@ -1,7 +1,6 @@
-"""The subagent view (crow/acp/subagents.py) without a process (end to end:
-tests/test_acp_subagents_e2e.py): coalescing, bounds, what a
+"""The subagent view (crow/acp/subagents.py) without a process: coalescing, bounds, what a
 client without the `subagents` capability is never sent, and the schema check of unstable
-updates (tests/support/acp_schema.py)."""
+updates (tests/support/acp_schema.py). End to end: tests/test_acp_subagents_e2e.py."""
 
 from __future__ import annotations
 
