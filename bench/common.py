@@ -193,11 +193,17 @@ class ModelProcess:
 @contextlib.contextmanager
 def model_process(latency: float) -> Iterator[ModelProcess]:
     """bench/llm_proc.py in its own process: an asyncio model that scales to many sessions."""
-    proc = subprocess.Popen([PY, str(BENCH / "llm_proc.py"), "--latency", str(latency)],
-                            stdout=subprocess.PIPE, text=True)
+    with serving([PY, str(BENCH / "llm_proc.py"), "--latency", str(latency)]) as base_url:
+        yield ModelProcess(base_url)
+
+
+@contextlib.contextmanager
+def serving(argv: list[str]) -> Iterator[str]:
+    """A model server in its own process that prints its base URL first; killed after."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
-        yield ModelProcess(proc.stdout.readline().strip())
+        yield proc.stdout.readline().strip()
     finally:
         proc.kill()
         proc.wait()

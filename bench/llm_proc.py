@@ -36,17 +36,22 @@ def _events(text: str, usage: bool) -> bytes:
     return b"".join([_HEAD, *out, _chunk(b"[DONE]"), b"0\r\n\r\n"])
 
 
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, dict]:
+    """One HTTP request: its head, and its JSON body ({} when it has none)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    return head, (json.loads(await reader.readexactly(length)) if length else {})
+
+
 async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, latency: float,
                  text: str) -> None:
     try:
         while True:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n")[1:]:
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            body = json.loads(await reader.readexactly(length)) if length else {}
+            _, body = await read_request(reader)
             if latency:
                 await asyncio.sleep(latency)
             usage = bool((body.get("stream_options") or {}).get("include_usage"))

@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from bench.common import (
     median,
     ms,
     prompt_text,
+    serving,
     spawn,
     stderr_tail,
     vm_hwm_kb,
@@ -422,16 +423,9 @@ async def run(ctx: Ctx) -> list[Figure]:
     return out + figures
 
 
-@contextlib.contextmanager
-def _model() -> Iterator[str]:
+def _model() -> contextlib.AbstractContextManager[str]:
     """bench/peer_llm.py in its own process; yields its base URL."""
-    proc = subprocess.Popen([PY, str(BENCH / "peer_llm.py")], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        yield proc.stdout.readline().strip()
-    finally:
-        proc.kill()
-        proc.wait()
+    return serving([PY, str(BENCH / "peer_llm.py")])
 
 
 @dataclass

@@ -46,6 +46,7 @@ _EXPORTS = {
     "PromptCommand": "crow.commands",
     "AgentDefinition": "crow.agent_definitions",
     "find_agents": "crow.agent_definitions",
+    "subagents": "crow.subagents",  # what a subagent may be: mode, model, limits
     "CommandError": "crow.errors",
     "expand_arguments": "crow.commands",
     "split_frontmatter": "crow.frontmatter",

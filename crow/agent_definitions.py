@@ -18,12 +18,11 @@ Claude Code's files work as written: its tool names map to crow's (`Read` is `re
 has no use for (`color`, ...) are ignored.
 
 A repository may be hostile: files are read as `crow.prompt_files` reads prompt files
-(its `walk`, `read` and `StatCache`), and each file that cannot be used is a problem
-line naming it, and the agent is not offered: a `mode` crow does not know or a
-`disallowedTools` list is a problem too, since running the agent without it would give it
-more than its author meant. What a definition asks for is not yet granted: the `task` tool decides
-whether its `model` is one the user configured and keeps a `mode` only when it is stricter
-than the parent's.
+(its `walk`, `read` and `StatCache`). A file that cannot be used is a problem line naming
+it, and its agent is not offered; so is one whose `mode` crow does not know, or with a
+`disallowedTools` list: run without them, the agent would have more than its author meant.
+What a definition asks for is not yet granted: the `task` tool decides whether its `model`
+is one the user configured, and keeps its `mode` only when stricter than the parent's.
 """
 
 from __future__ import annotations

@@ -3,8 +3,12 @@
 stdout carries the answer only: the text (text), one JSON object at the end (json), or one
 JSON object per line per event ending with that same object as `{"type": "result", ...}`
 (stream-json). Tool activity and notices go to stderr in text and json modes; in
-stream-json they are events. JSON is UTF-8; a lone surrogate in a model's text is written
-as its `\\udXXX` escape, so every line parses.
+stream-json they are events. A subagent's (crow's `task` tool) are shown the same way,
+named: on stderr each of its lines starts with `[agent · task]`; in stream-json its events
+are their usual objects with `parent_tool_call_id` and `session_id`, between a
+`subagent_started` and a `subagent_finished`. Its text never joins the answer. JSON is
+UTF-8; a lone surrogate in a model's text is written as its `\\udXXX` escape, so every
+line parses.
 
 `Tracker` watches the events for what the end needs: the answer (the text of the model's
 last message; empty when that message only called tools) and whether the last tool round
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 from crow.events import (
@@ -24,6 +29,9 @@ from crow.events import (
     ModeChanged,
     Notice,
     PlanUpdated,
+    SubagentEvent,
+    SubagentFinished,
+    SubagentStarted,
     TextDelta,
     ThoughtDelta,
     TitleChanged,
@@ -146,6 +154,39 @@ def activity(event: Event) -> str | None:
     return None
 
 
+class Activity:
+    """The stderr lines of text and json modes: `activity`'s, and a subagent's, each
+    starting with its agent's name and task (`[reviewer · Find the bug] → Read a.py`), so
+    children running side by side stay apart; its text, plan, usage and mode are left out."""
+
+    def __init__(self) -> None:
+        self._children: dict[str, tuple[str, float]] = {}  # session id -> (prefix, start)
+
+    def line(self, event: Event) -> str | None:
+        if isinstance(event, SubagentStarted):
+            tag = f"[{_short(event.name, 30)} · {_short(event.description, 50)}]"
+            self._children[event.session_id] = (tag, time.monotonic())
+            return f"  {tag} started"
+        if isinstance(event, SubagentEvent):
+            tag, _ = self._children.get(event.session_id, (f"[{event.session_id}]", 0.0))
+            inner = event.event
+            line = None if isinstance(inner, ModeChanged | SubagentEvent) else activity(inner)
+            return f"  {tag} {line.lstrip()}" if line else None
+        if isinstance(event, SubagentFinished):
+            from crow.tui.text import child_ended, child_figures
+
+            tag, since = self._children.pop(event.session_id, (f"[{event.session_id}]", time.monotonic()))
+            said = f"  {tag} {child_ended(event)[0]} · {child_figures(event, time.monotonic() - since)}"
+            return said + (f": {printable(first_line(event.error))}" if event.error else "")
+        return activity(event)
+
+
+def _short(text: str, width: int) -> str:
+    """A name or a title on one line of at most `width` characters, printable."""
+    line = " ".join(text.split())
+    return printable(line if len(line) <= width else line[: width - 1] + "…")
+
+
 def first_line(text: str, width: int = TOOL_LINE) -> str:
     """A tool's output in one line: its first line, cut at a word boundary when long, and
     how many lines were left out."""
@@ -166,6 +207,7 @@ class PlainText:
     def __init__(self) -> None:
         self._message: str | None = None
         self._last = ""  # the last character written
+        self._activity = Activity()
 
     async def emit(self, event: Event) -> None:
         if isinstance(event, TextDelta) and event.text:
@@ -173,7 +215,7 @@ class PlainText:
                 self._write("\n\n" if self._last != "\n" else "\n")
             self._message = event.message_id
             self._write(event.text)
-        elif (line := activity(event)) is not None:
+        elif (line := self._activity.line(event)) is not None:
             print(line, file=sys.stderr, flush=True)
 
     def _write(self, text: str) -> None:
@@ -203,8 +245,11 @@ class OnTerminal:
 class OneObject:
     """json: activity on stderr, one object on stdout at the end."""
 
+    def __init__(self) -> None:
+        self._activity = Activity()
+
     async def emit(self, event: Event) -> None:
-        if (line := activity(event)) is not None:
+        if (line := self._activity.line(event)) is not None:
             print(line, file=sys.stderr, flush=True)
 
     def finish(self, report: dict[str, Any], result: TurnResult | None) -> None:
@@ -225,6 +270,8 @@ class Stream:
 
 def event_object(event: Event) -> dict[str, Any] | None:
     """An event as a stream-json line (None: not shown; the slash-command list)."""
+    if isinstance(event, SubagentStarted | SubagentEvent | SubagentFinished):
+        return _subagent_object(event)
     if isinstance(event, TextDelta | ThoughtDelta):
         kind = "text" if isinstance(event, TextDelta) else "thought"
         return {"type": kind, "text": event.text, "message_id": event.message_id}
@@ -274,3 +321,32 @@ def event_object(event: Event) -> dict[str, Any] | None:
     if isinstance(event, UserMessageAdded):
         return {"type": "user_message", "text": event.message.content}
     return None
+
+
+def _subagent_object(event: SubagentStarted | SubagentEvent | SubagentFinished) -> dict[str, Any] | None:
+    """A subagent's start and end, and its events as their usual objects naming the task's
+    call (`parent_tool_call_id`) and the child's session (`session_id`; a grandchild's
+    events keep their own: the innermost names win)."""
+    link = {"parent_tool_call_id": event.parent_call_id, "session_id": event.session_id}
+    if isinstance(event, SubagentEvent):
+        obj = event_object(event.event)
+        return None if obj is None else {"type": obj["type"], **link, **obj}
+    if isinstance(event, SubagentStarted):
+        return {
+            "type": "subagent_started",
+            **link,
+            "name": event.name,
+            "description": event.description,
+            "cwd": event.cwd,
+            "additional_directories": list(event.additional_directories),
+        }
+    return {
+        "type": "subagent_finished",
+        **link,
+        "stop_reason": event.stop_reason,
+        "turns": event.turns,
+        "input_tokens": event.input_tokens,
+        "output_tokens": event.output_tokens,
+        "cost": event.cost,
+        "error": event.error,
+    }

@@ -6,6 +6,7 @@ those methods refuse), and `printable`, the model's text as a terminal may show 
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -25,7 +26,8 @@ class TerminalClient:
     """`crow run`'s stand-in for an editor: questions on the terminal, one at a time; a
     permission question names its call and shows the command or the change. Only what is
     typed after a question appears answers it (earlier input is discarded). It has no
-    buffers or terminals of its own: the file tools and `execute` run in crow."""
+    buffers or terminals of its own: the file tools and `execute` run in crow. A subagent
+    asks through `for_child`: the same terminal and turn, its questions naming it."""
 
     can_read = can_write = can_terminal = False
     can_elicit = True
@@ -45,8 +47,17 @@ class TerminalClient:
         self.fd = fd
         # what stops the screen's live part while a question is up (crow.tui.render.Renderer)
         self._paused = paused or contextlib.nullcontext
-        self._lock: Any = None
-        self._buffer = b""
+        self._io = _Shared()  # one question at a time, for the parent and its children
+        self.asker = ""  # a subagent's name: its questions say who asks
+        self.task_call = ""  # the parent's call that runs that subagent
+
+    def for_child(self, *, session_id: str, name: str, parent_call_id: str) -> TerminalClient:
+        """The client of subagent `name`'s questions (`crow.child_client`): the same terminal,
+        one question at a time with the parent's and its siblings', each naming the child
+        and its calls by their ids among the parent's (`crow.events.child_call_id`)."""
+        child = copy.copy(self)  # shares `_io`
+        child.asker, child.task_call = name, parent_call_id
+        return child
 
     async def ask_permission(
         self,
@@ -64,13 +75,12 @@ class TerminalClient:
         keys = {self.KEYS.get(o.id, str(n)): o.id for n, o in enumerate(options, 1)}
         labels = {o.id: o.label for o in options}
         menu = printable("  ".join(f"[{k}] {labels[i]}" for k, i in keys.items()))
-        if self._lock is None:
-            self._lock = anyio.Lock()
-        async with self._lock:
+        name = _call_name(call, spec, self.task_call)
+        async with self._io.lock():
             with self._paused(), anyio.move_on_after(timeout):
                 self._discard_typed_ahead()
-                print(printable(_question(call, self.cwd, spec)), file=sys.stderr)
-                prompt = f"  {menu}\n  Answer for {_call_name(call, spec)}: "
+                print(printable(_question(call, self.cwd, spec, self.asker)), file=sys.stderr)
+                prompt = f"  {menu}\n  Answer for {name}: "
                 while True:
                     print(prompt, end="", file=sys.stderr, flush=True)
                     line = await self._readline()
@@ -81,7 +91,7 @@ class TerminalClient:
                         return keys[answer]
                     if answer in ("yes", "no"):
                         return keys.get(answer[0])
-                    prompt = f"  Please answer one of {', '.join(keys)} for {_call_name(call, spec)}: "
+                    prompt = f"  Please answer one of {', '.join(keys)} for {name}: "
             return None
 
     async def ask(
@@ -99,11 +109,9 @@ class TerminalClient:
         waits its turn behind permission questions, like them."""
         import anyio
 
-        lines = [f"\n{title}\n", printable(text).rstrip(), ""]
+        lines = [f"\n{printable(asked_by(self.asker))}{title}\n", printable(text).rstrip(), ""]
         lines += [f"  [{n}] {label}" for n, (_, label, _) in enumerate(options, 1)]
-        if self._lock is None:
-            self._lock = anyio.Lock()
-        async with self._lock:
+        async with self._io.lock():
             with self._paused(), anyio.move_on_after(timeout):
                 self._discard_typed_ahead()
                 print("\n".join(lines), file=sys.stderr)
@@ -137,12 +145,10 @@ class TerminalClient:
 
         fields = schema.get("properties")
         fields = fields if isinstance(fields, Mapping) else {}
-        if self._lock is None:
-            self._lock = anyio.Lock()
-        async with self._lock:
+        async with self._io.lock():
             with self._paused(), anyio.move_on_after(timeout):
                 self._discard_typed_ahead()
-                print(f"\n{printable(message).rstrip()}", file=sys.stderr)
+                print(f"\n{printable(asked_by(self.asker) + message).rstrip()}", file=sys.stderr)
                 content: dict[str, Any] = {}
                 for name, field in fields.items():
                     answer = await self._field(str(name), field if isinstance(field, Mapping) else {})
@@ -193,14 +199,14 @@ class TerminalClient:
     def _discard_typed_ahead(self) -> None:
         import termios
 
-        self._buffer = b""
+        self._io.buffer = b""
         if os.isatty(self.fd):
             termios.tcflush(self.fd, termios.TCIFLUSH)
 
     async def _readline(self) -> str | None:
         import anyio
 
-        while b"\n" not in self._buffer:
+        while b"\n" not in self._io.buffer:
             await anyio.wait_readable(self.fd)
             try:
                 chunk = os.read(self.fd, 4096)
@@ -208,9 +214,38 @@ class TerminalClient:
                 continue
             if not chunk:
                 return None
-            self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
+            self._io.buffer += chunk
+        line, _, self._io.buffer = self._io.buffer.partition(b"\n")
         return line.decode(errors="replace")
+
+
+class _Shared:
+    """What a `TerminalClient` and its children's share: the question lock (made in the
+    running loop, at the first question) and what was read of the terminal's input."""
+
+    def __init__(self) -> None:
+        self._lock: Any = None
+        self.buffer = b""
+
+    def lock(self) -> Any:
+        import anyio
+
+        if self._lock is None:
+            self._lock = anyio.Lock()
+        return self._lock
+
+
+def asked_by(name: str) -> str:
+    """What a subagent's question starts with ("" for the parent's): `reviewer (subagent)
+    asks: `, on one line (the name may come from a repository's agent file)."""
+    return f"{' '.join(name.split())} (subagent) asks: " if name else ""
+
+
+def shown_call_id(call: ToolCall, task_call: str = "") -> str:
+    """A call's id as the terminal names it: a subagent's under its task's (`t1/c1`)."""
+    from crow.events import child_call_id
+
+    return child_call_id(task_call, call.id) if task_call else call.id
 
 
 def _typed(text: str, kind: str, choices: list[str], many: bool) -> Any:
@@ -264,28 +299,30 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() or c in "\n\t" else f"\\x{ord(c):02x}" for c in text)
 
 
-def _call_name(call: ToolCall, spec: ToolSpec | None = None) -> str:
+def _call_name(call: ToolCall, spec: ToolSpec | None = None, task_call: str = "") -> str:
     from crow.tool_kinds import tool_title
 
-    return f"{tool_title(call, spec)!r} (call {call.id})"
+    return f"{tool_title(call, spec)!r} (call {shown_call_id(call, task_call)})"
 
 
-def _question(call: ToolCall, cwd: str, spec: ToolSpec | None = None) -> str:
+def _question(call: ToolCall, cwd: str, spec: ToolSpec | None = None, asker: str = "") -> str:
     """The call and what it would do, as `crow run` prints it."""
-    return "\n".join(text for _, text in question_lines(call, cwd, spec))
+    return "\n".join(text for _, text in question_lines(call, cwd, spec, asker))
 
 
-def question_lines(call: ToolCall, cwd: str, spec: ToolSpec | None = None) -> list[tuple[str, str]]:
+def question_lines(
+    call: ToolCall, cwd: str, spec: ToolSpec | None = None, asker: str = ""
+) -> list[tuple[str, str]]:
     """The call and what it would do: the command, a unified diff, or its arguments, as
     (part, line) pairs, `part` one of "title", "command", "diff", "more", "argument" (for
-    front ends that colour them). The lines are the model's text: pass them through
-    `printable` before they reach a terminal."""
+    front ends that colour them); `asker` a subagent's name, when one asks. The lines are
+    the model's text: pass them through `printable` before they reach a terminal."""
     import difflib
 
     from crow.tool_kinds import current_text, tool_title
 
     args = call.args
-    lines = [("title", f"\nAllow {tool_title(call, spec)}?")]
+    lines = [("title", f"\n{asked_by(asker)}Allow {tool_title(call, spec)}?")]
     kind = spec.kind if spec is not None else "other"
     path = args.get("path") if isinstance(args.get("path"), str) else None
     writes = isinstance(args.get("content"), str)  # a whole file, else old_text -> new_text

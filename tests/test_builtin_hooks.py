@@ -370,7 +370,7 @@ async def test_discovery_registers_tracing_only_with_a_trace_file(
         await off.ready()
         await on.ready()
         assert "tracing" not in off.hooks and "permissions" in off.hooks
-        assert on.hooks.names("wrap_tool_call")[:2] == ["tracing", "permissions"]
+        assert on.hooks.names("wrap_tool_call")[:3] == ["tracing", "subagents", "permissions"]
         assert isinstance(on.hooks.hooks[0], TracingHook)
     finally:
         await off.aclose()

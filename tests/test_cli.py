@@ -92,7 +92,7 @@ def test_run_names_the_session_after_its_prompt(llm: ScriptedLLM, home: Path, wo
     env = crow_env(llm, home)
     done = crow("run", "Fix  the\nlogin bug", "--cwd", str(workspace), env=env, cwd=workspace)
     assert done.returncode == 0, done.stderr
-    assert _only_session(env, workspace)[-1] == "Fix the login bug"
+    assert _only_session(env, workspace)[4] == "Fix the login bug"
 
 
 def test_run_slash_compact_is_a_command_and_its_notice_is_replayed(

@@ -282,7 +282,8 @@ async def test_sessions_of_a_store_from_before_roots_stay_loadable(
         await conn.prompt(session_id=sid, prompt=[acp.text_block("from the old days")])
     # Make the store what crow wrote before this column existed (schema version 1).
     db = sqlite3.connect(home / DB_FILE)
-    for later in ("additional_directories", "cost", "thought_level"):  # versions 2 and 3
+    db.execute("DROP INDEX sessions_by_parent")  # version 5
+    for later in ("additional_directories", "cost", "thought_level", "parent_id"):  # versions 2, 3, 5
         db.execute(f"ALTER TABLE sessions DROP COLUMN {later}")
     db.execute("DROP TABLE context_history")  # version 4
     db.execute("PRAGMA user_version = 1")

@@ -107,12 +107,13 @@ async def test_a_mixed_stack_has_one_order_whatever_the_registration_time(
         await agent.ready()
         agent.hooks.register("wrap_tool_call", recorder("late", log), name="late")
         assert agent.hooks.names("wrap_tool_call") == [
-            # band 0: crow's builtins by their order; permissions outside every tool runner
+            # band 0: crow's builtins by their order; permissions outside every tool runner,
+            # subagents outside permissions (a child's tool it was not offered is never asked)
             "tracing",
+            "subagents",
             "permissions",
             "plan",
             "ask",
-            "subagents",
             "checkpoints",
             "filesystem",
             "todolist",
@@ -125,10 +126,10 @@ async def test_a_mixed_stack_has_one_order_whatever_the_registration_time(
             "plugged",
             "project_commands",  # order 1000: inside the user's own hooks
         ]
-        assert agent.hooks.names("modify_request") == ["plan", "skills", "memory"]
+        assert agent.hooks.names("modify_request") == ["subagents", "plan", "skills", "memory"]
         assert agent.hooks.names("agent_stop") == ["ask", "stopper", "project_commands"]
         # the tool servers come in the stack's order too
-        assert [type(h).__name__ for h in agent.hooks.hooks][:2] == ["TracingHook", "PermissionsHook"]
+        assert [type(h).__name__ for h in agent.hooks.hooks][:2] == ["TracingHook", "SubagentsHook"]
     finally:
         await agent.aclose()
 

@@ -135,6 +135,6 @@ async def test_a_store_from_before_the_cost_opens_and_keeps_everything(tmp_path:
         forked = await store.fork_session("new", "fork")
         assert forked.cost == 0.25
     with closing(sqlite3.connect(db)) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     async with SQLiteStore(db) as store:  # opening again migrates nothing twice
         assert (await store.get_session("new")).cost == 0.25  # type: ignore[union-attr]

@@ -327,6 +327,8 @@ async def test_a_store_from_before_the_history_opens_and_refuses_only_what_it_ca
         await store.set_context("old", [human("old summary"), ai("a1")])
     with closing(sqlite3.connect(db)) as raw:  # as a schema-3 crow left it
         raw.execute("DROP TABLE context_history")
+        raw.execute("DROP INDEX sessions_by_parent")
+        raw.execute("ALTER TABLE sessions DROP COLUMN parent_id")
         raw.execute("PRAGMA user_version = 3")
         raw.commit()
     async with SQLiteStore(db) as store:
@@ -339,4 +341,4 @@ async def test_a_store_from_before_the_history_opens_and_refuses_only_what_it_ca
         with pytest.raises(CannotRewind, match="Nothing to undo"):  # its prompts were never marked
             await rw.rewind(session, 1, tmp_path)
     with closing(sqlite3.connect(db)) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5

@@ -8,6 +8,7 @@ import os
 import sqlite3
 import sys
 from pathlib import Path
+from typing import Any
 
 import acp
 import anyio
@@ -109,31 +110,38 @@ def test_sessions_delete_takes_the_children_and_their_checkpoints(home: Path, tm
         (home / "checkpoints" / sid).mkdir(parents=True)
         (home / "checkpoints" / sid / "turn.json").write_text("{}")
     done = _cli(crow_env(None, home), "sessions", "delete", P[:8])
-    assert done.returncode == 0 and done.stderr.endswith(f"\ndeleted {P} and 3 subagent sessions\n"), done.stderr
+    assert done.returncode == 0 and done.stderr.endswith(f"\ndeleted {P} and 3 subagent sessions\n"), (
+        done.stderr
+    )
     assert sorted(os.listdir(home / "checkpoints")) == [Q]
     assert [
         line.split("\t")[0] for line in _cli(crow_env(None, home), "sessions", "list").stdout.splitlines()
     ] == [Q]
 
 
-async def test_acp_lists_only_top_level_sessions_and_a_parents_delete_takes_its_child(
-    llm: ScriptedLLM, home: Path, workspace: Path
-) -> None:
+async def _parent_and_child(conn: Any, llm: ScriptedLLM, home: Path, workspace: Path) -> tuple[str, str]:
+    """A session whose turn ran one `task`: (its id, its child's), the child loaded."""
     llm.rule(lambda r: "CHILD" in r.last_user_text, Reply(text="the child found 42"), times=1)
     llm.push(
         Reply(tool_calls=[ToolCallSpec("task", {"description": "Find it", "prompt": "CHILD: find it"})]),
         Reply(text="parent done"),
     )
+    await initialize_125(conn)
+    sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+    assert (await conn.prompt(session_id=sid, prompt=[acp.text_block("delegate")])).stop_reason == "end_turn"
+    with sqlite3.connect(home / "crow.db") as db:
+        [(child,)] = db.execute("SELECT id FROM sessions WHERE parent_id = ?", (sid,)).fetchall()
+    await conn.load_session(cwd=str(workspace), session_id=child, mcp_servers=[])
+    return sid, child
+
+
+async def test_acp_lists_only_top_level_sessions_and_a_parents_delete_takes_its_child(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
     async with spawn_crow(crow_env(llm, home, CROW_MODE="yolo")) as (conn, _proc, _client):
-        await initialize_125(conn)
-        sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
-        done = await conn.prompt(session_id=sid, prompt=[acp.text_block("delegate")])
-        assert done.stop_reason == "end_turn"
-        with sqlite3.connect(home / "crow.db") as db:
-            [(child,)] = db.execute("SELECT id FROM sessions WHERE parent_id = ?", (sid,)).fetchall()
+        sid, child = await _parent_and_child(conn, llm, home, workspace)
         assert [s.session_id for s in (await conn.list_sessions()).sessions] == [sid]
-        # the child is loadable by its id, and may go on as a session of its own
-        await conn.load_session(cwd=str(workspace), session_id=child, mcp_servers=[])
+        # the child was loadable by its id, and may go on as a session of its own
         llm.push(
             Reply(tool_calls=[ToolCallSpec("write_file", {"path": "found.txt", "content": "42\n"})]),
             Reply(text="written"),
@@ -149,3 +157,24 @@ async def test_acp_lists_only_top_level_sessions_and_a_parents_delete_takes_its_
             await conn.prompt(session_id=child, prompt=[acp.text_block("still there?")])
         assert gone.value.code == -32002
         assert (await conn.list_sessions()).sessions == []
+
+
+async def test_deleting_a_parent_cancels_a_turn_running_in_its_loaded_child_first(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    import asyncio
+
+    from tests.test_e2e_cancel_request import SLOW, until_text
+
+    async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
+        sid, child = await _parent_and_child(conn, llm, home, workspace)
+        llm.push(SLOW)
+        turn = asyncio.create_task(conn.prompt(session_id=child, prompt=[acp.text_block("go on")]))
+        await until_text(client, child)
+        assert await raw_request(conn, "session/delete", {"sessionId": sid}) == {}
+        assert turn.done(), "the child's turn settled before the delete was answered"
+        assert (await turn).stop_reason == "cancelled"
+        with sqlite3.connect(home / "crow.db") as db:
+            assert db.execute("SELECT count(*) FROM sessions").fetchone()[0] == 0
+        other = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+        assert (await conn.prompt(session_id=other, prompt=[acp.text_block("hi")])).stop_reason == "end_turn"

@@ -42,6 +42,26 @@ def crow_run_on_a_terminal(
             proc.wait()
         os.close(master)
 
+def answer_once(llm: ScriptedLLM, home: Path, workspace: Path, answer: bytes) -> tuple[int, str]:
+    """`crow run go` on a terminal, `answer` typed at its first question: its exit status
+    and all it showed."""
+    out, answered = b"", False
+    with crow_run_on_a_terminal(llm, home, workspace) as (proc, master):
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.05)
+            if ready:
+                try:
+                    out += os.read(master, 65536)
+                except OSError:
+                    break
+                if b"Answer for" in out and not answered:
+                    os.write(master, answer)
+                    answered = True
+        proc.wait(timeout=10)
+    return proc.returncode, out.decode(errors="replace")
+
+
 def test_crow_run_asks_one_question_at_a_time(llm: ScriptedLLM, home: Path, workspace: Path) -> None:
     llm.push(
         Reply(
@@ -149,21 +169,7 @@ def test_crow_run_shows_the_models_escape_sequences_escaped(
         ),
         Reply(text="done"),
     )
-    out, answered = b"", False
-    with crow_run_on_a_terminal(llm, home, workspace) as (proc, master):
-        deadline = time.monotonic() + 30
-        while proc.poll() is None and time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.05)
-            if ready:
-                try:
-                    out += os.read(master, 65536)
-                except OSError:
-                    break
-                if b"Answer for" in out and not answered:
-                    os.write(master, b"n\n")
-                    answered = True
-        proc.wait(timeout=10)
-    text = out.decode(errors="replace")
+    _, text = answer_once(llm, home, workspace, b"n\n")
     assert "Answer for" in text and (workspace / "note.txt").exists(), text
     # The screen has the renderer's own colours; never the model's conceal (8m) or a raw ESC
     # before the escaped forms, and the call shown by its title

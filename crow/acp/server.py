@@ -10,6 +10,7 @@ SDK router spreads `_meta` keys into them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -220,16 +221,22 @@ class AcpServer(Extensions):
         return CloseSessionResponse()
 
     async def delete_session(self, session_id: str, **kwargs: Any) -> DeleteSessionResponse:
-        """A turn running in it is cancelled and settled first; while the deletion runs, a
-        prompt in it is answered busy. Unknown id: -32002; another crow process running a
-        turn in it: -32001, nothing deleted."""
-        while (scope := self._running.get(session_id)) is not None:
-            settled = self._settled.get(session_id)
+        """It goes with its subagents' sessions. A turn running in any of them (a child
+        loaded and prompted) is cancelled and settled first; while the deletion runs, a
+        prompt in them is answered busy. Unknown id: -32002; another crow process running a
+        turn in one: -32001, nothing deleted."""
+        ids = [session_id]
+        with contextlib.suppress(CrowError):  # an unknown id, a failing store: the delete says
+            await self.agent.ready()
+            ids += [r.id for r in await self.agent.store.descendants([session_id])]
+        while running := [sid for sid in ids if sid in self._running]:
+            settled = self._settled.get(running[0])
             if settled is None:  # another delete holds it
-                raise RequestError(BUSY, f"session {session_id} is being deleted")
-            scope.cancel()
+                raise RequestError(BUSY, f"session {running[0]} is being deleted")
+            self._running[running[0]].cancel()
             await settled.wait()
-        self._running[session_id] = anyio.CancelScope()  # claimed: never entered, nothing to cancel
+        for sid in ids:  # claimed, all at once: never entered, nothing to cancel
+            self._running[sid] = anyio.CancelScope()
         try:
             await self.agent.delete_session(session_id)
         except SessionBusy as exc:
@@ -239,7 +246,8 @@ class AcpServer(Extensions):
         except CrowError as exc:
             raise RequestError(FAILED, str(exc)) from exc
         finally:
-            del self._running[session_id]
+            for sid in ids:
+                del self._running[sid]
         return DeleteSessionResponse()
 
     async def list_sessions(

@@ -80,6 +80,7 @@ class TurnState:
     answer: MarkdownBlocks = field(default_factory=MarkdownBlocks)
     thought: list[str] = field(default_factory=list)  # the reasoning streaming now
     running: dict[str, Text] = field(default_factory=dict)  # call id -> its running line
+    nested: dict[str, list[Text]] = field(default_factory=dict)  # a task's call id -> its child's lines
     used: int = 0
     size: int = 0
     cost: float | None = None
@@ -104,7 +105,11 @@ class LiveView:
         tail = s.answer.tail()
         if tail:
             lines += self._tail(console, options, tail, room)
-        for line in list(s.running.values())[-min(3, room) :]:
+        calls: list[Text] = []
+        for call_id, line in list(s.running.items())[-3:]:
+            calls += [line, *s.nested.get(call_id, ())]
+        # the last calls first: a task's lines take the room the answer leaves
+        for line in calls[-max(min(3, room), room - len(lines)) :]:
             lines.append(list(line.render(console)))
         lines.append(list(self._status(width).render(console)))
         for line in lines:

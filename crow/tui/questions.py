@@ -2,7 +2,8 @@
 (`crow.tui.picker`): permissions (the call named, its command or its diff shown, then the
 scoped choices crow offers), a project's trust, a plan's approval and `ask_user` forms.
 
-One question at a time: a second waits until the first is answered. What the model wrote
+One question at a time: a second waits until the first is answered, also when subagents
+ask (`for_child`: their questions name them). What the model wrote
 (the question, the options, the command, the diff) is shown as plain text through
 `crow.terminal.printable`. Esc leaves a question unanswered (a form: declined); Ctrl-C
 also cancels the turn (`on_interrupt`). Like `crow run`, chat has no editor buffers or
@@ -10,13 +11,14 @@ terminals: the file tools and `execute` run in crow."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from crow.editor import Elicited
-from crow.terminal import TerminalClient, no_editor, question_lines
+from crow.terminal import TerminalClient, asked_by, no_editor, question_lines, shown_call_id
 from crow.tui.picker import HINT, Option, Picked, line, one_line, pick, show
 
 if TYPE_CHECKING:
@@ -41,6 +43,16 @@ class ChatClient:
         self.renderer = renderer
         self.on_interrupt = on_interrupt  # cancels the running turn
         self._lock = anyio.Lock()
+        self.asker = ""  # a subagent's name: its questions say who asks
+        self.task_call = ""  # the parent's call that runs that subagent
+
+    def for_child(self, *, session_id: str, name: str, parent_call_id: str) -> ChatClient:
+        """The client of subagent `name`'s questions (`crow.child_client`): the same screen
+        and lock (one question at a time with the parent's and its siblings'), each
+        question naming the child and its calls by their ids among the parent's."""
+        child = copy.copy(self)  # shares the lock, the renderer and on_interrupt
+        child.asker, child.task_call = name, parent_call_id
+        return child
 
     async def ask_permission(
         self,
@@ -56,9 +68,11 @@ class ChatClient:
         choices = list(options or DEFAULT_CHOICES)
         shown = [Option(c.id, c.label, TerminalClient.KEYS.get(c.id)) for c in choices]
         lines = [(_style(part, text), _title(text) if part == "title" else text)
-                 for part, text in question_lines(call, self.cwd, spec)]  # fmt: skip
+                 for part, text in question_lines(call, self.cwd, spec, self.asker)]  # fmt: skip
         name = tool_title(call, spec)  # in full above: here short, to leave the options room
-        title = f"Answer for {name if len(name) <= 60 else name[:59] + '…'} (call {call.id})"
+        name = name if len(name) <= 60 else name[:59] + "…"
+        who = f"{' '.join(self.asker.split())[:30]}: " if self.asker else ""
+        title = f"Answer for {who}{name} (call {shown_call_id(call, self.task_call)})"
         picked = await self._asking(lines, lambda: pick(title, shown), timeout)
         if picked is None or picked.action != "accept":
             if picked is not None and picked.action == "escape":
@@ -80,7 +94,8 @@ class ChatClient:
         timeout: float = 600.0,
     ) -> str | None:
         """`text`, then its options to pick one from; Esc: no answer (None)."""
-        lines = [("bold", _title(title)), *(("", f"  {t}") for t in text.rstrip().split("\n"))]
+        lines = [("bold", _title(asked_by(self.asker) + title))]
+        lines += [("", f"  {t}") for t in text.rstrip().split("\n")]
         shown = [Option(option_id, label) for option_id, label, _ in options]
         picked = await self._asking(lines, lambda: pick("", shown), timeout)
         if picked is None or picked.action != "accept":
@@ -115,7 +130,7 @@ class ChatClient:
                 show([("bold", f"  › {_shown(picked.value)}")])
             return Picked("accept", content)
 
-        lines = [("bold", t) for t in f"\n{message.rstrip()}".split("\n")]
+        lines = [("bold", t) for t in f"\n{asked_by(self.asker)}{message.rstrip()}".split("\n")]
         picked = await self._asking(lines, fill, timeout)
         if picked is None or picked.action == "interrupt":
             return Elicited("cancel")

@@ -33,6 +33,9 @@ from crow.events import (
     ModeChanged,
     Notice,
     PlanUpdated,
+    SubagentEvent,
+    SubagentFinished,
+    SubagentStarted,
     TextDelta,
     ThoughtDelta,
     TitleChanged,
@@ -45,6 +48,7 @@ from crow.events import (
 from crow.terminal import printable
 from crow.tui import tools
 from crow.tui.live import FPS, Block, LiveView, LogsAbove, TurnState
+from crow.tui.subagents import Children
 from crow.tui.text import clip, seconds, usage
 
 if TYPE_CHECKING:
@@ -78,6 +82,7 @@ class Renderer:
         self._after = ""  # what was printed last: "", "text", "tool", "other"
         self._thought_since = 0.0  # when the reasoning streaming now began
         self._calls: dict[str, tuple[ToolCall, ToolSpec | None, float]] = {}
+        self._children = Children(self._calls)  # subagents (crow.tui.subagents), by task call
         self._plan: list[tuple[str, str]] | None = None
         self._folded: list[tuple[Text, RenderableType]] = []  # the last turn's, for expand()
 
@@ -89,6 +94,7 @@ class Renderer:
         self._message_id = None
         self._after = ""
         self._calls.clear()
+        self._children.clear()
         self._folded = []
         self._start_live()
 
@@ -134,6 +140,8 @@ class Renderer:
                 state.phase = "Running " + printable(tools.title_of(call, spec))
         elif isinstance(event, ToolCallEnd):
             self._tool_end(event)
+        elif isinstance(event, SubagentStarted | SubagentEvent | SubagentFinished):
+            self._children.see(event, state, self.console.width)  # the parent's answer stays as it is
         elif not isinstance(event, CommandsChanged):  # the chat's completion reads those
             self._settle()
             self._other(event)
@@ -208,14 +216,18 @@ class Renderer:
         call, spec, since = self._calls.pop(event.call.id, (event.call, None, time.monotonic()))
         if self._state is not None:
             self._state.running.pop(event.call.id, None)
+            self._state.nested.pop(event.call.id, None)
             self._state.phase = "Waiting for the model"
         width = self.console.width
-        line = tools.tool_line(call, spec, event.result, time.monotonic() - since, width)
+        label = self._children.label(event.call.id)  # a task: its agent's name
+        line = tools.tool_line(call, spec, event.result, time.monotonic() - since, width, label)
+        nested, child_folded = self._children.pop(event.call.id, width, self.expand_key)
         body, folded = tools.tool_body(event.result, spec, width)
         if folded:
             whole, _ = tools.tool_body(event.result, spec, width, full=True)
             self._folded.append((line, whole or Text()))
-        self._print(line, *([body] if body is not None else []), gap=self._after == "text")
+        self._folded += child_folded
+        self._print(line, *nested, *([body] if body is not None else []), gap=self._after == "text")
         self._after = "tool"
 
     def _other(self, event: Event) -> None:

@@ -3,9 +3,22 @@ width without splitting a word or an escape, and the figures of the status line.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.cells import cell_len
 
 from crow.terminal import printable
+
+if TYPE_CHECKING:
+    from crow.events import SubagentFinished
+
+_ENDED = {
+    "end_turn": ("✓ done", "green"),
+    "cancelled": ("■ cancelled", "yellow"),
+    "max_turn_requests": ("⚠ stopped at its limit of model requests", "yellow"),
+    "max_tokens": ("⚠ stopped at the output limit", "yellow"),
+    "refusal": ("⚠ the model refused", "yellow"),
+}
 
 
 def clip(raw: str, width: int) -> str:
@@ -79,3 +92,21 @@ def usage(used: int, size: int, usd: float | None) -> str:
     if usd is not None:
         parts.append(cost(usd))
     return " · ".join(parts)
+
+
+def child_ended(end: SubagentFinished) -> tuple[str, str]:
+    """How a subagent ended, in words, and their colour: `✓ done`, `✗ failed`, ..."""
+    if end.error and end.stop_reason != "cancelled":
+        return "✗ failed", "red"
+    return _ENDED.get(end.stop_reason, ("⚠ stopped", "yellow"))
+
+
+def child_figures(end: SubagentFinished, took: float) -> str:
+    """ "3 model calls · 12.4k tokens in, 800 out · $0.012 · 3.1 s": a subagent's figures."""
+    figures = [f"{end.turns} model call{'s' * (end.turns != 1)}"]
+    if end.input_tokens or end.output_tokens:
+        figures.append(f"{tokens(end.input_tokens)} tokens in, {tokens(end.output_tokens)} out")
+    if end.cost is not None:
+        figures.append(cost(end.cost))
+    figures.append(seconds(took))
+    return " · ".join(figures)

@@ -8,6 +8,7 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
+from rich.cells import cell_len
 from rich.console import Group, RenderableType
 from rich.text import Text
 
@@ -55,13 +56,21 @@ def status_of(result: ToolResult) -> tuple[str, str, str]:
     return "✓", "", "green"
 
 
-def tool_line(call: ToolCall, spec: ToolSpec | None, result: ToolResult, took: float, width: int) -> Text:
-    """`✓ Run  pytest -q · 1.2 s` on one line of at most `width` cells."""
+def tool_line(
+    call: ToolCall,
+    spec: ToolSpec | None,
+    result: ToolResult,
+    took: float,
+    width: int,
+    label: str | None = None,
+) -> Text:
+    """`✓ Run  pytest -q · 1.2 s` on one line of at most `width` cells; `label` (printable)
+    instead of the kind's word (a task's agent name)."""
     mark, word, style = status_of(result)
     title = title_of(call, spec)
-    label = _label(spec)
+    label = _label(spec) if label is None else label
     tail = f" · {word + ' after ' if word else ''}{seconds(took)}"
-    room = max(1, width - len(label) - 2 - len(tail))
+    room = max(1, width - cell_len(label) - 2 - len(tail))
     line = Text(no_wrap=True, overflow="ellipsis")
     line.append(mark + " ", style=style)
     line.append(label, style="bold")
@@ -70,12 +79,12 @@ def tool_line(call: ToolCall, spec: ToolSpec | None, result: ToolResult, took: f
     return line
 
 
-def running_line(call: ToolCall, spec: ToolSpec | None, width: int) -> Text:
+def running_line(call: ToolCall, spec: ToolSpec | None, width: int, label: str | None = None) -> Text:
     title = title_of(call, spec)
-    label = _label(spec)
+    label = _label(spec) if label is None else label
     line = Text(no_wrap=True, overflow="ellipsis", style="dim")
     line.append(f"⋯ {label}")
-    line.append(clip(title, max(1, width - len(label) - 2)))
+    line.append(clip(title, max(1, width - cell_len(label) - 2)))
     return line
 
 
