@@ -20,16 +20,13 @@ from tests.llm_server import RecordedRequest, Reply, ScriptedLLM, Stall, Step, T
 from tests.support.ts_client import run_script
 
 pytestmark = pytest.mark.anyio
-SUPPORT = Path(__file__).parent / "support"
 WITH_SUBAGENTS = {**FEATURES_125, "subagents": {}}
 AGENT = "general-purpose"
 
 
 def configure(home: Path, mode: str = "yolo") -> Path:
-    """crow's config: `mode`, and the task tool linking its results to their child (replay)."""
     path = home / "subagents.yaml"
-    hooks = {"disable": ["subagents"], "extra": ["subagent_plugins:linked"]}
-    path.write_text(yaml.safe_dump({"mode": mode, "hooks": hooks}))
+    path.write_text(yaml.safe_dump({"mode": mode}))
     return path
 
 
@@ -123,7 +120,7 @@ async def run_fix(llm: ScriptedLLM, home: Path, workspace: Path, subagents: bool
     """One prompt of `script_fix` in a fresh crow: the parent's id and what was sent."""
     (workspace / "a.txt").write_text("hello\n")
     script_fix(llm)
-    env = crow_env(llm, home, PYTHONPATH=str(SUPPORT))
+    env = crow_env(llm, home)
     async with spawn_crow(env, "--config", str(configure(home))) as (conn, _proc, client):
         sid = await start(conn, workspace, subagents)
         await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])
@@ -240,7 +237,7 @@ async def test_a_childs_permission_request_names_it_and_its_answer_holds(
     )
     client = RecordingClient()
     client.permission_answer = answer
-    env = crow_env(llm, home, PYTHONPATH=str(SUPPORT))
+    env = crow_env(llm, home)
     async with spawn_crow(env, "--config", str(configure(home, "ask")), client=client) as (conn, _proc, _c):
         sid = await start(conn, workspace, subagents)
         await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])
@@ -284,7 +281,7 @@ async def test_two_children_at_once_are_each_attributable(
             ),
             Reply(text=f"{name} says {name} and nothing more", chunk_delay=0.02),
         )
-    env = crow_env(llm, home, PYTHONPATH=str(SUPPORT))
+    env = crow_env(llm, home)
     async with spawn_crow(env, "--config", str(configure(home))) as (conn, _proc, client):
         sid = await start(conn, workspace, subagents)
         await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])
@@ -331,7 +328,7 @@ async def test_loading_the_parent_and_the_child_replays_each(
 ) -> None:
     sid, updates = await run_fix(llm, home, workspace, subagents)
     child_id = linked_child(updates, "t1")
-    env = crow_env(llm, home, PYTHONPATH=str(SUPPORT))
+    env = crow_env(llm, home)
     async with spawn_crow(env, "--config", str(configure(home))) as (conn, _proc, client):
         await initialize_125(conn, WITH_SUBAGENTS if subagents else FEATURES_125)
         await conn.load_session(cwd=str(workspace), session_id=sid, mcp_servers=[])
@@ -362,7 +359,7 @@ def test_the_typescript_sdk_client_takes_a_run_with_children(
 ) -> None:
     (workspace / "a.txt").write_text("hello\n")
     script_fix(llm)
-    out, _sid, _kid = ts_run(home, workspace, crow_env(llm, home, PYTHONPATH=str(SUPPORT)), subagents)
+    out, _sid, _kid = ts_run(home, workspace, crow_env(llm, home), subagents)
     kinds = [u["update"]["sessionUpdate"] for u in out["updates"]]
     calls = [u["update"]["toolCallId"] for u in out["updates"] if u["update"]["sessionUpdate"] == "tool_call"]
     if subagents:
@@ -388,7 +385,7 @@ async def test_cancelling_the_parent_ends_its_children_idle_after_their_traffic(
         Stall(seconds=30),
     )
     child(llm, "CHILD-B", Stall(seconds=30))
-    env = crow_env(llm, home, PYTHONPATH=str(SUPPORT))
+    env = crow_env(llm, home)
     async with spawn_crow(env, "--config", str(configure(home))) as (conn, _proc, client):
         sid = await start(conn, workspace, subagents=True)
         result: dict[str, Any] = {}
@@ -432,7 +429,7 @@ def test_a_childs_form_names_it_and_its_answer_reaches_the_child(
     llm.push(Reply(tool_calls=[task("t1", "Choose", "CHILD-A: choose a database")]), Reply(text="done"))
     question = {"question": "Which database?", "options": ["SQLite", "Postgres"]}
     child(llm, "CHILD-A", Reply(tool_calls=[tool("ask_user", "q1", **question)]), Reply(text="SQLite then"))
-    env = crow_env(llm, home, PYTHONPATH=str(SUPPORT))
+    env = crow_env(llm, home)
     answer = {"action": "accept", "content": {"answer": "SQLite"}}
     out, sid, kid = ts_run(
         home, workspace, env, subagents, capabilities={"elicitation": {"form": {}}}, elicitation=answer
@@ -456,7 +453,7 @@ def test_a_childs_command_runs_in_an_editor_terminal_and_it_is_released(
         Reply(text="ran"),
     )
     # commands run in the editor's terminal only without a sandbox (the editor cannot run bwrap)
-    env = crow_env(llm, home, PYTHONPATH=str(SUPPORT), CROW_SANDBOX="off")
+    env = crow_env(llm, home, CROW_SANDBOX="off")
     out, sid, kid = ts_run(home, workspace, env, subagents, capabilities={"terminal": True})
     on = {
         r["method"]: r["params"]["sessionId"] for r in out["requests"] if r["method"].startswith("terminal/")
