@@ -1,14 +1,17 @@
 """What a session can ask of the ACP client: permission, a form, its files, its terminals.
 
 Hooks reach it as `ctx.session.client`; it is None when no editor is attached (`crow run`).
-Each capability is used only when the client advertised it in `initialize`.
+Each capability is used only when the client advertised it in `initialize`. A subagent
+asks through `for_child`: the same connection, terminals and one-question-at-a-time lock,
+its questions naming it.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ from crow.acp import view as acp_view
 from crow.acp import wire as acp_wire
 from crow.acp.protocol import ClientFeatures
 from crow.editor import Elicited
+from crow.events import child_call_id
 from crow.llm.base import ToolSpec
 from crow.messages import ToolCall
 from crow.rules import Choice
@@ -45,11 +49,39 @@ class AcpSessionClient:
         self.can_read = bool(fs and fs.read_text_file)
         self.can_write = bool(fs and fs.write_text_file)
         self.can_terminal = bool(caps and caps.terminal)
-        self.can_elicit = ClientFeatures.of(caps).elicitation_form
-        self._terminals: set[str] = set()  # created and not yet released
+        features = ClientFeatures.of(caps)
+        self.can_elicit = features.elicitation_form
+        self.shows_subagents = features.subagents
+        self._terminals: dict[str, str] = {}  # created and not yet released -> on which session
         # Made at the first question: the first anyio.Lock() imports anyio's asyncio
         # backend (~15 ms), which must not land on session/new.
         self._asking: anyio.Lock | None = None
+        self._top = self  # whose lock a subagent's client shares
+        self.asker = ""  # a subagent's name, before each question's title
+        self.shown_id: Callable[[str], str] = lambda call_id: call_id  # a call's id as the editor shows it
+
+    def for_child(self, *, session_id: str, name: str, parent_call_id: str) -> AcpSessionClient:
+        """What subagent `session_id` (run by this session's call `parent_call_id`) asks
+        through: its questions name it; they are on its own session with its own call ids when
+        the editor shows subagents, else on this one with the ids its calls are shown under
+        there (`child_call_id`)."""
+        child = copy.copy(self)  # the connection, capabilities and terminals, shared
+        child.asker = name
+        if self.shows_subagents:
+            child.session_id, child.shown_id = session_id, lambda call_id: call_id
+        else:
+            task_call = self.shown_id(parent_call_id)
+            child.shown_id = lambda call_id: child_call_id(task_call, call_id)
+        return child
+
+    def _lock(self) -> anyio.Lock:
+        """The one-question-at-a-time lock of the whole subagent tree."""
+        if self._top._asking is None:
+            self._top._asking = anyio.Lock()
+        return self._top._asking
+
+    def _titled(self, title: str) -> str:
+        return f"{self.asker}: {title}" if self.asker else title
 
     async def ask_permission(
         self,
@@ -61,10 +93,11 @@ class AcpSessionClient:
     ) -> str | None:
         """Ask the user, one request at a time; returns the chosen option id, or None
         (cancelled or no answer). `spec` (the tool's kind and title) shapes the request."""
+        call = call.replace(id=self.shown_id(call.id))
         start = acp_view.start_update(call, self.cwd, spec)
         update = ToolCallUpdate(
             tool_call_id=call.id,
-            title=start.title,
+            title=self._titled(start.title),
             kind=start.kind,
             status="pending",
             locations=start.locations,
@@ -89,8 +122,8 @@ class AcpSessionClient:
         option_id, or None (cancelled, failed or unanswered)."""
         choices = [PermissionOption(option_id=i, name=label, kind=k) for i, label, k in options]
         update = ToolCallUpdate(
-            tool_call_id=call.id,
-            title=title,
+            tool_call_id=self.shown_id(call.id),
+            title=self._titled(title),
             kind=kind,
             status="pending",
             content=[tool_content(text_block(text))],
@@ -103,9 +136,7 @@ class AcpSessionClient:
         """One `session/request_permission` at a time per session (a batch's other calls
         wait for this answer); the chosen option id, or None. An id that was not offered
         counts as no answer."""
-        if self._asking is None:
-            self._asking = anyio.Lock()
-        async with self._asking:
+        async with self._lock():
             with anyio.move_on_after(timeout):
                 try:
                     response = await self.conn.request_permission(
@@ -136,17 +167,15 @@ class AcpSessionClient:
         try:
             request = CreateFormSessionElicitationRequest(
                 session_id=self.session_id,
-                tool_call_id=call.id if call is not None else None,
-                message=message,
+                tool_call_id=self.shown_id(call.id) if call is not None else None,
+                message=self._titled(message),
                 mode="form",
                 requested_schema=ElicitationSchema.model_validate(dict(schema)),
             )
         except ValidationError as exc:
             raise ValueError(f"not an elicitation schema: {exc}") from exc
         params = request.model_dump(mode="json", by_alias=True, exclude_none=True)
-        if self._asking is None:
-            self._asking = anyio.Lock()
-        async with self._asking:
+        async with self._lock():
             with anyio.move_on_after(timeout):
                 try:
                     answer = await acp_wire.request(self.conn, "elicitation/create", params)
@@ -165,7 +194,7 @@ class AcpSessionClient:
         kind, or None (cancelled, failed or unanswered)."""
         update = ToolCallUpdate(
             tool_call_id=f"crow-question-{uuid.uuid4().hex[:12]}",
-            title=title,
+            title=self._titled(title),
             kind="other",
             status="pending",
             content=[tool_content(text_block(text))],
@@ -199,7 +228,7 @@ class AcpSessionClient:
             output_byte_limit=_OUTPUT_LIMIT,
         )
         tid = terminal.terminal_id
-        self._terminals.add(tid)
+        self._terminals[tid] = self.session_id
         timed_out = False
         try:
             with anyio.move_on_after(timeout) as scope:
@@ -229,12 +258,12 @@ class AcpSessionClient:
         }
 
     async def release_terminal(self, terminal_id: str) -> None:
-        """`terminal/release`, once, for a terminal this client created."""
-        if terminal_id not in self._terminals:
+        """`terminal/release`, once, for a terminal this client (or a subagent's) created."""
+        session_id = self._terminals.pop(terminal_id, None)
+        if session_id is None:
             return
-        self._terminals.discard(terminal_id)
         try:
-            await self.conn.release_terminal(session_id=self.session_id, terminal_id=terminal_id)
+            await self.conn.release_terminal(session_id=session_id, terminal_id=terminal_id)
         except Exception:
             log.debug("release_terminal failed", exc_info=True)
 

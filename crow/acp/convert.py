@@ -21,7 +21,9 @@ from acp.schema import (
 )
 
 from crow import images
+from crow.acp import reports as acp_reports
 from crow.acp import view as acp_view
+from crow.acp.protocol import ClientFeatures
 from crow.command_catalog import ATTACHED
 from crow.events import (
     CommandsChanged,
@@ -71,6 +73,14 @@ def event_update(event: Event, cwd: Path) -> Any:
     if isinstance(event, CommandsChanged):
         return update_available_commands(available_commands(event.commands))
     return None
+
+
+def event_updates(event: Event, cwd: Path, features: ClientFeatures) -> list[Any]:
+    """The session/updates for a loop event, as the client's capabilities allow (maybe none)."""
+    if isinstance(event, acp_reports.REPORTS):
+        return acp_reports.updates(event, features)
+    update = event_update(event, cwd)
+    return [] if update is None else [update]
 
 
 def notification_params(session_id: str, update: Any) -> bytes:

@@ -1,10 +1,10 @@
 """What ACP schema 1.25 has and the Python SDK (0.12.1, generated from 1.19) lacks: one place.
 
 - client capabilities the SDK drops when it parses `initialize` (`session.compaction`,
-  `session.notices`), read into `ClientFeatures`, which the adapter asks before it sends a
-  1.25 update (an update is sent only when its capability was advertised);
-- update types: `compaction_update`, `compaction_summary_chunk`, `notice`, and `tool_call`
-  with the tool's programmatic `name`;
+  `session.notices`, the unstable `subagents`), read into `ClientFeatures`, which the
+  adapter asks before it sends a 1.25 update (an update is sent only when its capability was advertised);
+- update types: `compaction_update`, `compaction_summary_chunk`, `notice`, `tool_call`
+  with the tool's programmatic `name`, and the unstable `subagent_update`;
 - routes the SDK has request models for but does not route: `session/delete`, `logout`,
   `$/cancel_request` (registered by `crow.acp.wire.connect`, which owns the SDK internals).
 
@@ -37,6 +37,7 @@ class ClientSessionCapabilities(schema.ClientSessionCapabilities):
 class ClientCapabilities(schema.ClientCapabilities):
     model_config = _FAST
     session: ClientSessionCapabilities | None = None  # type: ignore[assignment]
+    subagents: dict[str, Any] | None = None  # unstable: {} = child sessions are understood
 
 
 class InitializeRequest(schema.InitializeRequest):
@@ -56,6 +57,7 @@ class ClientFeatures:
     elicitation_form: bool = False
     elicitation_url: bool = False
     auth_terminal: bool = False  # an auth method of type "terminal" may be offered
+    subagents: bool = False  # subagent_update, and a child's updates on its own session
 
     @classmethod
     def of(cls, caps: schema.ClientCapabilities | None) -> ClientFeatures:
@@ -71,6 +73,7 @@ class ClientFeatures:
             elicitation_form=elicitation is not None and elicitation.form is not None,
             elicitation_url=elicitation is not None and elicitation.url is not None,
             auth_terminal=bool(caps.auth is not None and caps.auth.terminal),
+            subagents=getattr(caps, "subagents", None) is not None,
         )
 
 
@@ -121,6 +124,23 @@ class ToolCallStart(schema.ToolCallStart):
     model_config = _FAST
 
     name: str | None = None
+
+
+class SubagentUpdate(schema.BaseModel):
+    """(Unstable) sent on the parent's session: announces child session `session_id` (its
+    first one), then patches it; a field left out keeps its value. `state` is a whole
+    snapshot: {"state": "running"} or {"state": "idle", "stopReason": ..., "usage": ...}."""
+
+    model_config = _FAST
+
+    session_update: Literal["subagent_update"] = Field(alias="sessionUpdate")
+    session_id: str = Field(alias="sessionId")
+    title: str | None = None
+    description: str | None = None
+    state: dict[str, Any] | None = None
+    cwd: str | None = None
+    additional_directories: list[str] | None = Field(default=None, alias="additionalDirectories")
+    field_meta: dict[str, Any] | None = Field(default=None, alias="_meta")
 
 
 # ------------------------------------------------------------------ requests the SDK does not route

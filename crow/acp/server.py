@@ -45,6 +45,7 @@ from crow.acp import convert as acp_convert
 from crow.acp import handshake
 from crow.acp import reports as acp_reports
 from crow.acp import sessions as acp_sessions
+from crow.acp import subagents as acp_subagents
 from crow.acp import view as acp_view
 from crow.acp.client import AcpSessionClient
 from crow.acp.extensions import Extensions
@@ -73,6 +74,7 @@ class AcpServer(Extensions):
         self.wire: StdioWire | None = None
         self.client_capabilities: ClientCapabilities | None = None
         self.features = ClientFeatures()  # what the client handles beyond the SDK's types
+        self.subagents = acp_subagents.SubagentView(self.features)
         self._running: dict[str, anyio.CancelScope] = {}
         self._requests: dict[str | int, str] = {}  # request id -> session of a running prompt/compact
         self._settled: dict[str, anyio.Event] = {}  # set when that session's prompt/compact has ended
@@ -92,6 +94,7 @@ class AcpServer(Extensions):
     ) -> InitializeResponse:
         self.client_capabilities = client_capabilities
         self.features = ClientFeatures.of(client_capabilities)
+        self.subagents = acp_subagents.SubagentView(self.features)
         # The warm-up (MCP import, hooks, store) is not started here: a session/new sent
         # straight after this answer would wait behind its first ~20 ms on the event loop.
         # The first session's preparation starts it once that answer is queued.
@@ -366,21 +369,17 @@ class AcpServer(Extensions):
 
     # ------------------------------------------------------------ events -> updates
     async def _emit(self, session: Session, event: Event) -> None:
-        """The loop's sink: each event as the editor shows it."""
-        if isinstance(event, acp_reports.REPORTS):  # as the client's capabilities allow
-            for shown in acp_reports.updates(event, self.features):
-                await self._notify(session.id, shown)
-            return
-        update = acp_convert.event_update(event, session.cwd)
-        if update is None:
-            return
-        await self._notify(session.id, update)
+        """The loop's sink: each event as the editor shows it (`acp_subagents` also shows a
+        subagent's, and reports a child its task call outlived as ended)."""
+        for session_id, update in self.subagents.updates(session.id, session.cwd, event):
+            await self._notify(session_id, update)
         if isinstance(event, ModeChanged):  # clients that show config options, not modes
             options = ConfigOptionUpdate(
                 session_update="config_option_update", config_options=self._options(session)
             )
             await self._notify(session.id, options)
-        tid = acp_view.terminal_id(event.result) if isinstance(event, ToolCallEnd) else None
+        ended = acp_subagents.innermost(event)
+        tid = acp_view.terminal_id(ended.result) if isinstance(ended, ToolCallEnd) else None
         if tid and isinstance(session.client, AcpSessionClient):
             await session.client.release_terminal(tid)  # shown above: the editor keeps showing it
 

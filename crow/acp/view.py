@@ -35,6 +35,7 @@ from crow.tool_kinds import edit_diff as _diff
 from crow.tool_kinds import path_arg as _path_arg
 
 _MAX_SHOWN = 20_000  # characters of tool output shown in the editor
+SUBAGENT_META = "crow/subagent"  # a task result's meta: {"session_id": the child's, ...}
 _PLACE_KINDS = frozenset({"read", "edit", "delete", "move"})  # a call of these is at its path
 
 
@@ -132,8 +133,17 @@ def _outcome(result: ToolResult, cwd: Path, *, live: bool = True) -> dict[str, A
     }
 
 
+def _subagent_link(result: ToolResult) -> dict[str, Any] | None:
+    """`_meta` linking a task call to the child session that ran it (live and replayed)."""
+    ran = (result.meta or {}).get(SUBAGENT_META)
+    child = ran.get("session_id") if isinstance(ran, Mapping) else None
+    return {"crow": {"subagentSessionId": str(child)}} if child else None
+
+
 def end_update(call: ToolCall, result: ToolResult, cwd: Path) -> Any:
-    return update_tool_call(call.id, **_outcome(result, cwd))
+    update = update_tool_call(call.id, **_outcome(result, cwd))
+    update.field_meta = _subagent_link(result)
+    return update
 
 
 def finished_update(call: ToolCall, result: ToolResult, cwd: Path) -> Any:
@@ -144,7 +154,8 @@ def finished_update(call: ToolCall, result: ToolResult, cwd: Path) -> Any:
     kind = str(shown.get("kind") or "other")
     spec = ToolSpec(call.name, "", {}, kind=kind)
     title = str(shown.get("title") or tool_title(call))
-    return _tool_call(call, title, kind, cwd, spec, **_outcome(result, cwd, live=False))
+    outcome = _outcome(result, cwd, live=False)
+    return _tool_call(call, title, kind, cwd, spec, field_meta=_subagent_link(result), **outcome)
 
 
 def _raw_output(result: ToolResult) -> Any:

@@ -42,7 +42,9 @@ const agent = argv.slice(sep + 1);
 const base = process.env.ACP_SDK_NODE_MODULES ?? path.join(import.meta.dirname, "node_modules");
 const pkgDir = path.join(base, "@agentclientprotocol", "sdk");
 const pkg = JSON.parse(readFileSync(path.join(pkgDir, "package.json"), "utf8"));
-const acp = await import(pathToFileURL(path.join(pkgDir, pkg.exports["."].import)).href);
+// "unstable": true in SCRIPT loads the SDK's unstable binding (it delivers subagent_update).
+const entry = pkg.exports[script.unstable ? "./unstable" : "."].import;
+const acp = await import(pathToFileURL(path.join(pkgDir, entry)).href);
 
 const child = spawn(agent[0], agent.slice(1), { stdio: ["pipe", "pipe", "inherit"], env: process.env });
 const childExit = new Promise((resolve) => child.on("exit", (code, signal) => resolve({ code, signal })));

@@ -2,7 +2,9 @@
 
 The schema is the one shipped in the npm package `@agentclientprotocol/sdk` (2.4.0, schema
 1.25; installed by `tests.support.npm`): `schema/v1/schema.json`, and for methods that are
-only in the unstable surface (`session/fork`) `schema.unstable.json`. `WireLog` is a stream
+only in the unstable surface (`session/fork`) `schema.unstable.json`; likewise a
+`session/update` whose update kind only the unstable schema has (`subagent_update`) is
+checked against the unstable definitions, every other one against the stable. `WireLog` is a stream
 observer for the Python client's connection (`tests.conftest.spawn_crow` adds one to every
 crow it spawns); `violations()` names each message that does not validate.
 
@@ -39,10 +41,10 @@ def schemas() -> tuple[dict[str, Any], dict[str, Any]] | str:
 
 
 @functools.cache
-def _validator(definition: str) -> Draft202012Validator | None:
+def _validator(definition: str, unstable: bool = False) -> Draft202012Validator | None:
     docs = schemas()
     assert not isinstance(docs, str)
-    for doc in docs:
+    for doc in docs[1:] if unstable else docs:
         if definition in doc["$defs"]:
             return Draft202012Validator({"$ref": f"#/$defs/{definition}", "$defs": doc["$defs"]})
     return None
@@ -69,9 +71,27 @@ def _by_method() -> dict[tuple[str, str], tuple[str, str]]:
 SENDABLE = ("client", "protocol")
 
 
-def check(definition: str, value: Any) -> list[str]:
-    """Why `value` is not a valid `definition` (empty when it is)."""
-    validator = _validator(definition)
+@functools.cache
+def _stable_update_kinds() -> frozenset[str]:
+    docs = schemas()
+    assert not isinstance(docs, str)
+    variants = docs[0]["$defs"]["SessionUpdate"]["oneOf"]
+    return frozenset(v["properties"]["sessionUpdate"]["const"] for v in variants)
+
+
+def _unstable_only(method: str, params: Any) -> bool:
+    """A `session/update` of a kind only the unstable schema defines."""
+    if method != "session/update" or not isinstance(params, dict):
+        return False
+    update = params.get("update")
+    kind = update.get("sessionUpdate") if isinstance(update, dict) else None
+    return isinstance(kind, str) and kind not in _stable_update_kinds()
+
+
+def check(definition: str, value: Any, *, unstable: bool = False) -> list[str]:
+    """Why `value` is not a valid `definition` (empty when it is); `unstable`: by the
+    unstable schema's definitions."""
+    validator = _validator(definition, unstable)
     if validator is None:
         return [f"no definition {definition!r} in the schema"]
     return [f"{definition}: {e.message} at {list(e.absolute_path)}" for e in validator.iter_errors(value)]
@@ -117,7 +137,8 @@ def violations(messages: Iterable[tuple[str, dict[str, Any]]]) -> list[str]:
                 if definition is None or side not in SENDABLE:
                     problems.append(f"crow sent {method!r} as a {kind}: not an agent's to send")
                 else:
-                    problems += check(definition, msg.get("params"))
+                    params = msg.get("params")
+                    problems += check(definition, params, unstable=_unstable_only(method, params))
         elif has_id or "result" in msg or "error" in msg:
             if ("result" in msg) == ("error" in msg):
                 problems.append("an answer carries exactly one of result and error")
