@@ -14,28 +14,15 @@ from builtin_hooks import memory as memory_mod
 from builtin_hooks import skills as skills_mod
 from crow import Agent, Message
 from crow.config import Config
-from tests.llm_server import RecordedRequest, Reply, ScriptedLLM, ToolCallSpec
+from tests.llm_server import Reply, ScriptedLLM
+from tests.test_e2e_subagents import is_child, model_env, task
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def model_env(llm: ScriptedLLM, monkeypatch: pytest.MonkeyPatch) -> ScriptedLLM:
-    monkeypatch.setenv("OPENAI_BASE_URL", llm.base_url)
-    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
-    return llm
-
-
-def is_child(request: RecordedRequest) -> bool:
-    return "CHILD" in request.last_user_text
+__all__ = ["model_env"]  # the fixture, shared
 
 
 def tasks(n: int) -> Reply:
-    calls = [
-        ToolCallSpec("task", {"description": f"Part {i}", "prompt": f"CHILD {i}"}, id=f"t{i}")
-        for i in range(n)
-    ]
-    return Reply(tool_calls=calls)
+    return Reply(tool_calls=[task(f"t{i}", f"CHILD {i}", f"Part {i}") for i in range(n)])
 
 
 async def sink(event: Any) -> None:
