@@ -35,6 +35,7 @@ GUIDELINES = """Guidelines for agent memory:
 - Use it to record important context, decisions, conventions and patterns worth keeping
 - Keep entries concise and organized; do not store secrets or one-off details"""
 _BLOCK = "memory.block"  # ctx.turn_state: this prompt's <agent_memory> block
+_LAST = "memory.last"  # session.state: the block of the session's latest prompt
 
 
 def repo_root(cwd: Path) -> Path | None:
@@ -98,7 +99,14 @@ class MemoryHook(Hook):
         return f"<agent_memory>\n{body}\n</agent_memory>\n\n{GUIDELINES.format(files=files)}"
 
     async def before_agent(self, ctx: HookContext) -> None:
-        ctx.turn_state[_BLOCK] = await anyio.to_thread.run_sync(self.load, Path(ctx.cwd))
+        session = ctx.session
+        parent = session.parent
+        if parent is not None and parent.cwd == session.cwd and _LAST in parent.state:
+            # A subagent runs inside its parent's prompt: that prompt's memory, not read again.
+            block = parent.state[_LAST]
+        else:
+            block = await anyio.to_thread.run_sync(self.load, Path(ctx.cwd))
+        ctx.turn_state[_BLOCK] = session.state[_LAST] = block
 
     async def modify_request(self, ctx: HookContext, request: ModelRequest) -> ModelRequest | None:
         block = ctx.turn_state.get(_BLOCK)

@@ -185,7 +185,12 @@ class SkillsHook(Hook):
         state = ctx.session.state
         if _STATE_KEY in state:
             return
-        skills = await anyio.to_thread.run_sync(self._skills, ctx.session)
+        parent = ctx.session.parent
+        if parent is not None and parent.cwd == ctx.session.cwd and "skills" in parent.state:
+            state["skills"] = parent.state["skills"]  # a subagent: its parent's, found once
+            skills = list(state["skills"])
+        else:
+            skills = await anyio.to_thread.run_sync(self._skills, ctx.session)
         state[_STATE_KEY] = render_catalog(skills)
         if skills:
             log.info("session %s: %d skills: %s", ctx.session.id, len(skills), [s.name for s in skills])

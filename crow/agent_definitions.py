@@ -27,6 +27,7 @@ is one the user configured, and keeps its `mode` only when stricter than the par
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from functools import partial
@@ -113,8 +114,12 @@ def find_agents(cwd: Path, home: Path) -> tuple[dict[str, AgentDefinition], list
     the problems met (one line each, naming the file)."""
     found: dict[str, AgentDefinition] = {}
     problems: list[str] = []
-    project = cwd.resolve()
+    project: Path | None = None  # resolved (lstats) only when a project folder exists
     for folder, scope in folders(cwd, home):
+        if scope == "project":
+            if not os.path.isdir(folder):
+                continue
+            project = project or cwd.resolve()
         paths = walk(folder, problems, project if scope == "project" else None, "agent files")
         if len(paths) > MAX_AGENTS:
             problems.append(f"{folder}: over {MAX_AGENTS} agent files; the rest are skipped")

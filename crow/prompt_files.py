@@ -85,8 +85,12 @@ def scan(cwd: Path, home: Path) -> tuple[list[PromptCommand], list[str]]:
     met (one line each, naming the file)."""
     found: list[PromptCommand] = []
     problems: list[str] = []
-    project = cwd.resolve()
+    project: Path | None = None  # resolved (lstats) only when a project folder exists
     for folder, scope in folders(cwd, home):
+        if scope == "project":
+            if not os.path.isdir(folder):
+                continue
+            project = project or cwd.resolve()
         for path, name in walk(folder, problems, project if scope == "project" else None):
             outcome = _cache.get((path, name, scope), partial(_parse, path, name, scope))
             if isinstance(outcome, str):
@@ -103,10 +107,12 @@ def walk(
     """(real path, name) of each `.md` file under `folder` (which must lie in `within`,
     when given: a project's folder symlinked elsewhere is refused), by name; a file's name
     is its path below `folder` without `.md`, folders joined by `:`."""
+    if not os.path.isdir(folder):  # one stat: most folders looked for do not exist
+        return []
     try:
         top = folder.resolve(strict=True)
     except (OSError, RuntimeError):
-        return []  # no such folder: nothing to offer
+        return []  # gone meanwhile: nothing to offer
     if not top.is_dir():
         return []
     if within is not None and not top.is_relative_to(within):

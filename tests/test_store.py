@@ -369,6 +369,7 @@ async def test_append_cost_is_flat(tmp_path: Path) -> None:
 
         # The connection lives on the store's worker thread: install the counter there.
         await s._worker.run(lambda conn: conn.set_progress_handler(count, 1))
+        await s.append("small", [human("warm")])  # an inline write after a job sets busy_timeout
 
         async def cost(sid: str, message: Message) -> int:
             nonlocal steps

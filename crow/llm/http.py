@@ -36,6 +36,7 @@ from crow.errors import (
 from crow.llm.base import ModelEvent, ModelRequest, ModelResponse, Retrying
 from crow.llm.registry import PUBLIC_HOSTS
 from crow.llm.sse import SSEDecoder
+from crow.llm.transport import model_transport
 from crow.messages import valid_value
 
 logger = logging.getLogger("crow.llm")
@@ -280,8 +281,11 @@ class HTTPProvider:
         self._api_key = key or None
         self.retry = RetryPolicy(max(1, max_retries), backoff_base, backoff_cap)
         timeout = httpx.Timeout(read_timeout, connect=connect_timeout)
-        self._client = client or httpx.AsyncClient(timeout=timeout, verify=tls_context(self.base_url))
         self._owns_client = client is None
+        if client is None:
+            verify = tls_context(self.base_url)
+            client = httpx.AsyncClient(timeout=timeout, verify=verify, transport=model_transport(verify))
+        self._client = client
         self._timeout = timeout
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:

@@ -42,12 +42,20 @@ _Job = tuple[
 
 
 class _Slot:
-    """The connection, touched only on the worker thread."""
+    """The connection, touched by one thread at a time (the worker's, or the loop's for an
+    inline write while the worker is idle), and its `busy_timeout` now (ms)."""
 
-    __slots__ = ("conn",)
+    __slots__ = ("busy_ms", "conn")
 
     def __init__(self) -> None:
         self.conn: sqlite3.Connection | None = None
+        self.busy_ms = BUSY_TIMEOUT_MS  # `connect` sets it
+
+    def busy_timeout(self, ms: int) -> None:
+        """Set only when it changes: a turn's inline writes come in runs."""
+        if self.conn is not None and self.busy_ms != ms:
+            self.conn.execute(f"PRAGMA busy_timeout = {ms}")
+            self.busy_ms = ms
 
 
 class Worker:
@@ -77,7 +85,7 @@ class Worker:
         queued as by `run` (see the module docstring)."""
         conn = self._slot.conn
         if self._pending == 0 and conn is not None:
-            conn.execute("PRAGMA busy_timeout = 0")
+            self._slot.busy_timeout(0)  # the worker's jobs set it back (`_with_connection`)
             try:
                 result = call(fn, conn, *args)
             except StoreError as exc:
@@ -88,8 +96,6 @@ class Worker:
                 if self._inline_writes % CHECKPOINT_EVERY == 0:
                     self._submit(_checkpoint).add_done_callback(_ignore)
                 return result
-            finally:
-                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         return await self.run(fn, *args)
 
     async def close(self) -> None:
@@ -150,6 +156,10 @@ def _settle(
 def _with_connection(slot: _Slot, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
     if slot.conn is None:
         raise StoreError("store not open")
+    try:
+        slot.busy_timeout(BUSY_TIMEOUT_MS)
+    except sqlite3.Error as exc:
+        raise StoreError(f"{getattr(fn, '__name__', 'job')} failed: {exc}") from exc
     return call(fn, slot.conn, *args)
 
 

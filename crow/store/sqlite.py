@@ -103,7 +103,7 @@ class SQLiteStore:
             record = SessionRecord(**fields)
         elif fields:
             raise TypeError("pass a SessionRecord or keyword fields, not both")
-        created = await self._run(q.create, record)
+        created = await self._run_small(q.create, record)  # a subagent's start waits on it
         self._generations[created.id] = 0
         return created
 

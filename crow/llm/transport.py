@@ -1,0 +1,103 @@
+"""The HTTP transport of crow's model providers: httpx's, with each connection sending a
+request's head and body in one write.
+
+httpcore writes the head, then the body, each a socket send: on a local model server
+(loopback) every send runs the receiver's TCP stack in the sender's system call and wakes
+it, twice per request, on the one event loop that all of a reply's subagents share. Here
+the writes of a request are held until its response is read (httpcore writes a whole
+request before reading), and go out as one. A body over HOLD_LIMIT is not copied into
+one buffer: what is held goes first, then the body as it came.
+"""
+
+from __future__ import annotations
+
+import ssl
+import typing
+
+import httpcore
+import httpx
+
+HOLD_LIMIT = 64 * 1024  # bytes a request may hold before it is sent as it comes
+
+
+class _HeldWrites(httpcore.AsyncNetworkStream):
+    def __init__(self, stream: httpcore.AsyncNetworkStream) -> None:
+        self._stream = stream
+        self._held: list[bytes] = []
+        self._size = 0
+        self._timeout: float | None = None
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        if not buffer:
+            return
+        if self._size + len(buffer) > HOLD_LIMIT:
+            await self._flush()
+            await self._stream.write(buffer, timeout)
+            return
+        self._held.append(buffer)
+        self._size += len(buffer)
+        self._timeout = timeout
+
+    async def _flush(self) -> None:
+        if self._held:
+            data, self._held, self._size = b"".join(self._held), [], 0
+            await self._stream.write(data, self._timeout)
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        if self._held:
+            try:
+                await self._flush()
+            except httpcore.WriteError:
+                pass  # as httpcore does for a request's writes: the server may have answered
+        return await self._stream.read(max_bytes, timeout)
+
+    async def aclose(self) -> None:
+        self._held, self._size = [], 0
+        await self._stream.aclose()
+
+    async def start_tls(
+        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.AsyncNetworkStream:
+        await self._flush()  # a proxy's CONNECT, answered before the handshake
+        return _HeldWrites(await self._stream.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str) -> typing.Any:
+        return self._stream.get_extra_info(info)
+
+
+class _Backend(httpcore.AsyncNetworkBackend):
+    def __init__(self, backend: httpcore.AsyncNetworkBackend) -> None:
+        self._backend = backend
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: typing.Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        stream = await self._backend.connect_tcp(host, port, timeout, local_address, socket_options)
+        return _HeldWrites(stream)
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,
+        socket_options: typing.Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        return _HeldWrites(await self._backend.connect_unix_socket(path, timeout, socket_options))
+
+    async def sleep(self, seconds: float) -> None:
+        await self._backend.sleep(seconds)
+
+
+def model_transport(verify: ssl.SSLContext | bool) -> httpx.AsyncHTTPTransport:
+    """httpx's own transport (TLS, pool, limits, error mapping as always), its connections
+    made by `_Backend`. Where an httpx version keeps its pool elsewhere, it is used as is."""
+    transport = httpx.AsyncHTTPTransport(verify=verify)
+    pool = getattr(transport, "_pool", None)
+    backend = getattr(pool, "_network_backend", None)
+    if isinstance(pool, httpcore.AsyncConnectionPool) and backend is not None:
+        pool._network_backend = _Backend(backend)
+    return transport

@@ -1,0 +1,89 @@
+"""crow/llm/transport.py: a model request's head and body leave in one socket write (one
+wake-up of a local model server, one system call on crow's event loop), a large body as it
+came; against the scripted model server over real sockets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpcore
+import httpx
+import pytest
+
+from crow.llm import transport as transport_mod
+from crow.llm.transport import model_transport
+from tests.llm_server import Reply, ScriptedLLM
+
+pytestmark = pytest.mark.anyio
+
+
+class CountingStream(httpcore.AsyncNetworkStream):
+    def __init__(self, stream: httpcore.AsyncNetworkStream, writes: list[int]) -> None:
+        self._stream, self._writes = stream, writes
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._writes.append(len(buffer))
+        await self._stream.write(buffer, timeout)
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return await self._stream.read(max_bytes, timeout)
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
+class CountingBackend(httpcore.AsyncNetworkBackend):
+    """The real network backend, each write of its connections recorded (its size)."""
+
+    def __init__(self) -> None:
+        self.writes: list[int] = []
+        self._backend = httpcore.AnyIOBackend()
+
+    async def connect_tcp(
+        self, host: str, port: int, *args: Any, **kwargs: Any
+    ) -> httpcore.AsyncNetworkStream:
+        return CountingStream(await self._backend.connect_tcp(host, port, *args, **kwargs), self.writes)
+
+    async def sleep(self, seconds: float) -> None:
+        await self._backend.sleep(seconds)
+
+
+def client() -> tuple[httpx.AsyncClient, CountingBackend]:
+    transport = model_transport(False)
+    counting = CountingBackend()
+    held = transport._pool._network_backend
+    assert isinstance(held, transport_mod._Backend), "the transport's connections are not held-write ones"
+    held._backend = counting
+    return httpx.AsyncClient(transport=transport), counting
+
+
+async def post(http: httpx.AsyncClient, llm: ScriptedLLM, text: str) -> list[str]:
+    body = {"model": "scripted", "stream": True, "messages": [{"role": "user", "content": text}]}
+    async with http.stream("POST", f"{llm.base_url}/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        return [line async for line in response.aiter_lines()]
+
+
+async def test_each_request_goes_out_in_one_write_on_a_kept_connection(llm: ScriptedLLM) -> None:
+    llm.push(Reply(text="first"), Reply(text="second"))
+    http, counting = client()
+    async with http:
+        for text in ("one", "two"):
+            lines = await post(http, llm, text)
+            assert any("data: [DONE]" in line for line in lines)
+    assert [r.last_user_text for r in llm.requests] == ["one", "two"]
+    assert len(counting.writes) == 2, f"writes per request: {counting.writes}"
+
+
+async def test_a_body_over_the_hold_limit_is_sent_whole_without_a_joined_copy(llm: ScriptedLLM) -> None:
+    llm.push(Reply(text="read it"))
+    big = "x" * (transport_mod.HOLD_LIMIT * 3)
+    http, counting = client()
+    async with http:
+        await post(http, llm, big)
+    assert llm.requests[0].last_user_text == big
+    head, body = counting.writes  # the head held, then the body as httpx gave it
+    assert head < 1024 < transport_mod.HOLD_LIMIT * 3 < body
