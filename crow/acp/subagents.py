@@ -229,8 +229,11 @@ class SubagentView:
     ) -> list[Any]:
         shown_call = event.call.replace(id=child.rename(event.call.id))
         update = acp_convert.event_update(replace(event, call=shown_call), cwd)
+        # A child's own task call ends linked to the grandchild it ran (`view.end_update`):
+        # that link wins, or the editor's last word on the call would name the wrong child.
+        own = (update.field_meta or {}).get("crow", {})
         update.field_meta = {
-            "crow": {"parentToolCallId": child.task_call, "subagentSessionId": child.session_id}
+            "crow": {"parentToolCallId": child.task_call, "subagentSessionId": child.session_id, **own}
         }
         return [update]
 
