@@ -37,7 +37,7 @@ def sent(client: RecordingClient, method: str) -> list[dict[str, Any]]:
     return [m for d, m in client.wire.messages if d == "in" and m.get("method") == method]  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("how", ["delete", "cancel_request"])
+@pytest.mark.parametrize("how", ["delete", "cancel_request", "cancel"])
 @pytest.mark.parametrize("subagents", [False, True], ids=["flat", "sessions"])
 async def test_a_childs_open_permission_request_is_taken_back_when_its_turn_stops(
     llm: ScriptedLLM, home: Path, workspace: Path, subagents: bool, how: str
@@ -55,10 +55,21 @@ async def test_a_childs_open_permission_request_is_taken_back_when_its_turn_stop
         await asyncio.wait_for(client.asked.wait(), 30)
         if how == "delete":
             assert await raw_request(conn, "session/delete", {"sessionId": sid}) == {}
-        else:
+        elif how == "cancel_request":
             await conn._conn.send_notification("$/cancel_request", {"requestId": rid})
+        else:  # the editor should answer it `cancelled` itself; crow takes it back all the same
+            await conn.cancel(session_id=sid)
         assert (await asyncio.wait_for(turn, 30)).stop_reason == "cancelled"
         # the answer to the prompt is written after the notice: both are here now
         [asked] = sent(client, "session/request_permission")
         assert [m["params"] for m in sent(client, "$/cancel_request")] == [{"requestId": asked["id"]}]
+        # taken back before the child is reported idle
+        order = [
+            m["method"] if m["method"] != "session/update" else m["params"]["update"]["sessionUpdate"]
+            for d, m in client.wire.messages  # type: ignore[union-attr]
+            if d == "in" and m.get("method") in ("$/cancel_request", "session/update")
+        ]
+        if subagents:
+            idle = len(order) - 1 - order[::-1].index("subagent_update")
+            assert order.index("$/cancel_request") < idle
     assert (workspace / "a.txt").read_text() == "hello\n"
