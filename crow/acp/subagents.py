@@ -39,6 +39,7 @@ from acp import text_block, tool_content, update_tool_call
 
 from crow.acp import convert as acp_convert
 from crow.acp import reports as acp_reports
+from crow.acp import view as acp_view
 from crow.acp.protocol import ClientFeatures, SubagentUpdate
 from crow.acp.protocol import ToolCallStart as ToolCallShown
 from crow.events import (
@@ -147,7 +148,10 @@ class SubagentView:
             )
             self._running[(session_id, event.parent_call_id)] = event.session_id
             link = _linked(event.parent_call_id, subagentSessionId=event.session_id)
-            return [(session_id, announce), (session_id, link)]
+            shown = [(session_id, announce), (session_id, link)]
+            if event.prompt is not None:  # what the child was asked, as a replay of it shows first
+                shown.append((event.session_id, acp_view.user_chunk(event.prompt, event.prompt.id)))
+            return shown
         if isinstance(event, SubagentFinished):
             self._running.pop((session_id, event.parent_call_id), None)
             ended = SubagentUpdate(
