@@ -7,7 +7,7 @@ session (`_meta.crow.subagentSessionId`). The rest depends on the client:
 - It advertised the unstable `subagents` capability: `SubagentStarted` becomes a
   `subagent_update` on the parent's session (the child's id, the description as title, the
   agent's name as description, state running, where it works), sent before anything bearing
-  the child's id, which then shows the child's prompt as its first user message); the
+  the child's id (whose session then shows the prompt as its first user message); the
   child's events become the usual updates on the CHILD's session, its
   tool calls under their own ids with `_meta.crow.parentToolCallId` (mode and command
   changes excepted: a child session has neither to pick); `SubagentFinished` becomes a
