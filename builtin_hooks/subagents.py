@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -238,7 +239,10 @@ class SubagentsHook(Hook):
         policy = ChildPolicy(definition.name, self._allowed(child, definition))
         child.state[_CHILD] = policy
         dirs = tuple(child.additional_directories)
-        await ctx.send(SubagentStarted(call.id, child.id, definition.name, description, str(child.cwd), dirs))
+        # its id given now, kept when stored: an editor shows it live under the id a replay uses
+        prompt = Message("user", str(call.args["prompt"]), id=str(uuid.uuid4()))
+        where = str(child.cwd)
+        await ctx.send(SubagentStarted(call.id, child.id, definition.name, description, where, dirs, prompt))
 
         async def forward(event: Any) -> None:
             await ctx.send(SubagentEvent(call.id, child.id, event))
@@ -250,7 +254,6 @@ class SubagentsHook(Hook):
                 call.id, child.id, stop_reason, turns, tokens_in, tokens_out, child.cost, error
             )
 
-        prompt = Message("user", str(call.args["prompt"]))
         try:
             result = await self.agent.run_turn(child, prompt, forward)
         except anyio.get_cancelled_exc_class():

@@ -174,7 +174,8 @@ class SubagentStarted:
     """A child session (a subagent: crow's `task` tool) starts inside the parent's turn, run
     by the parent's tool call `parent_call_id`. Sent before any of its `SubagentEvent`s.
     `name` is its agent definition's; `description` the task's short title; `cwd` and
-    `additional_directories` where it works."""
+    `additional_directories` where it works; `prompt` what it is asked (its first user
+    message, under the id it is stored with)."""
 
     parent_call_id: str
     session_id: str
@@ -182,6 +183,7 @@ class SubagentStarted:
     description: str
     cwd: str
     additional_directories: tuple[str, ...] = ()
+    prompt: Message | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -184,3 +184,32 @@ def test_a_task_call_ending_before_its_child_did_reports_the_child_idle_first() 
     }  # fmt: skip
     finished = run(view, ToolCallEnd(task, ToolResult("t1", "task", output="again")))
     assert [u["sessionUpdate"] for _, u in finished] == ["tool_call_update"], "told once"
+
+
+def test_another_sessions_call_with_the_same_id_leaves_a_running_child_shown_as_it_was() -> None:
+    """Two sessions on one connection, their models reusing call ids: session B's call
+    `t1` ending must not drop what is kept of session A's child run by A's `t1` (its name,
+    its text so far)."""
+    import json
+
+    from crow.events import ToolCallEnd
+    from crow.messages import ToolResult
+
+    view = SubagentView(ClientFeatures(), Clock())
+    shown: list[tuple[str, dict[str, Any]]] = []
+
+    def emit(session: str, event: Any) -> None:
+        for sid, update in view.updates(session, CWD, event):
+            shown.append((sid, json.loads(notification_params(sid, update))["update"]))
+
+    emit("A", STARTED)
+    emit("A", child(TextDelta("first part; ")))
+    emit("B", ToolCallEnd(ToolCall("t1", "read_file", {}), ToolResult("t1", "read_file", output="x")))
+    emit("A", child(Notice("the disk is slow")))
+    emit("A", child(TextDelta("second part", message_id="")))
+    emit("A", SubagentFinished("t1", "kid", "end_turn", 1, 0, 0, None))
+    notices = [u for s, u in shown if s == "A" and u["sessionUpdate"] == "agent_message_chunk"]
+    assert notices and notices[-1]["content"]["text"] == "reviewer: the disk is slow\n"
+    calls = [u for s, u in shown if s == "A" and u["sessionUpdate"] == "tool_call_update"]
+    texts = [u["content"][0]["content"]["text"] for u in calls if u.get("content")]
+    assert texts[-1] == "first part; second part"

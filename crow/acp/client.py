@@ -135,14 +135,20 @@ class AcpSessionClient:
     ) -> str | None:
         """One `session/request_permission` at a time per session (a batch's other calls
         wait for this answer); the chosen option id, or None. An id that was not offered
-        counts as no answer."""
+        counts as no answer. A wait that ends early (the turn cancelled by a delete or by
+        `$/cancel_request`, which the editor did not see as a `session/cancel`; `timeout`)
+        tells the client with `$/cancel_request` (`acp_wire.request`): its dialog goes."""
+        from acp.schema import RequestPermissionRequest, RequestPermissionResponse
+        from pydantic import ValidationError
+
+        request = RequestPermissionRequest(session_id=self.session_id, tool_call=update, options=offered)
+        params = request.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_defaults=True)
         async with self._lock():
             with anyio.move_on_after(timeout):
                 try:
-                    response = await self.conn.request_permission(
-                        session_id=self.session_id, tool_call=update, options=offered
-                    )
-                except RequestError as exc:
+                    answer = await acp_wire.request(self.conn, "session/request_permission", params)
+                    response = RequestPermissionResponse.model_validate(answer)
+                except (RequestError, ValidationError) as exc:
                     log.warning("%s failed: %s", what, exc)
                     return None
                 outcome = response.outcome

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from acp import schema
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 
 # The SDK's models read their field docstrings from the source (inspect + ast) at class
 # creation: ~2 ms a class, on the path to the `initialize` answer. These need none.
@@ -28,16 +28,36 @@ _FAST = ConfigDict(use_attribute_docstrings=False)
 # ------------------------------------------------------------------ client capabilities
 
 
+def _or_none(value: Any, handler: Any) -> Any:
+    """The schema's `x-deserialize-default-on-error`, as the SDK reads its own fields: a
+    malformed capability is not advertised. Failing instead would fail `initialize` (a
+    top-level one) or drop every session capability with it (one under `session`)."""
+    try:
+        return handler(value)
+    except ValidationError:
+        return None
+
+
 class ClientSessionCapabilities(schema.ClientSessionCapabilities):
     model_config = _FAST
     compaction: dict[str, Any] | None = None
     notices: dict[str, Any] | None = None
+
+    @field_validator("compaction", "notices", mode="wrap")
+    @classmethod
+    def _not_advertised_if_malformed(cls, value: Any, handler: Any) -> Any:
+        return _or_none(value, handler)
 
 
 class ClientCapabilities(schema.ClientCapabilities):
     model_config = _FAST
     session: ClientSessionCapabilities | None = None  # type: ignore[assignment]
     subagents: dict[str, Any] | None = None  # unstable: {} = child sessions are understood
+
+    @field_validator("subagents", mode="wrap")
+    @classmethod
+    def _not_advertised_if_malformed(cls, value: Any, handler: Any) -> Any:
+        return _or_none(value, handler)
 
 
 class InitializeRequest(schema.InitializeRequest):

@@ -7,7 +7,8 @@ session (`_meta.crow.subagentSessionId`). The rest depends on the client:
 - It advertised the unstable `subagents` capability: `SubagentStarted` becomes a
   `subagent_update` on the parent's session (the child's id, the description as title, the
   agent's name as description, state running, where it works), sent before anything bearing
-  the child's id; the child's events become the usual updates on the CHILD's session, its
+  the child's id (whose session then shows the prompt as its first user message); the
+  child's events become the usual updates on the CHILD's session, its
   tool calls under their own ids with `_meta.crow.parentToolCallId` (mode and command
   changes excepted: a child session has neither to pick); `SubagentFinished` becomes a
   `subagent_update` with state idle, the stop reason and the tokens used. A task call that
@@ -39,6 +40,7 @@ from acp import text_block, tool_content, update_tool_call
 
 from crow.acp import convert as acp_convert
 from crow.acp import reports as acp_reports
+from crow.acp import view as acp_view
 from crow.acp.protocol import ClientFeatures, SubagentUpdate
 from crow.acp.protocol import ToolCallStart as ToolCallShown
 from crow.events import (
@@ -87,6 +89,7 @@ class _Flattened:
 
     name: str
     session_id: str
+    top: str  # the session it is shown on (its call ids are that session's)
     task_call: str  # the task call's id as shown
     text: str = ""
     message_id: str = ""
@@ -130,7 +133,7 @@ class SubagentView:
         """What the editor is sent for `event`, emitted by session `session_id`'s turn."""
         if self.features.subagents:
             return self._as_sessions(session_id, cwd, event)
-        return [(session_id, u) for u in self._flatten(cwd, event, lambda call_id: call_id)]
+        return [(session_id, u) for u in self._flatten(session_id, cwd, event, lambda call_id: call_id)]
 
     # ------------------------------------------------------------ with the capability
     def _as_sessions(self, session_id: str, cwd: Path, event: Event) -> list[Shown]:
@@ -146,7 +149,10 @@ class SubagentView:
             )
             self._running[(session_id, event.parent_call_id)] = event.session_id
             link = _linked(event.parent_call_id, subagentSessionId=event.session_id)
-            return [(session_id, announce), (session_id, link)]
+            shown = [(session_id, announce), (session_id, link)]
+            if event.prompt is not None:  # what the child was asked, as a replay of it shows first
+                shown.append((event.session_id, acp_view.user_chunk(event.prompt, event.prompt.id)))
+            return shown
         if isinstance(event, SubagentFinished):
             self._running.pop((session_id, event.parent_call_id), None)
             ended = SubagentUpdate(
@@ -180,34 +186,35 @@ class SubagentView:
         return [(session_id, SubagentUpdate(session_update="subagent_update", session_id=child, state=state))]
 
     # ------------------------------------------------------------ without it
-    def _flatten(self, cwd: Path, event: Event, rename: Callable[[str], str]) -> list[Any]:
-        """`event` shown among the top session's calls; `rename` makes its emitter's call
-        ids unique there (the identity for the top session itself)."""
+    def _flatten(self, top: str, cwd: Path, event: Event, rename: Callable[[str], str]) -> list[Any]:
+        """`event` shown among the calls of `top` (the session whose turn emitted it);
+        `rename` makes its emitter's call ids unique there (the identity for `top` itself)."""
         if isinstance(event, SubagentStarted):
             task_call = rename(event.parent_call_id)
-            self._flattened[event.session_id] = _Flattened(event.name, event.session_id, task_call)
+            self._flattened[event.session_id] = _Flattened(event.name, event.session_id, top, task_call)
             return [_linked(task_call, subagentSessionId=event.session_id)]
         if isinstance(event, SubagentFinished):
             child = self._flattened.pop(event.session_id, None)
             return child.flush(self._clock()) if child is not None else []
         if not isinstance(event, SubagentEvent):
             if isinstance(event, ToolCallEnd):
-                self._forget(event.call.id)
+                self._forget(top, event.call.id)
             return acp_convert.event_updates(event, cwd, self.features)
         child = self._flattened.get(event.session_id)
         if child is None:  # its start was not seen (a plugin's child): shown all the same
             task_call = rename(event.parent_call_id)
-            child = self._flattened[event.session_id] = _Flattened("subagent", event.session_id, task_call)
+            child = _Flattened("subagent", event.session_id, top, task_call)
+            self._flattened[event.session_id] = child
         inner = event.event
         if isinstance(inner, EVENTS):
-            return self._flatten(cwd, inner, child.rename)
+            return self._flatten(top, cwd, inner, child.rename)
         if isinstance(inner, TextDelta):
             child.add(inner)
             now = self._clock()
             return child.flush(now) if now - child.sent_at >= FLUSH_EVERY else []
         if isinstance(inner, _CALLS):
             if isinstance(inner, ToolCallEnd):
-                self._forget(child.rename(inner.call.id))
+                self._forget(top, child.rename(inner.call.id))
             return child.flush(self._clock()) + self._child_call(child, cwd, inner)
         if isinstance(inner, Notice):
             told = replace(
@@ -218,9 +225,11 @@ class SubagentView:
             return acp_reports.updates(told, self.features)
         return []  # thoughts, plan, usage, title, mode, commands, compaction: see the docstring
 
-    def _forget(self, task_call: str) -> None:
-        """Drop what is kept of the children of a task call that ended (normally gone already)."""
-        for session_id in [k for k, c in self._flattened.items() if c.task_call == task_call]:
+    def _forget(self, top: str, task_call: str) -> None:
+        """Drop what is kept of the children of a task call of `top` that ended (normally
+        gone already); another session's call of the same id (models reuse ids) is not it."""
+        gone = [k for k, c in self._flattened.items() if (c.top, c.task_call) == (top, task_call)]
+        for session_id in gone:
             del self._flattened[session_id]
 
     @staticmethod
@@ -229,8 +238,11 @@ class SubagentView:
     ) -> list[Any]:
         shown_call = event.call.replace(id=child.rename(event.call.id))
         update = acp_convert.event_update(replace(event, call=shown_call), cwd)
+        # A child's own task call ends linked to the grandchild it ran (`view.end_update`):
+        # that link wins, or the editor's last word on the call would name the wrong child.
+        own = (update.field_meta or {}).get("crow", {})
         update.field_meta = {
-            "crow": {"parentToolCallId": child.task_call, "subagentSessionId": child.session_id}
+            "crow": {"parentToolCallId": child.task_call, "subagentSessionId": child.session_id, **own}
         }
         return [update]
 
