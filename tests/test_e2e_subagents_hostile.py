@@ -59,12 +59,9 @@ async def test_a_parent_made_stricter_while_its_child_runs_holds_the_child_too(
         assert refused.is_error and "not" in refused.content
 
 
-async def test_a_running_childs_session_loaded_again_is_busy_not_a_second_writer(
-    model_env: ScriptedLLM, tmp_path: Path
-) -> None:
-    """An editor loads a running subagent's session by its id (from the tool call's meta)
-    and prompts it: the child's turn holds it, as another process's would."""
-    llm = model_env
+def held_child(llm: ScriptedLLM) -> tuple[threading.Event, threading.Event]:
+    """The parent calls one task; its child's model call waits for `release` (`asked` is set
+    once it waits)."""
     asked, release = threading.Event(), threading.Event()
 
     def child(request: RecordedRequest) -> Reply:
@@ -74,6 +71,15 @@ async def test_a_running_childs_session_loaded_again_is_busy_not_a_second_writer
 
     llm.rule(is_child, child, times=1)
     llm.push(Reply(tool_calls=[task("t1", "CHILD slow")]), Reply(text="parent done"))
+    return asked, release
+
+
+async def test_a_running_childs_session_loaded_again_is_busy_not_a_second_writer(
+    model_env: ScriptedLLM, tmp_path: Path
+) -> None:
+    """An editor loads a running subagent's session by its id (from the tool call's meta)
+    and prompts it: the child's turn holds it, as another process's would."""
+    asked, release = held_child(model_env)
     events = Events()
     async with Agent(config(tmp_path / "home")) as agent:
         session = agent.create_session(tmp_path)
@@ -98,16 +104,7 @@ async def test_a_running_childs_session_is_not_deleted_under_it(
     """Deleting a subagent's session (by its id, from an editor) while it runs is refused,
     as it is while another process runs a turn there: else the child's turn fails on a
     session gone under it and the parent reads a failure the user caused."""
-    llm = model_env
-    asked, release = threading.Event(), threading.Event()
-
-    def child(request: RecordedRequest) -> Reply:
-        asked.set()
-        release.wait(20)
-        return Reply(text="child done")
-
-    llm.rule(is_child, child, times=1)
-    llm.push(Reply(tool_calls=[task("t1", "CHILD slow")]), Reply(text="parent done"))
+    asked, release = held_child(model_env)
     events = Events()
     async with Agent(config(tmp_path / "home")) as agent:
         session = agent.create_session(tmp_path)
