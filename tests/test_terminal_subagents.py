@@ -219,8 +219,11 @@ def test_crow_chat_asks_a_childs_permission_and_shows_its_call_under_the_task(
     assert "Answer for general-purpose: Run echo from-the-child (call t1/c1)" in screen
     chat.send("y")
     screen = chat.wait_for("Parent: it is 42.")
+    # (a child's warnings print in its group too: under load the scripted server's keep-alive
+    # connection was once lost and the model call retried, "⚠ Retrying the model call")
     assert re.search(
         r"✓ general-purpose: Find the number · \d+\.\d s\n"
+        r"(?:  ⚠ [^\n]*\n)*"
         r"  ✓ Run echo from-the-child · \d+\.\d s\n"
         r"  ↳ ✓ done · 2 model calls · .*\d+\.\d s\n",
         screen,
