@@ -584,7 +584,7 @@ async def test_misbehaving_model(llm: ScriptedLLM, home: Path, workspace: Path) 
             await scenario(f"tool-json {raw!r}", [
                 Reply(tool_calls=[ToolCallSpec("drill_add", raw_arguments=raw)]), Reply(text="sorry"),
             ], tool_error_reached_model(told))  # fmt: skip
-        tool_names = "ask_user, drill_add, edit_file, execute, exit_plan_mode, glob, grep, ls, read_file, read_skill, write_file, write_todos"
+        tool_names = "ask_user, drill_add, edit_file, execute, exit_plan_mode, glob, grep, ls, read_file, read_skill, task, write_file, write_todos"
         for name in ("no_such_tool", "../../bin/sh", "drill_add; rm -rf /", "x" * 300):
             await scenario(f"unknown-tool {name[:20]!r}", [
                 Reply(tool_calls=[ToolCallSpec(name, add)]), Reply(text="sorry"),
