@@ -27,7 +27,6 @@ is one the user configured, and keeps its `mode` only when stricter than the par
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from functools import partial
@@ -36,7 +35,7 @@ from typing import Any, Literal
 
 from crow.config import MODES
 from crow.frontmatter import split_frontmatter
-from crow.prompt_files import StatCache, read, walk
+from crow.prompt_files import StatCache, existing, read, walk
 
 Scope = Literal["project", "user", "builtin"]
 NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
@@ -114,13 +113,8 @@ def find_agents(cwd: Path, home: Path) -> tuple[dict[str, AgentDefinition], list
     the problems met (one line each, naming the file)."""
     found: dict[str, AgentDefinition] = {}
     problems: list[str] = []
-    project: Path | None = None  # resolved (lstats) only when a project folder exists
-    for folder, scope in folders(cwd, home):
-        if scope == "project":
-            if not os.path.isdir(folder):
-                continue
-            project = project or cwd.resolve()
-        paths = walk(folder, problems, project if scope == "project" else None, "agent files")
+    for folder, scope, within in existing(folders(cwd, home), cwd):
+        paths = walk(folder, problems, within, "agent files")
         if len(paths) > MAX_AGENTS:
             problems.append(f"{folder}: over {MAX_AGENTS} agent files; the rest are skipped")
         here: dict[str, str] = {}  # name -> path, in this folder: a twin in it is a problem

@@ -23,7 +23,7 @@ import itertools
 import logging
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -80,18 +80,26 @@ def folders(cwd: Path, home: Path) -> list[tuple[Path, Scope]]:
     return [*((cwd / f, scope) for f, scope in FOLDERS), (home / USER_FOLDER, "user")]
 
 
+def existing(places: Sequence[tuple[Path, str]], cwd: Path) -> Iterator[tuple[Path, str, Path | None]]:
+    """`places` with what a walk of each stays within: the resolved project for a project
+    folder (resolved, with its lstats, only once one exists; a missing one is skipped for
+    one stat), None for the user's."""
+    project: Path | None = None
+    for folder, scope in places:
+        if scope == "project":
+            if not os.path.isdir(folder):
+                continue
+            project = project or cwd.resolve()
+        yield folder, scope, project if scope == "project" else None
+
+
 def scan(cwd: Path, home: Path) -> tuple[list[PromptCommand], list[str]]:
     """Every usable prompt file (first of each name per folder order) and the problems
     met (one line each, naming the file)."""
     found: list[PromptCommand] = []
     problems: list[str] = []
-    project: Path | None = None  # resolved (lstats) only when a project folder exists
-    for folder, scope in folders(cwd, home):
-        if scope == "project":
-            if not os.path.isdir(folder):
-                continue
-            project = project or cwd.resolve()
-        for path, name in walk(folder, problems, project if scope == "project" else None):
+    for folder, scope, within in existing(folders(cwd, home), cwd):
+        for path, name in walk(folder, problems, within):
             outcome = _cache.get((path, name, scope), partial(_parse, path, name, scope))
             if isinstance(outcome, str):
                 problems.append(outcome)

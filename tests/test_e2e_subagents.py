@@ -21,16 +21,11 @@ from crow.config import Config, ModelSettings, Pricing, ProviderSettings
 from crow.events import ToolCallEnd
 from crow.messages import validate
 from tests.llm_server import Fault, RecordedRequest, Reply, ScriptedLLM, Stall, ToolCallSpec
+from tests.test_builtin_hooks import model_env
 
 pytestmark = pytest.mark.anyio
+__all__ = ["model_env"]  # the fixture (test_builtin_hooks'), for the other subagent test files
 
-
-@pytest.fixture
-def model_env(llm: ScriptedLLM, monkeypatch: pytest.MonkeyPatch) -> ScriptedLLM:
-    monkeypatch.setenv("OPENAI_BASE_URL", llm.base_url)
-    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
-    monkeypatch.delenv("CROW_TRACE", raising=False)
-    return llm
 
 
 def task(id: str, prompt: str, description: str = "Look it up", **more: Any) -> ToolCallSpec:

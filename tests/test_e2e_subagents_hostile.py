@@ -7,6 +7,8 @@ a cancel landing in the child's last store write."""
 from __future__ import annotations
 
 import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -59,9 +61,10 @@ async def test_a_parent_made_stricter_while_its_child_runs_holds_the_child_too(
         assert refused.is_error and "not" in refused.content
 
 
-def held_child(llm: ScriptedLLM) -> tuple[threading.Event, threading.Event]:
-    """The parent calls one task; its child's model call waits for `release` (`asked` is set
-    once it waits)."""
+@asynccontextmanager
+async def child_held(llm: ScriptedLLM, tmp_path: Path) -> AsyncIterator[tuple[Agent, Any, SubagentStarted]]:
+    """A parent's prompt running one task whose child waits on its model call for the
+    block's duration: yields (agent, the parent session, the child's SubagentStarted)."""
     asked, release = threading.Event(), threading.Event()
 
     def child(request: RecordedRequest) -> Reply:
@@ -71,15 +74,6 @@ def held_child(llm: ScriptedLLM) -> tuple[threading.Event, threading.Event]:
 
     llm.rule(is_child, child, times=1)
     llm.push(Reply(tool_calls=[task("t1", "CHILD slow")]), Reply(text="parent done"))
-    return asked, release
-
-
-async def test_a_running_childs_session_loaded_again_is_busy_not_a_second_writer(
-    model_env: ScriptedLLM, tmp_path: Path
-) -> None:
-    """An editor loads a running subagent's session by its id (from the tool call's meta)
-    and prompts it: the child's turn holds it, as another process's would."""
-    asked, release = held_child(model_env)
     events = Events()
     async with Agent(config(tmp_path / "home")) as agent:
         session = agent.create_session(tmp_path)
@@ -87,15 +81,25 @@ async def test_a_running_childs_session_loaded_again_is_busy_not_a_second_writer
             tg.start_soon(agent.prompt, session, Message("user", "delegate"), events)
             await anyio.to_thread.run_sync(asked.wait, 20)
             (started,) = events.of(SubagentStarted)
-            loaded, _ = await agent.load_session(started.session_id)
             try:
-                with pytest.raises(SessionBusy):
-                    await agent.prompt(loaded, Message("user", "me too"), Events())
+                yield agent, session, started
             finally:
                 release.set()
+
+
+async def test_a_running_childs_session_loaded_again_is_busy_not_a_second_writer(
+    model_env: ScriptedLLM, tmp_path: Path
+) -> None:
+    """An editor loads a running subagent's session by its id (from the tool call's meta)
+    and prompts it: the child's turn holds it, as another process's would."""
+    async with child_held(model_env, tmp_path) as (agent, _, started):
+        loaded, _ = await agent.load_session(started.session_id)
+        with pytest.raises(SessionBusy):
+            await agent.prompt(loaded, Message("user", "me too"), Events())
+    async with Agent(config(tmp_path / "home")) as agent:
         _, transcript = await agent.load_session(started.session_id)
-        assert [m.content for m in transcript if m.role == "user"] == ["CHILD slow"]
-        validate(transcript)
+    assert [m.content for m in transcript if m.role == "user"] == ["CHILD slow"]
+    validate(transcript)
 
 
 async def test_a_running_childs_session_is_not_deleted_under_it(
@@ -104,21 +108,12 @@ async def test_a_running_childs_session_is_not_deleted_under_it(
     """Deleting a subagent's session (by its id, from an editor) while it runs is refused,
     as it is while another process runs a turn there: else the child's turn fails on a
     session gone under it and the parent reads a failure the user caused."""
-    asked, release = held_child(model_env)
-    events = Events()
+    async with child_held(model_env, tmp_path) as (agent, session, started):
+        with pytest.raises(SessionBusy):
+            await agent.delete_session(started.session_id)
+    result = tool_results(list(session.messages))["t1"]
+    assert not result.is_error and result.content.startswith("child done")
     async with Agent(config(tmp_path / "home")) as agent:
-        session = agent.create_session(tmp_path)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(agent.prompt, session, Message("user", "delegate"), events)
-            await anyio.to_thread.run_sync(asked.wait, 20)
-            (started,) = events.of(SubagentStarted)
-            try:
-                with pytest.raises(SessionBusy):
-                    await agent.delete_session(started.session_id)
-            finally:
-                release.set()
-        result = tool_results(list(session.messages))["t1"]
-        assert not result.is_error and result.content.startswith("child done")
         _, transcript = await agent.load_session(started.session_id)
         assert [m.content for m in transcript if m.role == "assistant"] == ["child done"]
         await agent.delete_session(session.id)  # once it is over, with its parent

@@ -42,12 +42,13 @@ def crow_run_on_a_terminal(
             proc.wait()
         os.close(master)
 
-def answer_once(llm: ScriptedLLM, home: Path, workspace: Path, answer: bytes) -> tuple[int, str]:
-    """`crow run go` on a terminal, `answer` typed at its first question: its exit status
-    and all it showed."""
-    out, answered = b"", False
+def crow_run_answering(llm: ScriptedLLM, home: Path, workspace: Path, answers: list[bytes]) -> tuple[int, str]:
+    """`crow run go` on a terminal, each of `answers` typed at the next question (b"\\x03":
+    a Ctrl-C, sent as the SIGINT a terminal sends: the pty is not the process's controlling
+    terminal); its exit status and all it showed."""
+    out, answered, answers = b"", 0, list(answers)
     with crow_run_on_a_terminal(llm, home, workspace) as (proc, master):
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 40
         while proc.poll() is None and time.monotonic() < deadline:
             ready, _, _ = select.select([master], [], [], 0.05)
             if ready:
@@ -55,11 +56,20 @@ def answer_once(llm: ScriptedLLM, home: Path, workspace: Path, answer: bytes) ->
                     out += os.read(master, 65536)
                 except OSError:
                     break
-                if b"Answer for" in out and not answered:
-                    os.write(master, answer)
-                    answered = True
+                if answers and out.count(b"Answer for") > answered:
+                    typed = answers.pop(0)
+                    if typed == b"\x03":
+                        proc.send_signal(signal.SIGINT)
+                    else:
+                        os.write(master, typed)
+                    answered += 1
         proc.wait(timeout=10)
     return proc.returncode, out.decode(errors="replace")
+
+
+def answer_once(llm: ScriptedLLM, home: Path, workspace: Path, answer: bytes) -> tuple[int, str]:
+    """`crow run go` on a terminal, `answer` typed at its first question."""
+    return crow_run_answering(llm, home, workspace, [answer])
 
 
 def test_crow_run_asks_one_question_at_a_time(llm: ScriptedLLM, home: Path, workspace: Path) -> None:

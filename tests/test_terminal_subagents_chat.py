@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import CROW, crow_env
 from tests.llm_server import RecordedRequest, Reply, ScriptedLLM, ToolCallSpec
 from tests.support.tmux import Terminal
+from tests.test_terminal_prompts import crow_run_answering
+from tests.test_terminal_subagents import chat  # the fixture
+
+__all__ = ["chat"]
 
 
 @pytest.fixture(autouse=True)
@@ -20,12 +22,6 @@ def private_home(home: Path) -> None:
     home.chmod(0o700)
 
 
-@pytest.fixture
-def chat(tmp_path: Path, llm: ScriptedLLM, home: Path, workspace: Path) -> Iterator[Terminal]:
-    term = Terminal([*CROW, "chat"], env=crow_env(llm, home), cwd=workspace, socket=tmp_path / "tmux.sock")
-    term.wait_for("›")
-    yield term
-    term.close()
 
 
 def _two_children_run(llm: ScriptedLLM) -> None:
@@ -87,45 +83,11 @@ def test_ctrl_c_during_a_childs_question_cancels_the_turn_and_the_chat_goes_on(
     assert rows[0] == 2
 
 
-def _crow_run_answering(
-    llm: ScriptedLLM, home: Path, workspace: Path, answers: list[bytes]
-) -> tuple[int, str]:
-    """`crow run go` on a pty: each of `answers` typed at the next question (b"\\x03": a
-    Ctrl-C, sent as the SIGINT a terminal sends: the pty is not the process's controlling
-    terminal); its exit status and all it showed."""
-    import os
-    import select
-    import signal
-    import time
-
-    from tests.test_terminal_prompts import crow_run_on_a_terminal
-
-    out = b""
-    with crow_run_on_a_terminal(llm, home, workspace) as (proc, master):
-        deadline = time.monotonic() + 40
-        while proc.poll() is None and time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.05)
-            if ready:
-                try:
-                    out += os.read(master, 65536)
-                except OSError:
-                    break
-                if answers and out.count(b"Answer for") > out.count(b"\x00"):
-                    typed = answers.pop(0)
-                    if typed == b"\x03":
-                        proc.send_signal(signal.SIGINT)
-                    else:
-                        os.write(master, typed)
-                    out += b"\x00"  # marks the question answered
-        proc.wait(timeout=10)
-    return proc.returncode, out.replace(b"\x00", b"").decode(errors="replace")
-
-
 def test_crow_run_asks_two_children_in_turn_each_answer_to_its_own(
     llm: ScriptedLLM, home: Path, workspace: Path
 ) -> None:
     _two_children_run(llm)
-    status, shown = _crow_run_answering(llm, home, workspace, [b"y\n", b"n\n"])
+    status, shown = crow_run_answering(llm, home, workspace, [b"y\n", b"n\n"])
     assert status == 4, shown  # a call refused in its child's last tool round
     asked = re.findall(r"Answer for 'Run echo ran-(\w)' \(call t(\w)/c1\)", shown)
     assert len(asked) == 2 and all(a == b for a, b in asked), shown
@@ -140,7 +102,7 @@ def test_crow_run_ctrl_c_at_a_childs_question_is_exit_130(
     llm: ScriptedLLM, home: Path, workspace: Path
 ) -> None:
     _two_children_run(llm)
-    status, shown = _crow_run_answering(llm, home, workspace, [b"\x03"])
+    status, shown = crow_run_answering(llm, home, workspace, [b"\x03"])
     assert status == 130, shown
     assert "Traceback" not in shown
     assert shown.count("(subagent) asks") == 1, shown
