@@ -44,7 +44,7 @@ log = logging.getLogger("crow.agent")
 EDITOR_SERVERS = "crow.editor_servers"  # session.state: the MCP servers the editor passed
 STALE_TOOLS = "crow.stale_tools"  # session.state: its tools were built for a config it left
 # What a session's tool servers are built from: a change means building them again.
-TOOL_KEYS = {"sandbox", "network", "environment", "providers"}
+TOOL_KEYS = {"sandbox", "network", "environment", "providers", "backend"}
 
 
 class Agent:

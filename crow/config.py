@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import posixpath
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -155,6 +156,73 @@ class EnvironmentPolicy(_Model):
         return value
 
 
+_MEMORY = re.compile(r"(\d+(?:\.\d+)?)\s*([kmg]?)i?b?", re.IGNORECASE)
+
+
+class BackendConfig(_Model):
+    """Where the file tools and `execute` act (seed 000's `backend`): `local` (this machine's
+    disk; `execute` under the sandbox) or `docker` (a container per session, from `image`,
+    through the Docker Engine API at DOCKER_HOST: Docker or Podman, local or remote; see
+    docs/containers.md). `sync`: how the workspace reaches the container: `mount` (a bind
+    mount: the engine's machine must see this folder), `copy` (copied in when the container
+    starts, changed files synced back at the end of each turn), `auto` (mount for a unix
+    socket, copy for tcp:// and ssh://)."""
+
+    type: Literal["local", "docker"] = "local"
+    image: str | None = None
+    workdir: str = "/workspace"
+    network: bool = True
+    cpus: float | None = Field(None, gt=0)
+    memory: int | None = Field(None, gt=0)  # bytes; "512m", "2g" are read too
+    user: str | None = None  # the container's user ("1000", "1000:1000", "app"); default the image's
+    mounts: list[str] = Field(default_factory=list)  # "HOST:CONTAINER[:ro]", HOST absolute
+    env: dict[str, str] = Field(default_factory=dict)  # the commands' environment in the container
+    sync: Literal["auto", "mount", "copy"] = "auto"
+
+    @field_validator("workdir")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/") or "\0" in value:
+            raise ValueError(f"backend.workdir must be an absolute path in the container, got {value!r}")
+        return posixpath.normpath(value)
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _bytes(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            match = _MEMORY.fullmatch(value.strip())
+            if match is None:
+                raise ValueError(f"backend.memory: {value!r} is not a size (e.g. 512m, 2g, or bytes)")
+            scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[match[2].lower()]
+            return int(float(match[1]) * scale)
+        return value
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, value: list[str]) -> list[str]:
+        for mount in value:
+            parts = mount.split(":")
+            if not 2 <= len(parts) <= 3 or not parts[0].startswith("/") or not parts[1].startswith("/"):
+                raise ValueError(f"backend.mounts: {mount!r} is not HOST:CONTAINER[:ro] with absolute paths")
+            if len(parts) == 3 and parts[2] not in ("ro", "rw"):
+                raise ValueError(f"backend.mounts: {mount!r}: the option after the paths is ro or rw")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _valid_env(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            if not name or "=" in name or "\0" in name or "\0" in text:
+                raise ValueError(f"backend.env: {name!r} is not a valid variable (no '=' or NUL)")
+        return value
+
+    @model_validator(mode="after")
+    def _image_for_docker(self) -> BackendConfig:
+        if self.type == "docker" and not self.image:
+            raise ValueError("backend.type docker needs backend.image (e.g. python:3.12-slim)")
+        return self
+
+
 class PermissionRules(_Model):
     """`TOOL` or `TOOL(PATTERN)` rules; deny > ask > allow in every mode."""
 
@@ -243,6 +311,7 @@ class Config(_Model):
     sandbox: Literal["workspace", "off"] = "workspace"
     network: bool = True  # sandboxed commands reach the network
     environment: EnvironmentPolicy = Field(default_factory=EnvironmentPolicy)
+    backend: BackendConfig = Field(default_factory=BackendConfig)
     trace: str | None = None
     hooks: HooksConfig = Field(default_factory=HooksConfig)
     tools: list[str] = Field(default_factory=list)  # "module:function" served as tools

@@ -289,6 +289,10 @@ def describe(data: Mapping[str, Any], limit: int = 8) -> str:
             for sub, rules in value.items():
                 shown = ", ".join(map(_token, rules)) if isinstance(rules, list) else _token(rules)
                 parts.append(f"{verbs.get(str(sub), 'sets permissions.' + _token(sub))} {shown}")
+        elif key == "backend" and isinstance(value, Mapping) and value:
+            for sub, inner in value.items():
+                shown = f": {_token(inner)}" if sub in ("type", "image", "network", "sync") else ""
+                parts.append(f"sets backend.{_token(sub)}{shown}")
         elif key == "environment" and isinstance(value, Mapping) and value:
             parts.extend(f"sets environment.{_token(sub)}" for sub in value)
         elif isinstance(value, Mapping) and key == "providers":
@@ -309,7 +313,9 @@ def describe(data: Mapping[str, Any], limit: int = 8) -> str:
     return ", ".join([*parts, *others])
 
 
-_NEVER_CUT = ("mode", "model", "sandbox", "network", "hooks", "permissions", "environment", "providers")
+_NEVER_CUT = (
+    "mode", "model", "sandbox", "network", "hooks", "permissions", "environment", "providers", "backend"
+)  # fmt: skip
 _TOKEN = re.compile(r"[\w.:/@+*\-]{1,60}(\([^()\n]{0,40}\))?")  # a name, or a rule TOOL(PATTERN)
 
 

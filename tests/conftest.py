@@ -276,3 +276,13 @@ async def initialize_125(conn: Any, capabilities: dict[str, Any] | None = None) 
         "initialize",
         {"protocolVersion": 1, "clientCapabilities": caps, "clientInfo": {"name": "t", "version": "0"}},
     )
+
+
+@pytest.fixture(scope="session")
+def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Podman serving the Docker Engine API, with the test image (tests/support/podman.py);
+    the tests using it skip with the reason where no engine can run."""
+    from tests.support.podman import podman_service
+
+    with podman_service(tmp_path_factory.mktemp("podman")) as engine:
+        yield engine
