@@ -76,6 +76,9 @@ class ServerSpec:
     # Whether its read-only hints are believed. None: crow's own (in-process) servers are,
     # servers over a transport (an editor's, a plugin's) are not: their tools ask.
     trusted: bool | None = None
+    # Awaited once when the hub closes, after the server has stopped: an in-process server's
+    # own resources (a session's container) go with the session. Its errors are logged.
+    on_close: Callable[[], Awaitable[None]] | None = None
 
 
 @dataclass(eq=False)
@@ -344,6 +347,12 @@ class ToolHub:
                 _done, stuck = await asyncio.wait(pending, timeout=_STOP_AFTER_CANCEL)
                 for task in stuck:
                     log.warning("MCP connection %s did not stop; abandoning it", task.get_name())
+        for conn in self._conns.values():
+            if conn.spec.on_close is not None:
+                try:
+                    await conn.spec.on_close()
+                except Exception:
+                    log.exception("closing the MCP server %s failed", conn.spec.name)
         self._conns.clear()
         self._routes.clear()
         self._specs.clear()

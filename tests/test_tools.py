@@ -340,3 +340,29 @@ async def test_aclose_waits_for_a_server_that_hangs_on_shutdown(tmp_path: Path) 
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)  # the test leaves no orphan even when it fails
+
+
+async def test_on_close_is_awaited_once_when_the_hub_closes_and_its_failure_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    closed: list[str] = []
+
+    async def close_one() -> None:
+        closed.append("one")
+
+    async def close_broken() -> None:
+        closed.append("broken")
+        raise RuntimeError("engine went away")
+
+    hub = ToolHub()
+    await hub.connect(
+        [
+            ServerSpec("one", "inprocess", server=sample_server(), on_close=close_one),
+            ServerSpec("two", "inprocess", server=sample_server(), on_close=close_broken),
+        ]
+    )
+    assert closed == []
+    await hub.aclose()
+    await hub.aclose()  # closed once
+    assert sorted(closed) == ["broken", "one"]
+    assert "engine went away" in caplog.text
