@@ -8,6 +8,12 @@ advertises `fs` or `terminal`, reads, writes and commands go through the editor 
 (it sees unsaved buffers, tracks edits, and shows the command's terminal), except that a
 sandboxed session's commands run locally under bubblewrap. Every command gets the session's
 environment policy (crow.environment).
+
+With `backend: {type: docker}` every tool acts in the session's own container instead
+(mcp_servers/filesystem/container): no bubblewrap (the container is the confinement), no
+editor fs or terminal (the container's files are the truth; the editor's buffers are not
+in it). A workspace copied into the container (a remote engine) is pushed at each turn's
+start and pulled back at its end, and the user told what moved.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import logging
 import os
 import shlex
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +124,7 @@ class FilesystemHook(Hook):
         self._no_sandbox: str | None = None  # why bubblewrap cannot be used, once known
         self._checked = False
         self._untold: set[str] = set()  # sessions running unsandboxed, not yet told
+        self._containers: dict[str, Any] = {}  # session id -> its ContainerSession (docker backend)
 
     def _find_bwrap(self) -> str | None:
         if not self._checked:  # once per process: a probe run costs a few ms
@@ -147,6 +155,8 @@ class FilesystemHook(Hook):
 
         config = session.config if session.config is not None else Config()
         roots = _existing(session.roots)
+        if config.backend.type == "docker":
+            return [self._container_server(session, config, roots)]
         sandbox = self._sandbox(session, config, roots)
         local = LocalBackend(session.cwd, sandbox, child_environment(config), extra_roots=roots[1:])
         client: EditorClient | None = session.client
@@ -162,7 +172,60 @@ class FilesystemHook(Hook):
         )
         return [ServerSpec("filesystem", "inprocess", server=server)]
 
+    def _container_server(self, session: Session, config: Config, roots: list[Path]) -> ServerSpec:
+        from mcp_servers.filesystem.container.engine import DockerEngine
+
+        from crow import direct_call_state
+        from mcp_servers.filesystem import build_server
+        from mcp_servers.filesystem.container.backend import ContainerSession
+
+        hidden = file_tools_hidden(config)
+        # DOCKER_HOST & co. from crow's environment; made at the first tool call
+        connect = partial(DockerEngine.from_env, os.environ)
+        box = ContainerSession(config.backend, session.id, roots, connect, hidden=hidden)
+        server = build_server(
+            session.cwd,
+            files=box,
+            backend=box,
+            request_state_security=direct_call_state(),
+            hidden=hidden,
+            extra_roots=roots[1:],
+        )
+        self._containers[session.id] = box
+
+        async def close() -> None:  # the session closed or deleted, its tools rebuilt, crow exiting
+            if self._containers.get(session.id) is box:
+                del self._containers[session.id]
+            await box.aclose()
+
+        return ServerSpec("filesystem", "inprocess", server=server, on_close=close)
+
+    def _container(self, session: Session) -> Any:
+        """The container a session's tools act in (a subagent's: its parent's)."""
+        found: Session | None = session
+        while found is not None and found.id not in self._containers:
+            found = found.parent
+        return self._containers.get(found.id) if found is not None else None
+
+    async def _sync(self, ctx: HookContext, step: str) -> None:
+        box = self._containers.get(ctx.session.id)  # the top session's turn: a subagent shares it
+        if box is None:
+            return
+        try:
+            notices = await (box.push() if step == "push" else box.pull())
+        except Exception as exc:
+            log.warning("workspace %s for session %s failed: %s", step, ctx.session.id, exc)
+            what = "into the container" if step == "push" else "back from the container"
+            await ctx.notify(f"The workspace could not be copied {what}: {exc}", "warning", "Workspace sync")
+            return
+        for text in notices:
+            await ctx.notify(text, "info", "Workspace sync")
+
+    async def after_agent(self, ctx: HookContext) -> None:
+        await self._sync(ctx, "pull")
+
     async def before_agent(self, ctx: HookContext) -> None:
+        await self._sync(ctx, "push")
         if ctx.session.id in self._untold:
             self._untold.discard(ctx.session.id)
             await ctx.notify(
@@ -174,6 +237,12 @@ class FilesystemHook(Hook):
 
     async def wrap_tool_call(self, ctx: HookContext, call: ToolCall, call_next: Any) -> ToolResult:
         result: ToolResult = await call_next(call)
+        box = self._container(ctx.session) if self._containers else None
+        if box is not None and (notice := box.take_notice()) is not None:
+            if result.is_error:
+                result = result.replace(error=f"{notice}\n{result.error}")
+            else:
+                result = result.replace(output=f"{notice}\n{result.output}")
         hub = ctx.session.tools
         kind = hub.kind(call.name) if hub is not None else "other"
         diff = (result.meta or {}).get("crow/diff")
@@ -198,6 +267,21 @@ def _existing(roots: list[Path]) -> list[Path]:
     return kept
 
 
+async def remove_orphans() -> None:
+    """Containers left by crow processes on this machine that were killed (owner.py)."""
+    from mcp_servers.filesystem.container.engine import DockerEngine
+
+    from mcp_servers.filesystem.container.owner import sweep_once
+
+    engine = DockerEngine.from_env(os.environ)
+    try:
+        await sweep_once(engine)
+    finally:
+        await engine.aclose()
+
+
 def factory(agent: Any) -> FilesystemHook:
     settings = agent.config.hooks.settings.get("filesystem", {})
+    if agent.config.backend.type == "docker":  # the user's config: off the initialize path
+        agent.run_in_background("crow.container_orphans", remove_orphans)
     return FilesystemHook(evict_over=int(settings.get("evict_over", EVICT_OVER)))

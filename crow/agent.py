@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
 from functools import partial
 from pathlib import Path
@@ -103,6 +103,12 @@ class Agent:
     def warm_up(self) -> None:
         """Start the slow setup in the background (idempotent)."""
         self._tasks.start(self._warm, self._set_up)
+
+    def run_in_background(self, name: str, work: Callable[[], Awaitable[None]]) -> Once:
+        """Run `work()` as the agent's own background work (a plugin's housekeeping): it
+        starts after the ACP answer in flight, and is cancelled and awaited when the agent
+        closes. Await the returned `Once` to wait for it (its failure is raised there)."""
+        return self._tasks.start(Once(name, CrowError(f"{name} was cancelled: the agent closed")), work)
 
     def on_ready(self, callback: Callable[[], None]) -> None:
         """Call `callback()` when the warm-up ends, however it ends (the `crow` command turns

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -404,8 +404,38 @@ class AcpServer(Extensions):
             log.debug("session/update to %s failed", session_id, exc_info=True)
 
 
+async def _until_hang_up_or_sigterm(listen: Awaitable[None]) -> None:
+    """Serve until stdin ends, or SIGTERM (an editor stopping crow, `kill`): then crow
+    closes as when the client hangs up, so what its sessions opened (containers) goes too."""
+    import signal
+
+    listening = asyncio.ensure_future(listen)
+    terminated = False
+
+    def on_sigterm() -> None:
+        nonlocal terminated
+        terminated = True
+        listening.cancel()
+
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    except (NotImplementedError, RuntimeError):  # no signal handlers here (Windows, not main thread)
+        pass
+    try:
+        await listening
+    except asyncio.CancelledError:
+        if not terminated:
+            raise
+        log.info("SIGTERM: closing")
+    finally:
+        listening.cancel()
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGTERM)
+
+
 async def serve(agent: Agent | None = None) -> None:
-    """Serve ACP on stdin/stdout until the client hangs up. The agent is entered for that
+    """Serve ACP on stdin/stdout until the client hangs up or SIGTERM. The agent is entered for that
     time: its background work is cancelled and awaited, and what it opened closed, after
     the connection's own tasks."""
     from crow.acp.wire import connect, stdio_transport
@@ -417,7 +447,7 @@ async def serve(agent: Agent | None = None) -> None:
         server.wire = transport
         conn = connect(server, transport)
         try:
-            await conn.listen()
+            await _until_hang_up_or_sigterm(conn.listen())
         finally:
             await asyncio.shield(conn.close())
             await supervisor.shutdown()
