@@ -273,7 +273,11 @@ async def remove_orphans() -> None:
 
     from mcp_servers.filesystem.container.owner import sweep_once
 
-    engine = DockerEngine.from_env(os.environ)
+    try:
+        engine = DockerEngine.from_env(os.environ)
+    except Exception as exc:  # DOCKER_HOST unusable: the first tool call says so
+        log.warning("containers left by ended crow processes not looked for: %s", exc)
+        return
     try:
         await sweep_once(engine)
     finally:

@@ -29,6 +29,7 @@ def reap(*_):
 signal.signal(signal.SIGCHLD, reap)
 signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
 signal.signal(signal.SIGINT, lambda *_: os._exit(0))
+reap()
 while True:
     signal.pause()
 """
