@@ -276,15 +276,27 @@ class ContainerSession:
             raise
 
     async def _exec_helper(self, cid: str) -> Any:
+        """The helper exec'd in the container, past its handshake, as a `ContainerFiles`."""
         from mcp_servers.filesystem.container.files import ContainerFiles
+        from mcp_servers.filesystem.container.helper import source
+        from mcp_servers.filesystem.container.protocol import HelperClient
 
+        client = None
         try:
-            return await ContainerFiles.start(self.engine, cid, self.pairs, hidden=self.hidden)
+            stream = await self.engine.exec_stream(
+                cid, ["python3", "-c", source()], workdir=self.config.workdir
+            )
+            client = HelperClient(stream)
+            await client.handshake()
         except Exception as exc:
+            if client is not None:
+                await _quietly(client.aclose())
             state = await self._inspect(cid)
             if state is not None and not state.get("Running"):
                 raise ToolError(_exited(self.config.image, state)) from None
             raise ToolError(f"the helper could not start in the container: {exc}") from None
+        roots = [(inside, host) for host, inside in self.pairs]
+        return ContainerFiles(client, roots, env=self.config.env, container=cid)
 
     async def _discard(self, cid: str | None) -> None:
         if cid is not None:
