@@ -188,8 +188,6 @@ class FilesystemHook(Hook):
             files=box,
             backend=box,
             request_state_security=direct_call_state(),
-            hidden=hidden,
-            extra_roots=roots[1:],
         )
         self._containers[session.id] = box
 

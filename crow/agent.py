@@ -9,6 +9,7 @@ and `session/new` answers never wait for it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.from_thread
 
 from crow import command_catalog
 from crow.background import Background, Once
@@ -107,8 +109,14 @@ class Agent:
     def run_in_background(self, name: str, work: Callable[[], Awaitable[None]]) -> Once:
         """Run `work()` as the agent's own background work (a plugin's housekeeping): it
         starts after the ACP answer in flight, and is cancelled and awaited when the agent
-        closes. Await the returned `Once` to wait for it (its failure is raised there)."""
-        return self._tasks.start(Once(name, CrowError(f"{name} was cancelled: the agent closed")), work)
+        closes. Await the returned `Once` to wait for it (its failure is raised there). Hook
+        factories may call it: they run in a worker thread (crow.plugins.install)."""
+        once = Once(name, CrowError(f"{name} was cancelled: the agent closed"))
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # a worker thread of the agent's event loop
+            return anyio.from_thread.run_sync(self._tasks.start, once, work)
+        return self._tasks.start(once, work)
 
     def on_ready(self, callback: Callable[[], None]) -> None:
         """Call `callback()` when the warm-up ends, however it ends (the `crow` command turns

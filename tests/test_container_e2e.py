@@ -30,7 +30,7 @@ def configure(home: Path, image: str, **backend: Any) -> None:
 
 
 def env(llm: ScriptedLLM, home: Path, podman: Any, **extra: str) -> dict[str, str]:
-    return crow_env(llm, home, DOCKER_HOST=podman.docker_host, CROW_SECRET_PROBE="hush", **extra)
+    return crow_env(llm, home, **{"DOCKER_HOST": podman.docker_host, "CROW_SECRET_PROBE": "hush", **extra})
 
 
 def call(name: str, id: str, **args: Any) -> Reply:

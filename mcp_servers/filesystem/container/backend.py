@@ -281,7 +281,7 @@ class ContainerSession:
         from mcp_servers.filesystem.container.helper import source
         from mcp_servers.filesystem.container.protocol import HelperClient
 
-        client = None
+        client = stream = None
         try:
             stream = await self.engine.exec_stream(
                 cid, ["python3", "-c", source()], workdir=self.config.workdir
@@ -294,7 +294,9 @@ class ContainerSession:
             state = await self._inspect(cid)
             if state is not None and not state.get("Running"):
                 raise ToolError(_exited(self.config.image, state)) from None
-            raise ToolError(f"the helper could not start in the container: {exc}") from None
+            said = bytes(stream.stderr_tail).decode(errors="replace").strip() if stream is not None else ""
+            said = f"; it said: {said[-1000:]}" if said else ""
+            raise ToolError(f"the helper could not start in the container: {exc}{said}") from None
         roots = [(inside, host) for host, inside in self.pairs]
         return ContainerFiles(client, roots, env=self.config.env, container=cid)
 
