@@ -167,7 +167,7 @@ async def test_a_killed_crows_container_is_removed_by_the_next_crow_and_no_other
             await proc.wait()
         assert len(ours(podman, sid)) == 1  # SIGKILL: left behind
         async with spawn_crow(env(llm, home, podman)) as (conn, _proc, _client):
-            await conn.initialize(protocol_version=1)
+            await start(conn, workspace)  # the warm-up, which the first session starts, looks
             wait_until(lambda: ours(podman, sid) == [], "the orphan is removed")
             assert podman.containers("label=crow.session=decoy-live") == [kept[0]]
             assert podman.containers("label=crow.session=decoy-elsewhere") == [kept[1]]

@@ -160,7 +160,7 @@ class ContainerSession:
                             log.warning(
                                 "session %s: its workspace could not be copied back: %s", self.session_id, exc
                             )
-                await _quietly(files.aclose() if files is not None else None)
+                await _quietly(files.client.aclose() if files is not None else None)
                 with anyio.move_on_after(REMOVE_LIMIT):
                     try:
                         await self.engine.remove(cid)
@@ -202,7 +202,7 @@ class ContainerSession:
             if self._files is not broken:
                 return False  # mended by another call
             self._files = None
-            await _quietly(broken.aclose())
+            await _quietly(broken.client.aclose())
             cid = self.container_id
             state = await self._inspect(cid) if cid is not None else None
             if cid is not None and state is not None and state.get("Running"):
@@ -272,7 +272,7 @@ class ContainerSession:
         try:
             await self._sync.copy_in(cid, files.client)
         except BaseException:
-            await _quietly(files.aclose())
+            await _quietly(files.client.aclose())
             raise
 
     async def _exec_helper(self, cid: str) -> Any:
