@@ -235,3 +235,43 @@ async def test_an_image_without_python_is_a_clear_error(
     error = await bad_engine_call(llm, home, workspace, env(llm, home, podman))
     assert f"the image {podman.no_python_image} has no python3" in error and "python:3.12-slim" in error
     assert podman.containers("label=crow.session", f"ancestor={podman.no_python_image}") == []
+
+
+async def test_a_command_that_kills_the_helper_is_told_and_the_next_call_works(
+    llm: ScriptedLLM, home: Path, workspace: Path, podman: Any
+) -> None:
+    configure(home, podman.image)
+    llm.push(
+        call("execute", "kill", command="kill -9 $PPID; sleep 5"),  # the shell's parent: the helper
+        call("execute", "after", command="echo still here"),
+        Reply(text="done"),
+    )
+    async with spawn_crow(env(llm, home, podman)) as (conn, _proc, _client):
+        sid = await start(conn, workspace)
+        assert (await prompt(conn, sid)).stop_reason == "end_turn"
+        assert len(ours(podman, sid)) == 1  # the same container: only the helper was started again
+    out = results(llm)
+    assert out["kill"].startswith("Error: the helper process in the container stopped while this command ran")
+    assert "still here" in out["after"]
+
+
+async def test_copy_mode_copies_the_workspace_in_and_brings_changes_back_each_turn(
+    llm: ScriptedLLM, home: Path, workspace: Path, podman: Any
+) -> None:
+    configure(home, podman.image, sync="copy")
+    (workspace / "a.txt").write_text("from the host\n")
+    llm.push(
+        call("execute", "first", command="cat a.txt; echo made in the container > b.txt"),
+        Reply(text="one"),
+        call("execute", "second", command="cat a.txt"),
+        Reply(text="two"),
+    )
+    async with spawn_crow(env(llm, home, podman)) as (conn, _proc, _client):
+        sid = await start(conn, workspace)
+        assert (await prompt(conn, sid)).stop_reason == "end_turn"
+        assert (workspace / "b.txt").read_text() == "made in the container\n"  # pulled at turn end
+        (workspace / "a.txt").write_text("changed on the host\n")
+        assert (await prompt(conn, sid)).stop_reason == "end_turn"  # pushed at turn start
+    out = results(llm)
+    assert "from the host" in out["first"] and "changed on the host" in out["second"]
+    assert ours(podman, sid) == []

@@ -268,11 +268,14 @@ class ContainerSession:
     async def _copy_in(self, cid: str, files: Any) -> None:
         from mcp_servers.filesystem.container.sync import WorkspaceSync
 
-        self._sync = WorkspaceSync(self.engine, self.pairs, self.hidden)
+        pairs = [(inside, host) for host, inside in self.pairs]
+        self._sync = WorkspaceSync(self.engine, pairs, [Path(h) for h in self.hidden])
         try:
             await self._sync.copy_in(cid, files.client)
-        except BaseException:
+        except BaseException as exc:
             await _quietly(files.client.aclose())
+            if isinstance(exc, Exception) and not isinstance(exc, ToolError):
+                raise ToolError(f"the workspace could not be copied into the container: {exc}") from None
             raise
 
     async def _exec_helper(self, cid: str) -> Any:
