@@ -74,7 +74,14 @@ async def test_every_tool_acts_in_the_sessions_container_made_at_the_first_call_
     (workspace / "notes.md").write_text("a needle here\n")
     os.symlink("/etc/passwd", workspace / "out")
     llm.push(
-        call("execute", "py", command="python3 -c 'print(1+1)'; cat /etc/debian_version"),
+        Reply(  # two first calls at once: one container
+            tool_calls=[
+                ToolCallSpec(
+                    "execute", {"command": "python3 -c 'print(1+1)'; cat /etc/debian_version"}, id="py"
+                ),
+                ToolCallSpec("ls", {"path": "."}, id="ls"),
+            ]
+        ),
         call("write_file", "w", path="made.txt", content="written by the model\n"),
         call("execute", "cat", command="cat made.txt; cat /proc/1/cmdline | tr '\\0' ' '"),
         call("grep", "g", pattern="needle"),
@@ -95,6 +102,7 @@ async def test_every_tool_acts_in_the_sessions_container_made_at_the_first_call_
         assert ours(podman, sid) == [first]  # reused across turns
     out = results(llm)
     assert "2\n" in out["py"] and "12." in out["py"]  # the image's Python and Debian
+    assert "notes.md" in out["ls"]
     assert "written by the model" in out["cat"] and "python3 -c" in out["cat"]  # PID 1: the reaper
     assert (workspace / "made.txt").read_text() == "written by the model\n"  # mounted: the same file
     assert "notes.md" in out["g"] and "needle" in out["g"]

@@ -256,6 +256,9 @@ class ContainerSession:
             files = await self._exec_helper(cid)
             if not self.mount:
                 await self._copy_in(cid, files)
+            if self._closed:  # the session closed while this call made its container
+                await _quietly(files.client.aclose())
+                raise ToolError("this session was closed")
             self._files, self.container_id = files, cid
             log.info("session %s: container %s started from %s", self.session_id, cid[:12], image)
         except EngineError as exc:
