@@ -183,16 +183,23 @@ async def test_a_killed_crows_container_is_removed_by_the_next_crow_and_no_other
         podman.podman("rm", "-f", *kept, check=False)
 
 
-async def test_a_container_killed_under_crow_is_made_again_and_the_model_told(
-    llm: ScriptedLLM, home: Path, workspace: Path, podman: Any
-) -> None:
-    configure(home, podman.image)
+def two_turns(llm: ScriptedLLM, first: tuple[str, str], second: tuple[str, str]) -> None:
+    """Each turn: one `execute` (call id, command), then an answer."""
     llm.push(
-        call("execute", "mark", command="echo kept > /tmp/marker && echo marked"),
+        call("execute", first[0], command=first[1]),
         Reply(text="one"),
-        call("execute", "look", command="cat /tmp/marker; echo after"),
+        call("execute", second[0], command=second[1]),
         Reply(text="two"),
     )
+
+
+@pytest.mark.parametrize("sync", ["mount", "copy"])
+async def test_a_container_killed_under_crow_is_made_again_and_the_model_told(
+    llm: ScriptedLLM, home: Path, workspace: Path, podman: Any, sync: str
+) -> None:
+    configure(home, podman.image, sync=sync)
+    (workspace / "a.txt").write_text("in the workspace\n")
+    two_turns(llm, ("mark", "echo kept > /tmp/marker && echo marked"), ("look", "cat /tmp/marker a.txt"))
     async with spawn_crow(env(llm, home, podman)) as (conn, _proc, _client):
         sid = await start(conn, workspace)
         assert (await prompt(conn, sid)).stop_reason == "end_turn"
@@ -201,11 +208,10 @@ async def test_a_container_killed_under_crow_is_made_again_and_the_model_told(
         assert (await prompt(conn, sid)).stop_reason == "end_turn"
         (second,) = ours(podman, sid)
         assert second != first
-    out = results(llm)
-    assert out["look"].startswith(
-        f"[the container was gone (killed or removed); a new one was started from {podman.image}"
-    )
-    assert "No such file" in out["look"] and "after" in out["look"]
+    told = f"[the container was gone (killed or removed); a new one was started from {podman.image}"
+    look = results(llm)["look"]
+    assert look.startswith(told) and "/tmp/marker: No such file" in look and "in the workspace" in look
+    assert ("the workspace was copied in again" in look) == (sync == "copy")
 
 
 async def bad_engine_call(llm: ScriptedLLM, home: Path, workspace: Path, environment: dict[str, str]) -> str:
@@ -268,12 +274,7 @@ async def test_copy_mode_copies_the_workspace_in_and_brings_changes_back_each_tu
 ) -> None:
     configure(home, podman.image, sync="copy")
     (workspace / "a.txt").write_text("from the host\n")
-    llm.push(
-        call("execute", "first", command="cat a.txt; echo made in the container > b.txt"),
-        Reply(text="one"),
-        call("execute", "second", command="cat a.txt"),
-        Reply(text="two"),
-    )
+    two_turns(llm, ("first", "cat a.txt; echo made in the container > b.txt"), ("second", "cat a.txt"))
     async with spawn_crow(env(llm, home, podman)) as (conn, _proc, _client):
         sid = await start(conn, workspace)
         assert (await prompt(conn, sid)).stop_reason == "end_turn"
