@@ -82,6 +82,7 @@ class ContainerSession:
         self._notice: str | None = None  # for the model, with the result of the call that recreated
         self._locks: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDictionary()
         self._closed = False
+        self._created = False  # a container was asked for (aclose then looks for leftovers)
 
     # ------------------------------------------------------------ Files
     async def resolve(self, path: str) -> Place:
@@ -150,26 +151,31 @@ class ContainerSession:
         self._closed = True
         with anyio.CancelScope(shield=True):
             cid, files, self.container_id, self._files = self.container_id, self._files, None, None
-            if cid is not None:
-                if self._sync is not None and files is not None:
-                    with anyio.move_on_after(PULL_LIMIT):
-                        try:
-                            for notice in await self._sync.pull(cid, files.client):
-                                log.info("session %s: %s", self.session_id, notice)
-                        except Exception as exc:
-                            log.warning(
-                                "session %s: its workspace could not be copied back: %s", self.session_id, exc
-                            )
-                await _quietly(files.client.aclose() if files is not None else None)
-                with anyio.move_on_after(REMOVE_LIMIT):
+            if cid is not None and files is not None and self._sync is not None:
+                with anyio.move_on_after(PULL_LIMIT):
                     try:
-                        await self.engine.remove(cid)
+                        for notice in await self._sync.pull(cid, files.client):
+                            log.info("session %s: %s", self.session_id, notice)
                     except Exception as exc:
-                        log.warning(
-                            "container %s of session %s not removed: %s", cid[:12], self.session_id, exc
-                        )
+                        log.warning("session %s: its workspace was not copied back: %s", self.session_id, exc)
+            await _quietly(files.client.aclose() if files is not None else None)
             if self.engine is not None:
+                if self._created:
+                    with anyio.move_on_after(REMOVE_LIMIT):
+                        await self._remove_all(cid)
                 await _quietly(self.engine.aclose())
+
+    async def _remove_all(self, cid: str | None) -> None:
+        """This session's container, and any other this process made for it (one whose
+        creation was cancelled before its id came back)."""
+        try:
+            if cid is not None:
+                await self.engine.remove(cid)
+            mine = {owner.SESSION: self.session_id, owner.PID: str(os.getpid())}
+            for found in await self.engine.list_containers(mine):
+                await self.engine.remove(found["Id"])
+        except Exception as exc:
+            log.warning("the container of session %s was not removed: %s", self.session_id, exc)
 
     # ------------------------------------------------------------ the container
     async def _call(self, op: Callable[[Any], Awaitable[_T]], *, again_if_running: bool = True) -> _T:
@@ -248,6 +254,7 @@ class ContainerSession:
                 mount=self.mount,
                 hidden=self.hidden,
             )
+            self._created = True  # from here a container may exist, even if this call is cancelled
             cid = await self.engine.create_container(body)  # NotFound: says how to get the image
             try:
                 await self.engine.start(cid)
