@@ -173,11 +173,10 @@ class FilesystemHook(Hook):
         return [ServerSpec("filesystem", "inprocess", server=server)]
 
     def _container_server(self, session: Session, config: Config, roots: list[Path]) -> ServerSpec:
-        from mcp_servers.filesystem.container.engine import DockerEngine
-
         from crow import direct_call_state
         from mcp_servers.filesystem import build_server
         from mcp_servers.filesystem.container.backend import ContainerSession
+        from mcp_servers.filesystem.container.engine import DockerEngine
 
         hidden = file_tools_hidden(config)
         # DOCKER_HOST & co. from crow's environment; made at the first tool call

@@ -191,7 +191,10 @@ class ContainerSession:
                     f"the helper process in the container stopped while this command ran ({exc}); "
                     "the command may have killed it. It was started again: run what is needed again."
                 ) from None
-        return await op(await self._ready())
+        try:
+            return await op(await self._ready())
+        except HelperGone as exc:  # twice in a row: the next call starts over
+            raise ToolError(f"the helper in the container stopped again: {exc}") from None
 
     async def _ready(self) -> Any:
         if self._files is not None:
@@ -213,7 +216,12 @@ class ContainerSession:
             state = await self._inspect(cid) if cid is not None else None
             if cid is not None and state is not None and state.get("Running"):
                 log.warning("container %s: the helper stopped (%s); starting it again", cid[:12], why)
-                self._files = await self._exec_helper(cid)
+                try:
+                    self._files = await self._exec_helper(cid)
+                except BaseException:  # a container whose helper cannot start is of no use
+                    self.container_id = None
+                    await self._discard(cid)
+                    raise
                 return False
             log.warning(
                 "container %s of session %s is gone; starting a new one", (cid or "?")[:12], self.session_id
