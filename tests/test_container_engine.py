@@ -5,13 +5,17 @@ stream's demultiplexer is also driven over a socket pair, by a peer that sends g
 from __future__ import annotations
 
 import contextlib
+import getpass
 import io
 import os
+import shutil
 import socket
 import ssl
 import struct
 import subprocess
+import sys
 import tarfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -258,6 +262,28 @@ async def test_over_tls_with_client_certificates(podman: Any, tmp_path: Path) ->
                 await eng.ping()
 
 
+async def test_over_ssh_through_docker_dial_stdio(podman: Any, sshd: str) -> None:
+    async with _closing(DockerEngine.from_env({"DOCKER_HOST": sshd})) as eng:
+        assert not eng.is_local
+        await _round_trip(eng, podman)
+        async with _running(eng, podman) as cid, await eng.exec_stream(cid, ["cat"]) as stream:
+            await stream.send(b"over ssh")
+            assert await _read_exactly(stream, 8) == b"over ssh"
+            await stream.send_eof()  # ssh's stdin closed: cat ends
+            assert await _read_to_end(stream) == b""
+
+
+async def test_ssh_that_cannot_connect_says_why(sshd: str) -> None:
+    host = f"ssh://nobody@127.0.0.1:{_free_port()}"
+    async with _closing(DockerEngine.from_env({"DOCKER_HOST": host})) as eng:
+        with pytest.raises(EngineError) as caught:
+            await eng.ping()
+    assert str(caught.value) == (
+        f"cannot reach the container engine at {host}: ssh failed: ssh: connect to host 127.0.0.1 port "
+        f"{host.rsplit(':', 1)[1]}: Connection refused{UNREACHABLE}"
+    )
+
+
 # -- the exec stream's frames, from a peer that may lie ------------------------------------
 
 
@@ -348,7 +374,8 @@ def test_docker_host_tcp_ports_and_tls(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("host", "message"),
     [
-        ("ssh://me@build-box", "DOCKER_HOST=ssh://me@build-box: ssh:// is not supported yet; forward"),
+        ("ssh://me@box/var/run/docker.sock", "DOCKER_HOST=ssh://me@box/var/run/docker.sock: ssh:// takes only"),
+        ("ssh://", "DOCKER_HOST=ssh://: no host name"),
         ("npipe:////./pipe/docker_engine", "DOCKER_HOST='npipe:////./pipe/docker_engine' is not an engine address"),
         ("/var/run/docker.sock", "DOCKER_HOST='/var/run/docker.sock' is not an engine address"),
         ("tcp://host:port", "DOCKER_HOST=tcp://host:port: the port is not a number"),
@@ -415,6 +442,75 @@ async def _wait_for(eng: DockerEngine) -> None:
                 return
             except EngineError:
                 await anyio.sleep(0.05)
+
+
+@pytest.fixture
+def sshd(podman: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A real sshd on 127.0.0.1 (throwaway keys) whose `docker system dial-stdio` relays to the
+    Podman socket: the "remote" engine. Yields its DOCKER_HOST. The `docker` there is a
+    stand-in for the Docker CLI's dial-stdio; ssh, sshd and the engine are real."""
+    sshd_bin, ssh_bin, keygen = "/usr/sbin/sshd", shutil.which("ssh"), shutil.which("ssh-keygen")
+    if not (os.path.exists(sshd_bin) and ssh_bin and keygen):
+        pytest.skip("openssh-server is not installed (apt-get install openssh-server openssh-client)")
+    d = tmp_path / "ssh"
+    (d / "remote-bin").mkdir(parents=True)
+    (d / "client-bin").mkdir()
+    for key in ("host_key", "client_key"):
+        subprocess.run([keygen, "-q", "-t", "ed25519", "-N", "", "-f", str(d / key)], check=True)
+    _script(d / "remote-bin" / "docker", _DIAL_STDIO.format(python=sys.executable, socket=podman.socket))
+    _script(d / "remote-bin" / "login", f'#!/bin/sh\nPATH={d}/remote-bin:$PATH exec sh -c "$SSH_ORIGINAL_COMMAND"\n')
+    (d / "authorized_keys").write_text(f'command="{d}/remote-bin/login" ' + (d / "client_key.pub").read_text())
+    port = _free_port()
+    (d / "sshd_config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_key\nAuthorizedKeysFile {d}/authorized_keys\n"
+        f"PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+        f"PermitRootLogin prohibit-password\nPidFile {d}/sshd.pid\n"
+    )
+    (d / "known_hosts").write_text(f"[127.0.0.1]:{port} " + (d / "host_key.pub").read_text())
+    (d / "ssh_config").write_text(
+        f"Host 127.0.0.1\n  IdentityFile {d}/client_key\n  IdentitiesOnly yes\n"
+        f"  UserKnownHostsFile {d}/known_hosts\n  StrictHostKeyChecking yes\n"
+    )
+    # What a user's ~/.ssh/config does: the engine runs `ssh`, found on PATH.
+    _script(d / "client-bin" / "ssh", f'#!/bin/sh\nexec {ssh_bin} -F {d}/ssh_config "$@"\n')
+    monkeypatch.setenv("PATH", f"{d}/client-bin:{os.environ['PATH']}")
+    os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege separation folder
+    log = open(d / "sshd.log", "wb")
+    proc = subprocess.Popen([sshd_bin, "-D", "-e", "-f", str(d / "sshd_config")], stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, (d / "sshd.log").read_text()
+            time.sleep(0.05)
+        yield f"ssh://{getpass.getuser()}@127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+
+
+_DIAL_STDIO = """#!{python}
+import os, socket, sys, threading
+if sys.argv[1:] != ["system", "dial-stdio"]:
+    sys.exit("this docker stand-in only does `docker system dial-stdio`")
+engine = socket.socket(socket.AF_UNIX)
+engine.connect("{socket}")
+def upstream():
+    while data := os.read(0, 65536):
+        engine.sendall(data)
+    engine.shutdown(socket.SHUT_WR)
+threading.Thread(target=upstream, daemon=True).start()
+while data := engine.recv(65536):
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+"""
+
+
+def _script(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(0o755)
 
 
 @contextlib.asynccontextmanager

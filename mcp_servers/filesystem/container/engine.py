@@ -29,6 +29,8 @@ import anyio.abc
 import httpcore
 import httpx
 
+from mcp_servers.filesystem.container.ssh import ssh_argv, ssh_transport
+
 API_VERSION = "1.41"  # what Podman 4 serves, and Docker since 20.10
 NEWEST_API_VERSION = "1.44"  # Docker 29 refuses anything older; every Docker since 25 serves it
 CONNECT_TIMEOUT = 3.0  # seconds: an engine that is down must not hold up a tool call
@@ -68,7 +70,7 @@ class DockerEngine:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> DockerEngine:
-        """The engine `DOCKER_HOST` names (`unix://`, `tcp://`), with `DOCKER_TLS_VERIFY`,
+        """The engine `DOCKER_HOST` names (`unix://`, `tcp://`, `ssh://`), with `DOCKER_TLS_VERIFY`,
         `DOCKER_TLS` and `DOCKER_CERT_PATH` as the Docker CLI reads them."""
         env = os.environ if env is None else env
         host = env.get("DOCKER_HOST", "").strip()
@@ -84,14 +86,14 @@ class DockerEngine:
         if scheme == "tcp" and rest:
             return _tcp_engine(host, env)
         if scheme == "ssh":
-            raise EngineError(
-                f"DOCKER_HOST={host}: ssh:// is not supported yet; forward the remote engine's socket "
-                "instead (`ssh -nNT -L /tmp/docker.sock:/var/run/docker.sock USER@HOST`) and set "
-                "DOCKER_HOST=unix:///tmp/docker.sock"
-            )
+            try:
+                argv = ssh_argv(host)
+            except ValueError as exc:
+                raise EngineError(f"DOCKER_HOST={host}: {exc}") from None
+            return cls(host, ssh_transport(argv), "http://docker", is_local=False)
         raise EngineError(
             f"DOCKER_HOST={host!r} is not an engine address; use unix:///var/run/docker.sock or "
-            "tcp://HOST:PORT (with DOCKER_TLS_VERIFY=1 and DOCKER_CERT_PATH for TLS)"
+            "tcp://HOST:PORT (with DOCKER_TLS_VERIFY=1 and DOCKER_CERT_PATH for TLS) or ssh://[USER@]HOST[:PORT]"
         )
 
     async def aclose(self) -> None:
@@ -441,6 +443,9 @@ class _Upgraded(anyio.abc.ByteStream):
             raise anyio.BrokenResourceError(str(exc)) from exc
 
     async def send_eof(self) -> None:
+        half_close = self._net.get_extra_info("half_close")  # ssh's stdin
+        if half_close is not None:
+            return await half_close()
         sock = self._net.get_extra_info("socket")
         if sock is None or self._net.get_extra_info("ssl_object") is not None:
             raise EngineError("a process's stdin cannot be half-closed over this connection")
