@@ -6,9 +6,8 @@ speaks them directly instead of pulling in the docker SDK (sync, on requests: a 
 call, and its ssh needs paramiko). `DOCKER_HOST` is read as the Docker CLI reads it.
 
 Every failure becomes an `EngineError` whose message says what failed and what to do; a
-404 is `NotFound`. A process started with `exec_stream` is an `ExecStream`: the engine
-upgrades the exec-start request to a raw connection (`Upgrade: tcp`, answered 101) that
-carries stdin one way and 8-byte-header frames of stdout/stderr the other.
+404 is `NotFound`. A process started with `exec_stream` is an `ExecStream` (execstream.py)
+over the connection its exec-start request was upgraded to.
 """
 
 from __future__ import annotations
@@ -16,29 +15,25 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import ssl
-import struct
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 import anyio
-import anyio.abc
-import httpcore
 import httpx
 
+from mcp_servers.filesystem.container.execstream import ExecStream, StreamBroken, UpgradedConnection
 from mcp_servers.filesystem.container.ssh import ssh_argv, ssh_transport
+
+__all__ = ["DockerEngine", "EngineError", "ExecStream", "NotFound", "StreamBroken", "negotiate_version"]
 
 API_VERSION = "1.41"  # what Podman 4 serves, and Docker since 20.10
 NEWEST_API_VERSION = "1.44"  # Docker 29 refuses anything older; every Docker since 25 serves it
 CONNECT_TIMEOUT = 3.0  # seconds: an engine that is down must not hold up a tool call
 REQUEST_TIMEOUT = 120.0  # seconds of silence on a request (big archives, slow removes)
-STDERR_TAIL = 64 * 1024
-MAX_FRAME = 1024 * 1024  # engines send a frame per pipe read (Podman 8 KB, Docker 32 KB)
 DEFAULT_SOCKETS = ("/var/run/docker.sock", "/run/podman/podman.sock")
-_STDOUT, _STDERR = 1, 2
 
 
 class EngineError(Exception):
@@ -48,10 +43,6 @@ class EngineError(Exception):
 
 class NotFound(EngineError):
     """The engine answered 404: no such container, image, exec or path."""
-
-
-class StreamBroken(EngineError, anyio.BrokenResourceError):
-    """An exec stream broke: the connection failed or carried a garbled frame."""
 
 
 class DockerEngine:
@@ -245,7 +236,7 @@ class DockerEngine:
                 raise self._status_error(response, what)
             raise EngineError(f"{what}: the engine at {self.host} did not upgrade the connection "
                               f"(answered {response.status_code})")  # fmt: skip
-        return ExecStream(_Upgraded(response), exec_id)
+        return ExecStream(UpgradedConnection(response), exec_id)
 
     async def _exit_code(self, exec_id: str, what: str) -> int:
         # The stream can end a moment before the engine records the exit.
@@ -327,132 +318,6 @@ def negotiate_version(server: str | None) -> str:
         return API_VERSION
     newest = tuple(int(part) for part in NEWEST_API_VERSION.split("."))
     return NEWEST_API_VERSION if (major, minor) >= newest else f"{major}.{minor}"
-
-
-class ExecStream(anyio.abc.ByteStream):
-    """A process exec'd in a container as a byte stream: `send` feeds its stdin, `receive`
-    returns its stdout (the engine's frames taken apart; `anyio.EndOfStream` once it has
-    exited), and `stderr_tail` keeps the last 64 KB of its stderr. One receiver at a time.
-    A garbled frame or a broken connection raises `StreamBroken` and ends the stream."""
-
-    def __init__(self, raw: anyio.abc.ByteStream, exec_id: str = "") -> None:
-        self.exec_id = exec_id
-        self._raw = raw
-        self._buffer = bytearray()  # read from the connection, not yet taken apart
-        self._kind = 0  # the stream the current frame belongs to
-        self._left = 0  # bytes of the current frame still to come
-        self._stderr = bytearray()
-        self._broken: str | None = None
-        self._closed = False
-        self._send_lock = anyio.Lock()
-
-    @property
-    def stderr_tail(self) -> bytes:
-        return bytes(self._stderr)
-
-    async def receive(self, max_bytes: int = 65536) -> bytes:
-        if self._closed:
-            raise anyio.ClosedResourceError
-        if self._broken is not None:
-            raise StreamBroken(self._broken)
-        try:
-            return await self._next_stdout(max_bytes)
-        except StreamBroken as exc:
-            self._broken = str(exc)
-            with anyio.CancelScope(shield=True):
-                await self._raw.aclose()
-            raise
-
-    async def send(self, item: bytes) -> None:
-        if self._closed:
-            raise anyio.ClosedResourceError
-        async with self._send_lock:
-            try:
-                await self._raw.send(item)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-                raise StreamBroken(f"writing to the process: {exc or type(exc).__name__}") from None
-
-    async def send_eof(self) -> None:
-        """Close the process's stdin (not possible over TLS, where it raises)."""
-        async with self._send_lock:
-            await self._raw.send_eof()
-
-    async def aclose(self) -> None:
-        if not self._closed:
-            self._closed = True
-            await self._raw.aclose()
-
-    async def _next_stdout(self, max_bytes: int) -> bytes:
-        while True:
-            if self._left == 0:
-                while len(self._buffer) < 8:
-                    if not await self._fill():
-                        if self._buffer:
-                            raise StreamBroken("the exec stream ended inside a frame header")
-                        raise anyio.EndOfStream
-                header = bytes(self._buffer[:8])
-                kind, size = header[0], struct.unpack(">I", header[4:])[0]
-                if kind > 3 or header[1:4] != b"\0\0\0" or size > MAX_FRAME:
-                    raise StreamBroken(f"the exec stream is garbled (frame header {header.hex()})")
-                del self._buffer[:8]
-                self._kind, self._left = kind, size
-                continue
-            if not self._buffer and not await self._fill():
-                raise StreamBroken(f"the exec stream ended {self._left} bytes before its frame's end")
-            take = min(self._left, len(self._buffer), max_bytes)
-            chunk = bytes(self._buffer[:take])
-            del self._buffer[:take]
-            self._left -= take
-            if self._kind == _STDOUT:
-                return chunk
-            if self._kind != _STDERR:  # 0 (stdin) and 3 (the engine's own error) go with stderr
-                chunk = b"[engine] " + chunk
-            self._stderr += chunk
-            del self._stderr[:-STDERR_TAIL]
-
-    async def _fill(self) -> bool:
-        try:
-            self._buffer += await self._raw.receive()
-        except anyio.EndOfStream:
-            return False
-        except (anyio.BrokenResourceError, OSError) as exc:
-            raise StreamBroken(f"the exec stream broke: {exc or type(exc).__name__}") from None
-        return True
-
-
-class _Upgraded(anyio.abc.ByteStream):
-    """The raw connection an exec start was upgraded to (httpcore's network stream)."""
-
-    def __init__(self, response: httpx.Response) -> None:
-        self._response = response
-        self._net = response.extensions["network_stream"]
-
-    async def receive(self, max_bytes: int = 65536) -> bytes:
-        try:
-            data: bytes = await self._net.read(max_bytes)
-        except (httpcore.NetworkError, httpcore.TimeoutException) as exc:
-            raise anyio.BrokenResourceError(str(exc)) from exc
-        if not data:
-            raise anyio.EndOfStream
-        return data
-
-    async def send(self, item: bytes) -> None:
-        try:
-            await self._net.write(item)
-        except (httpcore.NetworkError, httpcore.TimeoutException) as exc:
-            raise anyio.BrokenResourceError(str(exc)) from exc
-
-    async def send_eof(self) -> None:
-        half_close = self._net.get_extra_info("half_close")  # ssh's stdin
-        if half_close is not None:
-            return await half_close()
-        sock = self._net.get_extra_info("socket")
-        if sock is None or self._net.get_extra_info("ssl_object") is not None:
-            raise EngineError("a process's stdin cannot be half-closed over this connection")
-        sock.shutdown(socket.SHUT_WR)
-
-    async def aclose(self) -> None:
-        await self._response.aclose()  # after a 101 this closes the connection
 
 
 def _tcp_engine(host: str, env: Mapping[str, str]) -> DockerEngine:

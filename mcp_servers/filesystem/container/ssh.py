@@ -43,7 +43,10 @@ def ssh_argv(host: str) -> list[str]:
 def ssh_transport(argv: list[str]) -> httpx.AsyncHTTPTransport:
     transport = httpx.AsyncHTTPTransport()
     # httpx has no public way to pass a network backend; its pool is this one otherwise.
-    transport._pool = httpcore.AsyncConnectionPool(network_backend=_SshBackend(argv), max_connections=None)
+    transport._pool = httpcore.AsyncConnectionPool(
+        network_backend=_SshBackend(argv), max_connections=None, max_keepalive_connections=4,
+        keepalive_expiry=30.0,  # an idle connection is an ssh process: keep few, not forever
+    )  # fmt: skip
     return transport
 
 
