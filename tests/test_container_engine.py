@@ -284,6 +284,22 @@ async def test_ssh_that_cannot_connect_says_why(sshd: str) -> None:
     )
 
 
+async def test_ssh_failure_is_reported_in_its_own_words_even_when_its_stdin_broke_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An ssh that closes its stdin, then fails: the request's write breaks before the read
+    # sees the end, so the broken pipe must not hide what ssh said (the race the real ssh
+    # in the test above loses now and then, made certain).
+    _script(tmp_path / "ssh", '#!/bin/sh\nexec 0<&-\necho "ssh: Could not resolve hostname box" >&2\nsleep 0.3\nexit 255\n')
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    async with _closing(DockerEngine.from_env({"DOCKER_HOST": "ssh://box"})) as eng:
+        with pytest.raises(EngineError) as caught:
+            await eng.ping()
+    assert str(caught.value) == (
+        f"cannot reach the container engine at ssh://box: ssh failed: ssh: Could not resolve hostname box{UNREACHABLE}"
+    )
+
+
 # -- the exec stream's frames, from a peer that may lie ------------------------------------
 
 

@@ -374,10 +374,11 @@ def _id(resp: httpx.Response, what: str) -> str:
 
 
 def _why(exc: BaseException) -> str:
-    """The root cause of a connection failure, in words."""
+    """The cause of a connection failure, in words: a known root cause, else the first
+    message along the chain of causes (the outermost says the most)."""
     if isinstance(exc, httpx.ConnectTimeout):
         return f"no answer within {CONNECT_TIMEOUT:.0f} s"
-    words = str(exc) or type(exc).__name__
+    words = ""
     cause: BaseException | None = exc
     while cause is not None:
         if isinstance(cause, FileNotFoundError):
@@ -388,6 +389,6 @@ def _why(exc: BaseException) -> str:
             return "permission denied (is this user allowed to use the engine's socket?)"
         if isinstance(cause, ssl.SSLError):
             return f"TLS failed: {cause.reason or cause}"
+        words = words or str(cause)
         cause = cause.__cause__ or cause.__context__
-        words = str(cause) or words if cause is not None else words
-    return words
+    return words or type(exc).__name__

@@ -86,6 +86,7 @@ class _SshStream(httpcore.AsyncNetworkStream):
         except TimeoutError as exc:
             raise httpcore.ReadTimeout("no answer through ssh") from exc
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+            await self._raise_if_failed(wait=1)
             raise httpcore.ReadError(str(exc) or type(exc).__name__) from exc
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
@@ -96,7 +97,7 @@ class _SshStream(httpcore.AsyncNetworkStream):
         except TimeoutError as exc:
             raise httpcore.WriteTimeout("ssh did not take the request") from exc
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-            await self._raise_if_failed()
+            await self._raise_if_failed(wait=1)
             raise httpcore.WriteError(str(exc) or type(exc).__name__) from exc
 
     async def aclose(self) -> None:
@@ -112,11 +113,12 @@ class _SshStream(httpcore.AsyncNetworkStream):
         assert self._process.stdin is not None
         await self._process.stdin.aclose()
 
-    async def _raise_if_failed(self) -> None:
-        """ssh's own words when it exited with an error (cannot connect, no `docker` there)."""
-        with anyio.move_on_after(SSH_CONNECT_TIMEOUT):
+    async def _raise_if_failed(self, wait: float = SSH_CONNECT_TIMEOUT) -> None:
+        """ssh's own words when it exited with an error (cannot connect, no `docker` there);
+        whichever of its pipes breaks first, they are the cause to report."""
+        with anyio.move_on_after(wait):
             await self._process.wait()
-        if self._process.returncode in (0, None):
+        if self._process.returncode is None or self._process.returncode <= 0:  # < 0: we killed it
             return
         said = b""
         with anyio.move_on_after(1):
