@@ -39,7 +39,9 @@ from mcp_servers.filesystem.container.engine import (
 pytestmark = pytest.mark.anyio
 
 UNREACHABLE = "; start Docker or Podman (`podman system service`), or set DOCKER_HOST"
-CERTS = r"; check that it runs and accepts the certificates in DOCKER_CERT_PATH \(ca\.pem, cert\.pem, key\.pem\)"
+CERTS = (
+    r"; check that it runs and accepts the certificates in DOCKER_CERT_PATH \(ca\.pem, cert\.pem, key\.pem\)"
+)
 
 
 @pytest.fixture
@@ -122,9 +124,15 @@ async def test_create_start_inspect_and_a_process_both_ways(engine: DockerEngine
             assert await _read_to_end(stream) == b"abcd"
 
 
-async def test_exec_run_reports_exit_code_output_env_workdir_and_user(engine: DockerEngine, podman: Any) -> None:
+async def test_exec_run_reports_exit_code_output_env_workdir_and_user(
+    engine: DockerEngine, podman: Any
+) -> None:
     async with _running(engine, podman) as cid:
-        assert await engine.exec_run(cid, ["sh", "-c", "echo out; echo err >&2; exit 3"]) == (3, b"out\n", b"err\n")
+        assert await engine.exec_run(cid, ["sh", "-c", "echo out; echo err >&2; exit 3"]) == (
+            3,
+            b"out\n",
+            b"err\n",
+        )
         code, out, _ = await engine.exec_run(
             cid, ["sh", "-c", 'pwd; echo "$FOO"; id -u'], env={"FOO": "bar baz"}, workdir="/tmp", user="65534"
         )
@@ -162,7 +170,9 @@ async def test_list_containers_by_label_in_any_state(engine: DockerEngine, podma
         try:
             found = await engine.list_containers({"crow.run": run})
             assert sorted(c["Id"] for c in found) == sorted([running, stopped])
-            assert [c["Id"] for c in await engine.list_containers({"crow.run": run, "crow.role": None})] == [running]
+            assert [c["Id"] for c in await engine.list_containers({"crow.run": run, "crow.role": None})] == [
+                running
+            ]
             assert await engine.list_containers({"crow.run": run, "crow.role": "b"}) == []
         finally:
             await engine.remove(stopped)
@@ -215,7 +225,9 @@ async def test_a_closed_tcp_port_is_a_clear_error() -> None:
         assert not eng.is_local
         with pytest.raises(EngineError) as caught:
             await eng.exec_stream("x", ["true"])
-    assert str(caught.value) == f"cannot reach the container engine at {host}: connection refused{UNREACHABLE}"
+    assert (
+        str(caught.value) == f"cannot reach the container engine at {host}: connection refused{UNREACHABLE}"
+    )
 
 
 async def test_over_tcp(podman: Any, tmp_path: Path) -> None:
@@ -243,14 +255,21 @@ async def test_over_tls_with_client_certificates(podman: Any, tmp_path: Path) ->
     context.verify_mode = ssl.CERT_REQUIRED  # the proxy, like dockerd --tlsverify, wants a client cert
 
     async with _tls_proxy(context, podman.socket) as port:
-        env = {"DOCKER_HOST": f"tcp://127.0.0.1:{port}", "DOCKER_TLS_VERIFY": "1", "DOCKER_CERT_PATH": str(certs)}
+        env = {
+            "DOCKER_HOST": f"tcp://127.0.0.1:{port}",
+            "DOCKER_TLS_VERIFY": "1",
+            "DOCKER_CERT_PATH": str(certs),
+        }
         async with _closing(DockerEngine.from_env(env)) as eng:
             await _round_trip(eng, podman)
 
         # Without the client certificate the engine refuses the connection.
         (certs / "key.pem").unlink()
         async with _closing(DockerEngine.from_env(env)) as eng:
-            with pytest.raises(EngineError, match=rf"^cannot reach the container engine at tcp://127\.0\.0\.1:{port}: .*{CERTS}$"):
+            with pytest.raises(
+                EngineError,
+                match=rf"^cannot reach the container engine at tcp://127\.0\.0\.1:{port}: .*{CERTS}$",
+            ):
                 await eng.ping()
 
         # An engine whose certificate this CA did not sign is not trusted.
@@ -290,7 +309,10 @@ async def test_ssh_failure_is_reported_in_its_own_words_even_when_its_stdin_brok
     # An ssh that closes its stdin, then fails: the request's write breaks before the read
     # sees the end, so the broken pipe must not hide what ssh said (the race the real ssh
     # in the test above loses now and then, made certain).
-    _script(tmp_path / "ssh", '#!/bin/sh\nexec 0<&-\necho "ssh: Could not resolve hostname box" >&2\nsleep 0.3\nexit 255\n')
+    _script(
+        tmp_path / "ssh",
+        '#!/bin/sh\nexec 0<&-\necho "ssh: Could not resolve hostname box" >&2\nsleep 0.3\nexit 255\n',
+    )
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     async with _closing(DockerEngine.from_env({"DOCKER_HOST": "ssh://box"})) as eng:
         with pytest.raises(EngineError) as caught:
@@ -321,7 +343,9 @@ async def _fake_exec() -> AsyncIterator[tuple[ExecStream, socket.socket]]:
 async def test_frames_are_taken_apart_stdout_returned_and_stderr_kept_bounded() -> None:
     async with _fake_exec() as (stream, peer):
         big_err = b"e" * 100_000
-        peer.sendall(_frame(1, b"hel") + _frame(2, big_err) + _frame(1, b"lo") + _frame(2, b"END") + _frame(1, b""))
+        peer.sendall(
+            _frame(1, b"hel") + _frame(2, big_err) + _frame(1, b"lo") + _frame(2, b"END") + _frame(1, b"")
+        )
         peer.sendall(_frame(3, b"oci runtime error"))
         peer.shutdown(socket.SHUT_WR)
         assert await _read_to_end(stream) == b"hello"
@@ -363,7 +387,9 @@ async def test_a_stream_cut_inside_a_frame_is_an_error_not_an_end(cut: int) -> N
 # -- DOCKER_HOST ----------------------------------------------------------------------------
 
 
-def test_docker_host_default_prefers_docker_then_podman(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_docker_host_default_prefers_docker_then_podman(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     docker, podman_sock = tmp_path / "docker.sock", tmp_path / "podman.sock"
     monkeypatch.setattr(engine_module, "DEFAULT_SOCKETS", (str(docker), str(podman_sock)))
     assert DockerEngine.from_env({}).host == f"unix://{docker}"  # neither there: the usual one, named
@@ -377,22 +403,34 @@ def test_docker_host_tcp_ports_and_tls(tmp_path: Path) -> None:
     assert str(DockerEngine.from_env({"DOCKER_HOST": "tcp://example.test"})._client.base_url) == (
         "http://example.test:2375"
     )
-    tls = DockerEngine.from_env({"DOCKER_HOST": "tcp://example.test", "DOCKER_TLS": "1", "HOME": str(tmp_path)})
+    tls = DockerEngine.from_env(
+        {"DOCKER_HOST": "tcp://example.test", "DOCKER_TLS": "1", "HOME": str(tmp_path)}
+    )
     assert str(tls._client.base_url) == "https://example.test:2376"
     assert not tls.is_local
     (tmp_path / "ca.pem").write_text("not a certificate")
     with pytest.raises(EngineError, match=rf"^DOCKER_CERT_PATH={tmp_path}: cannot load the TLS certificates"):
         DockerEngine.from_env(
-            {"DOCKER_HOST": "tcp://example.test:1", "DOCKER_TLS_VERIFY": "1", "DOCKER_CERT_PATH": str(tmp_path)}
+            {
+                "DOCKER_HOST": "tcp://example.test:1",
+                "DOCKER_TLS_VERIFY": "1",
+                "DOCKER_CERT_PATH": str(tmp_path),
+            }
         )
 
 
 @pytest.mark.parametrize(
     ("host", "message"),
     [
-        ("ssh://me@box/var/run/docker.sock", "DOCKER_HOST=ssh://me@box/var/run/docker.sock: ssh:// takes only"),
+        (
+            "ssh://me@box/var/run/docker.sock",
+            "DOCKER_HOST=ssh://me@box/var/run/docker.sock: ssh:// takes only",
+        ),
         ("ssh://", "DOCKER_HOST=ssh://: no host name"),
-        ("npipe:////./pipe/docker_engine", "DOCKER_HOST='npipe:////./pipe/docker_engine' is not an engine address"),
+        (
+            "npipe:////./pipe/docker_engine",
+            "DOCKER_HOST='npipe:////./pipe/docker_engine' is not an engine address",
+        ),
         ("/var/run/docker.sock", "DOCKER_HOST='/var/run/docker.sock' is not an engine address"),
         ("tcp://host:port", "DOCKER_HOST=tcp://host:port: the port is not a number"),
         ("tcp://:2375", "DOCKER_HOST=tcp://:2375: no host name"),
@@ -474,8 +512,13 @@ def sshd(podman: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
     for key in ("host_key", "client_key"):
         subprocess.run([keygen, "-q", "-t", "ed25519", "-N", "", "-f", str(d / key)], check=True)
     _script(d / "remote-bin" / "docker", _DIAL_STDIO.format(python=sys.executable, socket=podman.socket))
-    _script(d / "remote-bin" / "login", f'#!/bin/sh\nPATH={d}/remote-bin:$PATH exec sh -c "$SSH_ORIGINAL_COMMAND"\n')
-    (d / "authorized_keys").write_text(f'command="{d}/remote-bin/login" ' + (d / "client_key.pub").read_text())
+    _script(
+        d / "remote-bin" / "login",
+        f'#!/bin/sh\nPATH={d}/remote-bin:$PATH exec sh -c "$SSH_ORIGINAL_COMMAND"\n',
+    )
+    (d / "authorized_keys").write_text(
+        f'command="{d}/remote-bin/login" ' + (d / "client_key.pub").read_text()
+    )
     port = _free_port()
     (d / "sshd_config").write_text(
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_key\nAuthorizedKeysFile {d}/authorized_keys\n"
@@ -534,7 +577,9 @@ async def _tls_proxy(context: ssl.SSLContext, target: Path) -> AsyncIterator[int
     """TLS on 127.0.0.1:PORT in front of the engine's unix socket, relayed both ways."""
 
     async def relay(src: anyio.abc.ByteStream, dst: anyio.abc.ByteStream) -> None:
-        with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+        with contextlib.suppress(
+            anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError
+        ):
             while True:
                 await dst.send(await src.receive())
 

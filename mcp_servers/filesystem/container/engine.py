@@ -154,28 +154,17 @@ class DockerEngine:
         return found
 
     async def exec_stream(
-        self,
-        container: str,
-        cmd: list[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        workdir: str | None = None,
-        user: str | None = None,
-    ) -> ExecStream:
+        self, container: str, cmd: list[str], *, env: Mapping[str, str] | None = None,
+        workdir: str | None = None, user: str | None = None,
+    ) -> ExecStream:  # fmt: skip
         """`cmd` running in the container, its stdin, stdout and stderr on one connection."""
         what = f"starting {cmd[0]!r} in the container" if cmd else "exec"
         return await self._exec(container, cmd, env, workdir, user, stdin=True, what=what)
 
     async def exec_run(
-        self,
-        container: str,
-        cmd: list[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        workdir: str | None = None,
-        user: str | None = None,
-        max_output: int = 1024 * 1024,
-    ) -> tuple[int, bytes, bytes]:
+        self, container: str, cmd: list[str], *, env: Mapping[str, str] | None = None,
+        workdir: str | None = None, user: str | None = None, max_output: int = 1024 * 1024,
+    ) -> tuple[int, bytes, bytes]:  # fmt: skip
         """Run `cmd` to its end with no stdin: (exit code, the first `max_output` bytes of
         stdout, the last 64 KB of stderr). For one-shot setup steps, not the model's commands."""
         what = f"running {cmd[0]!r} in the container" if cmd else "exec"
