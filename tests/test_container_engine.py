@@ -238,6 +238,28 @@ async def test_over_tcp(podman: Any, tmp_path: Path) -> None:
             await _round_trip(eng, podman)
 
 
+async def test_an_engine_that_goes_down_ends_the_stream_and_later_calls_say_so(
+    podman: Any, tmp_path: Path
+) -> None:
+    port = _free_port()
+    host = f"tcp://127.0.0.1:{port}"
+    async with _closing(DockerEngine.from_env({"DOCKER_HOST": host})) as eng, _running_via(podman) as cid:
+        with _service(podman, host, tmp_path) as service:
+            await _wait_for(eng)
+            stream = await eng.exec_stream(cid, ["cat"])
+            await stream.send(b"up")
+            assert await _read_exactly(stream, 2) == b"up"
+            service.terminate()  # the stream ends like a process that exited: the caller re-execs
+            with anyio.fail_after(30), pytest.raises(anyio.EndOfStream):
+                await stream.receive()
+            await stream.aclose()
+        with pytest.raises(EngineError) as caught:
+            await eng.inspect(cid)
+    assert (
+        str(caught.value) == f"cannot reach the container engine at {host}: connection refused{UNREACHABLE}"
+    )
+
+
 async def test_over_tls_with_client_certificates(podman: Any, tmp_path: Path) -> None:
     import trustme
 
@@ -455,6 +477,14 @@ def test_api_version_is_the_servers_capped_at_what_the_client_knows(server: str 
 
 
 @contextlib.asynccontextmanager
+async def _running_via(podman: Any) -> AsyncIterator[str]:
+    """A running test container made through the session's engine (not the one under test)."""
+    async with _closing(DockerEngine.from_env({"DOCKER_HOST": podman.docker_host})) as eng:
+        async with _running(eng, podman) as cid:
+            yield cid
+
+
+@contextlib.asynccontextmanager
 async def _closing(eng: DockerEngine) -> AsyncIterator[DockerEngine]:
     try:
         yield eng
@@ -469,7 +499,7 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def _service(podman: Any, address: str, tmp_path: Path) -> Iterator[None]:
+def _service(podman: Any, address: str, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     """A second `podman system service` on the same storage, listening at `address`."""
     log = open(tmp_path / "service.log", "wb")
     proc = subprocess.Popen(
@@ -477,7 +507,7 @@ def _service(podman: Any, address: str, tmp_path: Path) -> Iterator[None]:
         env={**os.environ, **podman.env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:
-        yield
+        yield proc
     finally:
         proc.terminate()
         try:
