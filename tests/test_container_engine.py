@@ -161,6 +161,11 @@ async def test_put_archive_then_get_archive(engine: DockerEngine, podman: Any) -
             assert member is not None and member.read() == data
         with pytest.raises(NotFound):
             await engine.get_archive(cid, "/no/such/file")
+        assert len(await engine.get_archive(cid, "/tmp/dir", max_bytes=10_000)) <= 10_000
+        with pytest.raises(
+            EngineError, match=r"^copying /tmp/dir out: the archive is larger than 1000 bytes$"
+        ):
+            await engine.get_archive(cid, "/tmp/dir", max_bytes=1000)
 
 
 async def test_list_containers_by_label_in_any_state(engine: DockerEngine, podman: Any) -> None:

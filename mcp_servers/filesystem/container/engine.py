@@ -184,12 +184,22 @@ class DockerEngine:
             params={"path": path}, content=tar, headers={"Content-Type": "application/x-tar"},
         )  # fmt: skip
 
-    async def get_archive(self, container: str, path: str) -> bytes:
-        """`path` in the container (file or folder) as a tar archive."""
-        resp = await self._request(
-            "GET", f"/containers/{_path(container)}/archive", f"copying {path} out", params={"path": path}
-        )
-        return resp.content
+    async def get_archive(self, container: str, path: str, *, max_bytes: int | None = None) -> bytes:
+        """`path` in the container (file or folder) as a tar archive; `EngineError` once it
+        grows past `max_bytes` (what the model made there can be any size)."""
+        what = f"copying {path} out"
+        url = f"{await self._api_prefix()}/containers/{_path(container)}/archive"
+        data = bytearray()
+        with self._errors(what):
+            async with self._client.stream("GET", url, params={"path": path}) as resp:
+                if resp.status_code >= 400:
+                    await resp.aread()
+                    raise self._status_error(resp, what)
+                async for chunk in resp.aiter_raw():
+                    data += chunk
+                    if max_bytes is not None and len(data) > max_bytes:
+                        raise EngineError(f"{what}: the archive is larger than {max_bytes} bytes")
+        return bytes(data)
 
     # -- plumbing ----------------------------------------------------------------------------
 
