@@ -235,6 +235,25 @@ async def test_a_closed_tcp_port_is_a_clear_error() -> None:
     )
 
 
+async def test_a_server_that_is_not_an_engine_is_a_clear_error() -> None:
+    async def answer(conn: anyio.abc.ByteStream) -> None:
+        async with conn:
+            await conn.receive()
+            await conn.send(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    host = f"tcp://127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}"
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, answer)
+        async with _closing(DockerEngine.from_env({"DOCKER_HOST": host})) as eng:
+            with pytest.raises(EngineError) as caught:
+                await eng.create_container({"Image": "x"})
+        tg.cancel_scope.cancel()
+    assert str(caught.value) == (
+        f"cannot reach the container engine at {host}: /_ping answered 404: not a Docker or Podman engine{UNREACHABLE}"
+    )
+
+
 async def test_over_tcp(podman: Any, tmp_path: Path) -> None:
     port = _free_port()
     with _service(podman, f"tcp://127.0.0.1:{port}", tmp_path):

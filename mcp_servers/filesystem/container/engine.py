@@ -259,7 +259,7 @@ class DockerEngine:
             with self._errors("connecting"):
                 resp = await self._client.get("/_ping")
             if resp.status_code != 200:
-                raise self._status_error(resp, "connecting")
+                raise self._unreachable(f"/_ping answered {resp.status_code}: not a Docker or Podman engine")
             self._prefix = f"/v{negotiate_version(resp.headers.get('API-Version'))}"
         return self._prefix
 
@@ -277,25 +277,25 @@ class DockerEngine:
         try:
             yield
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol) as exc:
-            raise self._unreachable(exc) from None
+            raise self._unreachable(_why(exc)) from None
         except httpx.TimeoutException:
             raise EngineError(
                 f"{what}: the container engine at {self.host} did not answer within {REQUEST_TIMEOUT:.0f} s"
             ) from None
         except httpx.TransportError as exc:
             if what == "connecting":  # e.g. a TLS engine refusing our certificate after the handshake
-                raise self._unreachable(exc) from None
+                raise self._unreachable(_why(exc)) from None
             raise EngineError(
                 f"{what}: the connection to the container engine at {self.host} broke: {_why(exc)}"
             ) from None
 
-    def _unreachable(self, exc: Exception) -> EngineError:
+    def _unreachable(self, why: str) -> EngineError:
         todo = (
             "check that it runs and accepts the certificates in DOCKER_CERT_PATH (ca.pem, cert.pem, key.pem)"
             if self.tls
             else "start Docker or Podman (`podman system service`), or set DOCKER_HOST"
         )
-        return EngineError(f"cannot reach the container engine at {self.host}: {_why(exc)}; {todo}")
+        return EngineError(f"cannot reach the container engine at {self.host}: {why}; {todo}")
 
     def _status_error(self, resp: httpx.Response, what: str) -> EngineError:
         try:
