@@ -1,6 +1,7 @@
 """DockerEngine against a real Podman serving the Docker Engine API: on its unix socket, on
-tcp://, and over TLS through a TLS-terminating proxy with client certificates. The exec
-stream's demultiplexer is also driven over a socket pair, by a peer that sends garbage."""
+tcp://, over TLS through a TLS-terminating proxy with client certificates, and over ssh://
+through a real sshd. The exec stream's demultiplexer is also driven over a socket pair, by
+a peer that sends garbage."""
 
 from __future__ import annotations
 
