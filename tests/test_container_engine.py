@@ -55,7 +55,7 @@ async def engine(podman: Any) -> AsyncIterator[DockerEngine]:
 
 
 def _spec(podman: Any, **labels: str) -> dict[str, Any]:
-    return {"Image": podman.image, "Cmd": ["sleep", "infinity"], "Labels": {"crow.test": "1", **labels}}
+    return {"Image": podman.image, "Cmd": ["sleep", "infinity"], "Labels": {**podman.labels, **labels}}
 
 
 @contextlib.asynccontextmanager
@@ -107,7 +107,7 @@ async def test_ping_and_image_exists(engine: DockerEngine, podman: Any) -> None:
 async def test_create_start_inspect_and_a_process_both_ways(engine: DockerEngine, podman: Any) -> None:
     async with _running(engine, podman) as cid:
         info = await engine.inspect(cid)
-        assert info is not None and info["State"]["Running"] and info["Config"]["Labels"]["crow.test"] == "1"
+        assert info is not None and info["State"]["Running"] and info["Config"]["Labels"]["crow.test"] == podman.token
         stream = await engine.exec_stream(cid, ["sh", "-c", "echo warming >&2; cat; echo bye >&2"])
         async with stream:
             for message in (b"ping\n", b"\x00\x01binary\xff" * 1000):
@@ -202,12 +202,12 @@ async def test_remove_is_idempotent_and_a_removed_container_inspects_as_none(
 async def test_a_missing_image_is_not_found_with_how_to_get_it(engine: DockerEngine, podman: Any) -> None:
     image = "localhost/crow-missing:1"
     with pytest.raises(NotFound) as caught:
-        await engine.create_container({"Image": image, "Labels": {"crow.test": "1"}})
+        await engine.create_container({"Image": image, "Labels": podman.labels})
     assert str(caught.value) == (
         f"image {image} is not on the engine at {podman.docker_host}; pull it (`docker pull {image}` / "
         f"`podman pull {image}`) or build it"
     )
-    assert podman.containers("label=crow.test=1", "status=created") == []
+    assert podman.containers(f"label=crow.test={podman.token}", "status=created") == []
 
 
 @pytest.mark.parametrize("method", ["ping", "image_exists", "create"])
