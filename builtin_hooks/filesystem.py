@@ -267,7 +267,6 @@ def _existing(roots: list[Path]) -> list[Path]:
 async def remove_orphans() -> None:
     """Containers left by crow processes on this machine that were killed (owner.py)."""
     from mcp_servers.filesystem.container.engine import DockerEngine
-
     from mcp_servers.filesystem.container.owner import sweep_once
 
     try:

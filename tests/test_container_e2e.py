@@ -164,7 +164,8 @@ async def test_a_killed_crows_container_is_removed_by_the_next_crow_and_no_other
     }
     kept = []
     for name, labels in decoys.items():
-        flags = [f"--label=crow.session=decoy-{name}"] + [f"--label={k}={v}" for k, v in labels.items()]
+        labels = {**labels, **podman.labels, "crow.session": f"decoy-{name}"}
+        flags = [f"--label={k}={v}" for k, v in labels.items()]
         kept.append(podman.podman("create", *flags, podman.image, "python3", "-c", "0").stdout.strip())
     try:
         llm.push(call("execute", "x", command="true"), Reply(text="done"))
