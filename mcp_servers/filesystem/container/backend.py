@@ -299,13 +299,12 @@ class ContainerSession:
     async def _exec_helper(self, cid: str) -> Any:
         """The helper exec'd in the container, past its handshake, as a `ContainerFiles`."""
         from mcp_servers.filesystem.container.files import ContainerFiles
-        from mcp_servers.filesystem.container.helper import source
-        from mcp_servers.filesystem.container.protocol import HelperClient
+        from mcp_servers.filesystem.container.protocol import HelperClient, helper_source
 
         client = stream = None
         try:
             stream = await self.engine.exec_stream(
-                cid, ["python3", "-c", source()], workdir=self.config.workdir
+                cid, ["python3", "-c", helper_source()], workdir=self.config.workdir
             )
             client = HelperClient(stream)
             await client.handshake()
