@@ -316,3 +316,29 @@ async def test_a_session_closed_while_it_loads_stays_closed(home: Path, workspac
         loaded, _transcript = await loading
         assert sid not in agent.sessions and loaded.tools is None
         assert await wait_until(lambda: not running(marker), timeout=5)
+
+
+async def test_run_in_background_from_the_loop_or_a_hook_factorys_thread_ends_with_the_agent(
+    home: Path,
+) -> None:
+    """`Agent.run_in_background`: hook factories run in a worker thread (plugins.install),
+    and their housekeeping still belongs to the agent: cancelled and awaited at close."""
+    agent = Agent(Config(home=home))
+    ran, stopped = anyio.Event(), []
+
+    async def forever() -> None:
+        ran.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            stopped.append("forever")
+
+    async def once() -> None:
+        stopped.append("once")
+
+    done = agent.run_in_background("t.once", once)
+    await anyio.to_thread.run_sync(agent.run_in_background, "t.forever", forever)
+    await done.wait()
+    await ran.wait()
+    await agent.aclose()
+    assert stopped == ["once", "forever"]
