@@ -230,6 +230,7 @@ async def test_local_files_report_what_is_at_a_path(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "fifo")
     (tmp_path / "link").symlink_to(tmp_path / "d")
     files = LocalFiles(Workspace(tmp_path))
+    assert isinstance(files, Files)
     kinds = {
         name: (await files.resolve(name)).kind for name in ("f", "d", "fifo", "link", "none", "f/x", ".")
     }
