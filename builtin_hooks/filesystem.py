@@ -183,7 +183,7 @@ class FilesystemHook(Hook):
         connect = partial(DockerEngine.from_env, os.environ)
         box = ContainerSession(config.backend, session.id, roots, connect, hidden=hidden)
         server = build_server(
-            session.cwd,
+            None,
             files=box,
             backend=box,
             request_state_security=direct_call_state(),
