@@ -1,0 +1,365 @@
+"""The workspace in copy mode: how a session's roots reach a container on a remote engine
+(where no bind mount is possible) and how the model's changes come back.
+
+- `copy_in`, once the container runs: every root is packed into one tar (folders, regular
+  files, symlinks kept as symlinks, permission bits kept; hidden paths, sockets, FIFOs and
+  devices skipped; nothing else, `.git` included) and put under its container root. Over
+  100,000 files or 2 GB: refused (`WorkspaceTooLarge`), saying to use a local engine (the
+  workspace mounted) or a smaller folder.
+- `push`, at the start of a turn: what the user changed here since the last sync (files,
+  folders, symlinks, deletions; told by size, mtime and mode) goes to the container.
+- `pull`, at the end of a turn: one scan per root tells what changed in the container since
+  the last sync. New and changed files come back byte for byte (from the engine's
+  archive, one call when they are close together), deletions are applied here only to
+  what the user left unchanged, symlinks come back only when relative and inside the root.
+  A path the user changed here during the turn that the model changed too keeps the
+  user's version: the model's is dropped and a notice names the file. It is not saved
+  beside it: a stray copy would land in the user's tree (builds, test discovery, globs,
+  git status) with nothing to tell the user what it is, and the next push puts the user's
+  version in the container, so both sides agree again.
+
+Each side keeps its own record of the last sync (the engine's archive does not keep
+nanosecond mtimes, so the container's times are its own). Every name from the container is
+hostile input: synchost checks it and writes through localfs.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import posixpath
+from collections.abc import Iterable, Sequence
+from pathlib import Path, PurePosixPath
+from typing import Any, Protocol
+
+import anyio
+
+from mcp_servers.filesystem.container import synchost as host
+from mcp_servers.filesystem.container.synchost import SyncError, Tree, WorkspaceTooLarge
+
+__all__ = ["SyncError", "WorkspaceSync", "WorkspaceTooLarge"]
+
+_SLACK = 16 * 1024 * 1024  # unchanged bytes worth fetching to make one archive call, not many
+_PARALLEL = 8  # archive calls in flight when the changes are spread out
+_RM_BATCH = 500
+
+
+class _Engine(Protocol):
+    async def put_archive(self, container_id: str, path: str, tar: bytes) -> None: ...
+    async def get_archive(self, container_id: str, path: str) -> bytes: ...
+    async def exec_run(self, container_id: str, cmd: list[str]) -> tuple[int, bytes, bytes]: ...
+
+
+class _Root:
+    def __init__(self, croot: PurePosixPath, hroot: Path, hidden: Iterable[Path]) -> None:
+        self.croot = croot
+        self.root = Path(os.path.realpath(hroot))
+        self.hidden = host.hidden_rels(self.root, hidden)
+        self.host = Tree()  # this machine at the last sync
+        self.cont = Tree()  # the container at the last sync
+
+    def cpath(self, rel: str) -> str:
+        return str(self.croot / rel) if rel else str(self.croot)
+
+
+class WorkspaceSync:
+    """One session's roots copied into its container and kept in step, turn by turn."""
+
+    def __init__(
+        self, engine: Any, pairs: list[tuple[PurePosixPath, Path]], hidden: Iterable[Path] = ()
+    ) -> None:
+        hidden = list(hidden)
+        self._engine: _Engine = engine
+        self._roots = [_Root(c, h, hidden) for c, h in pairs]
+        self._lock = anyio.Lock()
+
+    # ------------------------------------------------------------------ copy in, push
+    async def copy_in(self, container_id: str, client: Any) -> None:
+        """Every root into its container root (WorkspaceTooLarge over the caps)."""
+        async with self._lock:
+            budget = [host.MAX_FILES, host.MAX_BYTES]
+            for r in self._roots:
+                r.host = await anyio.to_thread.run_sync(host.walk, r.root, r.hidden, budget)
+            for r in self._roots:
+                names = [*r.host.dirs, *r.host.files, *r.host.links]
+                tar = await anyio.to_thread.run_sync(_pack, r, names, True)
+                await self._engine.put_archive(container_id, "/", tar)
+            for r in self._roots:
+                r.cont, _ = await _scan(client, r)
+
+    async def push(self, container_id: str, client: Any) -> list[str]:
+        """What the user changed here since the last sync, into the container."""
+        async with self._lock:
+            budget = [host.MAX_FILES, host.MAX_BYTES]
+            for r in self._roots:
+                now = await anyio.to_thread.run_sync(host.walk, r.root, r.hidden, budget)
+                gone = _topmost([n for n in _names(r.host) if _kind(now, n) != _kind(r.host, n)])
+                changed = [n for n in _names(now) if now.kind(n) != r.host.kind(n)]
+                if gone:
+                    await self._remove_in_container(container_id, r, gone)
+                if changed:
+                    tar = await anyio.to_thread.run_sync(_pack, r, changed, False, now)
+                    await self._engine.put_archive(container_id, "/", tar)
+                r.host = now
+                if gone or changed:
+                    # Only what was pushed takes the container's new times: anything else that
+                    # changed there (a job the model left running) is still brought back at pull.
+                    scan, _ = await _scan(client, r)
+                    r.cont = _merge(r.cont, scan, set(changed), gone)
+        return []
+
+    async def _remove_in_container(self, container_id: str, r: _Root, rels: list[str]) -> None:
+        for i in range(0, len(rels), _RM_BATCH):
+            paths = [r.cpath(n) for n in rels[i : i + _RM_BATCH]]
+            code, _, err = await self._engine.exec_run(container_id, ["rm", "-rf", "--", *paths])
+            if code != 0:
+                raise SyncError(
+                    f"cannot remove {len(paths)} deleted path(s) in the container: {err[-300:]!r}"
+                )
+
+    # ------------------------------------------------------------------ pull
+    async def pull(self, container_id: str, client: Any) -> list[str]:
+        """What changed in the container since the last sync, onto this machine; notices
+        for the user (conflicts, what was refused)."""
+        notices: list[str] = []
+        async with self._lock:
+            for r in self._roots:
+                scan, bad = await _scan(client, r)
+                if bad:
+                    notices.append(
+                        f"{bad} malformed entr(y/ies) in the container's listing of {r.croot} ignored"
+                    )
+                notices += await self._pull_root(container_id, r, scan)
+                r.cont = scan
+        return notices
+
+    async def _pull_root(self, container_id: str, r: _Root, scan: Tree) -> list[str]:
+        base = r.cont
+        notices: list[str] = []
+        changed = [n for n in _names(scan) if scan.kind(n) != base.kind(n)]
+        removed = (
+            []
+            if scan.truncated
+            else [n for n in _names(base) if scan.kind(n) is None or _kind(scan, n) != _kind(base, n)]
+        )
+        if scan.truncated:
+            notices.append(
+                f"{r.croot} in the container holds too many files to list: no deletion brought back"
+            )
+        if not changed and not removed:
+            return notices
+        if (
+            len(changed) > host.MAX_FILES
+            or sum(scan.files[n][0] for n in changed if n in scan.files) > host.MAX_BYTES
+        ):
+            scan.files = {n: s for n, s in scan.files.items() if base.files.get(n) == s}  # retried next turn
+            too_much = f"more than {host.MAX_FILES:,} files or {host.MAX_BYTES // 1024**3} GB"
+            return [*notices, f"the model changed {too_much} in {r.croot}: none of it was brought back"]
+
+        def usable(n: str) -> bool:
+            rel = host.safe_rel(n, r.hidden)
+            if rel is None:
+                notices.append(f"skipped {n!r} from the container: outside the workspace, or hidden")
+                return False
+            here = host.host_state(r.root, n)
+            if here == ("dir",) and n in scan.dirs:
+                return False  # the same folder on both sides: nothing to do
+            if here != r.host.kind(n):
+                what = "deleted" if scan.kind(n) is None else "changed"
+                notices.append(
+                    f"{r.root / n}: changed here during the turn and {what} in the container; "
+                    "kept yours, the model's version was dropped"
+                )
+                return False
+            return True
+
+        ok = {n: usable(n) for n in dict.fromkeys([*removed, *changed])}  # each name judged once
+        removed = [n for n in removed if ok[n]]
+        changed = [n for n in changed if ok[n]]
+        for n in sorted(removed, key=lambda n: (n in base.dirs, -n.count("/"))):
+            notices += _apply(r, n, base, "remove")
+        for n in sorted(changed, key=lambda n: (n not in scan.dirs, n)):
+            if n in scan.dirs:
+                notices += _apply(r, n, scan, "mkdir")
+            elif n in scan.links:
+                if host.safe_link_target(r.root, n, scan.links[n], r.hidden):
+                    notices += _apply(r, n, scan, "link")
+                else:
+                    notices.append(
+                        f"skipped the symlink {n} -> {scan.links[n]} from the container: it leads outside"
+                    )
+        wanted = [n for n in changed if n in scan.files]
+        if wanted:
+            fetched = await self._fetch(container_id, r, scan, wanted)
+            for n, (data, mode) in fetched.items():
+                notices += _apply(r, n, scan, "write", data, mode)
+            for n in set(wanted) - set(fetched):  # gone from the archive: looked at again next pull
+                scan.files.pop(n, None)
+        return notices
+
+    async def _fetch(
+        self, container_id: str, r: _Root, scan: Tree, wanted: list[str]
+    ) -> dict[str, tuple[bytes, int]]:
+        """The wanted files' bytes and modes, from the engine's archive: one call for their
+        nearest common folder when that costs little more, else one per file."""
+        common = (
+            posixpath.commonpath([posixpath.dirname(n) for n in wanted]) if len(wanted) > 1 else wanted[0]
+        )
+        want_bytes = sum(scan.files[n][0] for n in wanted)
+        under = sum(
+            s[0] for n, s in scan.files.items() if not common or n == common or n.startswith(common + "/")
+        )
+        fetches = [common] if under <= want_bytes + _SLACK else wanted
+        got: dict[str, tuple[bytes, int]] = {}
+        wanted_set = set(wanted)
+        limiter = anyio.Semaphore(_PARALLEL)
+
+        async def one(rel: str) -> None:
+            async with limiter:
+                tar = await self._engine.get_archive(container_id, r.cpath(rel))
+            got.update(await anyio.to_thread.run_sync(_members, tar, rel, r.croot, wanted_set))
+
+        async with anyio.create_task_group() as tg:
+            for rel in fetches:
+                tg.start_soon(one, rel)
+        return got
+
+
+# ------------------------------------------------------------------ helpers
+def _names(tree: Tree) -> list[str]:
+    return [*tree.dirs, *tree.files, *tree.links]
+
+
+def _kind(tree: Tree, rel: str) -> str:
+    return "file" if rel in tree.files else "link" if rel in tree.links else "dir" if rel in tree.dirs else ""
+
+
+def _merge(old: Tree, new: Tree, touched: set[str], gone: list[str]) -> Tree:
+    """`old`, with the entries at `touched` names and under `gone` ones taken from `new`."""
+
+    def fresh(n: str) -> bool:
+        return n in touched or any(n == g or n.startswith(g + "/") for g in gone)
+
+    merged = Tree(truncated=new.truncated)
+    for src, pick in ((old, lambda n: not fresh(n)), (new, fresh)):
+        merged.files.update((n, s) for n, s in src.files.items() if pick(n))
+        merged.links.update((n, t) for n, t in src.links.items() if pick(n))
+        merged.dirs.update(n for n in src.dirs if pick(n))
+    return merged
+
+
+def _topmost(rels: list[str]) -> list[str]:
+    """`rels` without those under another of them (rm -rf takes the folder's content)."""
+    kept: list[str] = []
+    for rel in sorted(rels):
+        if not kept or not (rel == kept[-1] or rel.startswith(kept[-1] + "/")):
+            kept.append(rel)
+    return kept
+
+
+def _pack(r: _Root, names: Sequence[str], with_root: bool, tree: Tree | None = None) -> bytes:
+    return host.pack(r.root, str(r.croot).lstrip("/"), tree or r.host, names, with_root=with_root)
+
+
+def _members(
+    tar: bytes, fetched: str, croot: PurePosixPath, wanted: set[str]
+) -> dict[str, tuple[bytes, int]]:
+    """The regular files of an archive of `fetched` (relative to `croot`) that are among
+    `wanted`, by their name relative to the root. Only names equal to a wanted one are
+    taken, so a forged member (`../x`, `/etc/x`, a link) is never used."""
+    import io
+    import tarfile
+
+    top = posixpath.basename(str(croot / fetched) if fetched else str(croot))
+    found: dict[str, tuple[bytes, int]] = {}
+    left = host.MAX_BYTES
+    try:
+        with tarfile.open(fileobj=io.BytesIO(tar), mode="r:") as archive:
+            for m in archive:
+                name = m.name.removeprefix("./")
+                if not m.isreg() or not (name == top or name.startswith(top + "/")):
+                    continue
+                sub = name[len(top) + 1 :]
+                rel = f"{fetched}/{sub}" if fetched and sub else fetched or sub
+                if rel in wanted and rel not in found and m.size <= left:
+                    f = archive.extractfile(m)
+                    data = f.read() if f else b""
+                    if len(data) == m.size:
+                        found[rel] = (data, m.mode & 0o777)
+                        left -= m.size
+    except tarfile.TarError:
+        pass  # a broken archive brings back what came before the break
+    return found
+
+
+def _apply(r: _Root, rel: str, tree: Tree, op: str, data: bytes = b"", mode: int = 0) -> list[str]:
+    """One change on this machine, recorded in `r.host` when it happened; a notice when not."""
+    try:
+        if op == "remove":
+            kind = _kind(tree, rel)
+            if kind == "file":
+                host.localfs.remove_file(r.root, r.root / rel)
+            elif kind == "link":
+                host.remove_link(r.root, rel)
+            else:
+                host.remove_dir(r.root, rel)
+        elif op == "mkdir":
+            host.make_dirs(r.root, rel)
+        elif op == "link":
+            host.write_link(r.root, rel, tree.links[rel])
+        else:
+            host.write_file(r.root, rel, data, mode)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        if op == "remove" and exc.errno == errno.ENOTEMPTY:
+            return [f"kept the folder {r.root / rel}: the model removed it but it holds files of yours"]
+        return [f"could not apply the model's change to {r.root / rel}: {exc.strerror or exc}"]
+    finally:
+        _record(r, rel)
+    return []
+
+
+def _record(r: _Root, rel: str) -> None:
+    """Put what is at `rel` here now into the host record."""
+    for part in (r.host.files, r.host.links):
+        part.pop(rel, None)
+    r.host.dirs.discard(rel)
+    state = host.host_state(r.root, rel)
+    if state is None:
+        return
+    if state[0] == "file":
+        r.host.files[rel] = state[1:]  # type: ignore[assignment]
+    elif state[0] == "link":
+        r.host.links[rel] = state[1]  # type: ignore[assignment]
+    elif state[0] == "dir":
+        r.host.dirs.add(rel)
+
+
+async def _scan(client: Any, r: _Root) -> tuple[Tree, int]:
+    """The container's side of a root, from the helper's scan, shape-checked: a tree and how
+    many entries were malformed (dropped). Names are checked where they are used."""
+    reply = await client.request("scan", root=str(r.croot))
+    tree, bad = Tree(), 0
+    if not isinstance(reply, dict):
+        raise SyncError(f"the helper's scan of {r.croot} is malformed")
+    files, dirs, links = reply.get("files"), reply.get("dirs"), reply.get("symlinks")
+    if not isinstance(files, dict) or not isinstance(dirs, list) or not isinstance(links, dict):
+        raise SyncError(f"the helper's scan of {r.croot} is malformed")
+    for name, st in files.items():
+        if isinstance(st, list) and len(st) == 3 and all(type(v) is int and v >= 0 for v in st):
+            tree.files[name] = (st[0], st[1], st[2] & 0o777)
+        else:
+            bad += 1
+    for name in dirs:
+        if isinstance(name, str):
+            tree.dirs.add(name)
+        else:
+            bad += 1
+    for name, target in links.items():
+        if isinstance(target, str):
+            tree.links[name] = target
+        else:
+            bad += 1
+    tree.truncated = reply.get("truncated") is not False
+    return tree, bad

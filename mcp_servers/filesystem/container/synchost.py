@@ -1,0 +1,291 @@
+"""This machine's side of the workspace sync (copy mode): walking a root into a `Tree`,
+packing entries into a tar for the engine, and applying the container's changes safely.
+
+What the container sends is hostile input: a command the model ran can forge the helper's
+scan and the engine's archive. So a name from the container is used only after
+`safe_rel` accepted it (relative, no `.`/`..`/empty parts, not hidden), every write goes
+through localfs (from the root, one component at a time, no symlink followed, the file
+replaced atomically), and a symlink comes back only when its target is relative and,
+both as written and as it resolves here, stays inside the root and out of hidden paths.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import posixpath
+import secrets
+import stat
+import tarfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mcp_servers.filesystem import localfs
+
+MAX_FILES = 100_000
+MAX_BYTES = 2 * 1024**3
+_MAX_NAME = 255
+_MAX_PATH = 4095
+
+FileState = tuple[int, int, int]  # size, mtime_ns, permission bits
+
+
+class SyncError(Exception):
+    """The workspace cannot be synced (its message says why and what to do)."""
+
+
+class WorkspaceTooLarge(SyncError):
+    """Over MAX_FILES files or MAX_BYTES bytes: copy mode refuses it."""
+
+
+@dataclass
+class Tree:
+    """One side of one root: names relative to it (POSIX)."""
+
+    files: dict[str, FileState] = field(default_factory=dict)
+    dirs: set[str] = field(default_factory=set)
+    links: dict[str, str] = field(default_factory=dict)
+    truncated: bool = False  # the container's scan stopped early: absences mean nothing
+
+    def kind(self, rel: str) -> tuple[object, ...] | None:
+        """What is at `rel` as this tree saw it (compared to tell a change)."""
+        if rel in self.files:
+            return ("file", *self.files[rel])
+        if rel in self.links:
+            return ("link", self.links[rel])
+        return ("dir",) if rel in self.dirs else None
+
+
+def too_large(what: str) -> WorkspaceTooLarge:
+    return WorkspaceTooLarge(
+        f"the workspace is too large to copy into a container ({what}; copy mode takes at most "
+        f"{MAX_FILES:,} files and {MAX_BYTES // 1024**3} GB): use a local engine, where the "
+        "workspace is mounted instead of copied, or open a smaller folder"
+    )
+
+
+def hidden_rels(root: Path, hidden: Iterable[Path]) -> frozenset[str]:
+    """The hidden paths strictly inside `root`, relative to it (as paths.Workspace keeps
+    them: a root inside a hidden folder is where the user chose to work)."""
+    real = Path(os.path.realpath(root))
+    rels = set()
+    for h in hidden:
+        resolved = Path(os.path.realpath(h))
+        if resolved != real and resolved.is_relative_to(real):
+            rels.add(resolved.relative_to(real).as_posix())
+    return frozenset(rels)
+
+
+def is_hidden(rel: str, hidden: frozenset[str]) -> bool:
+    return any(rel == h or rel.startswith(h + "/") for h in hidden)
+
+
+def walk(root: Path, hidden: frozenset[str], budget: list[int] | None = None) -> Tree:
+    """Every folder, regular file and symlink under `root` (symlinks not followed), except
+    hidden paths and sockets, FIFOs and devices. `budget` ([files, bytes] left, shared by
+    the roots of one sync) is spent; WorkspaceTooLarge once it runs out."""
+    budget = budget if budget is not None else [MAX_FILES, MAX_BYTES]
+    tree = Tree()
+    stack = [""]
+    while stack:
+        base = stack.pop()
+        with os.scandir(os.path.join(root, base) if base else root) as entries:
+            for entry in entries:
+                rel = f"{base}/{entry.name}" if base else entry.name
+                if is_hidden(rel, hidden):
+                    continue
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    tree.dirs.add(rel)
+                    stack.append(rel)
+                    continue
+                if stat.S_ISLNK(st.st_mode):
+                    tree.links[rel] = os.readlink(entry.path)
+                elif stat.S_ISREG(st.st_mode):
+                    tree.files[rel] = (st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode) & 0o777)
+                    budget[1] -= st.st_size
+                else:
+                    continue
+                budget[0] -= 1
+                if budget[0] < 0:
+                    raise too_large(f"more than {MAX_FILES:,} files")
+                if budget[1] < 0:
+                    raise too_large(f"more than {MAX_BYTES // 1024**3} GB")
+    return tree
+
+
+def pack(root: Path, prefix: str, tree: Tree, names: Iterable[str], *, with_root: bool) -> bytes:
+    """A tar of `names` (in `tree`) read from `root`, each named `prefix/name` (prefix: the
+    container root without its leading "/"), folders first; with `with_root`, the root's
+    own folder too (so a container root that does not exist yet is made)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        if with_root:
+            tar.addfile(_info(prefix, tarfile.DIRTYPE, stat.S_IMODE(os.stat(root).st_mode)))
+        ordered = sorted(names, key=lambda n: (n not in tree.dirs, n))
+        for name in ordered:
+            arcname = f"{prefix}/{name}"
+            if name in tree.dirs:
+                mode = stat.S_IMODE(os.lstat(root / name).st_mode)
+                tar.addfile(_info(arcname, tarfile.DIRTYPE, mode))
+            elif name in tree.links:
+                info = _info(arcname, tarfile.SYMTYPE, 0o777)
+                info.linkname = tree.links[name]
+                tar.addfile(info)
+            elif name in tree.files:
+                try:
+                    fd, _ = localfs.open_regular(root, root / name)
+                except OSError:
+                    continue  # gone or replaced since the walk: the next sync sees what is there
+                with os.fdopen(fd, "rb") as f:
+                    st = os.fstat(f.fileno())
+                    info = _info(arcname, tarfile.REGTYPE, stat.S_IMODE(st.st_mode) & 0o777)
+                    info.size, info.mtime = st.st_size, st.st_mtime
+                    tar.addfile(info, _Exactly(f, st.st_size))
+    return buf.getvalue()
+
+
+def _info(name: str, kind: bytes, mode: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.uid, info.gid, info.uname, info.gname = kind, mode, 0, 0, "", ""
+    return info
+
+
+class _Exactly(io.RawIOBase):
+    """`size` bytes of a file that may grow or shrink while it is read (padded with NULs):
+    the tar header already promised that size."""
+
+    def __init__(self, f: io.BufferedReader, size: int) -> None:
+        self._f, self._left = f, size
+
+    def read(self, n: int = -1) -> bytes:
+        n = self._left if n < 0 else min(n, self._left)
+        data = self._f.read(n)
+        data += b"\0" * (n - len(data))
+        self._left -= n
+        return data
+
+
+# ------------------------------------------------------------------ the container's side, checked
+def safe_rel(rel: object, hidden: frozenset[str]) -> str | None:
+    """`rel` when it can name a path inside a root: a string, relative, no NUL, no empty,
+    `.` or `..` part, within the OS's limits, not hidden; else None."""
+    if not isinstance(rel, str) or not rel or "\x00" in rel or rel.startswith("/"):
+        return None
+    try:
+        raw = os.fsencode(rel)
+    except UnicodeEncodeError:
+        return None
+    parts = rel.split("/")
+    if len(raw) > _MAX_PATH or any(p in ("", ".", "..") or len(os.fsencode(p)) > _MAX_NAME for p in parts):
+        return None
+    return None if is_hidden(rel, hidden) else rel
+
+
+def safe_link_target(root: Path, rel: str, target: str, hidden: frozenset[str]) -> bool:
+    """Whether a symlink at `rel` to `target` stays inside `root`: relative, inside as
+    written, and inside where it resolves on this machine now (a symlink of the user's on
+    the way may lead out), never into a hidden path."""
+    if not target or "\x00" in target or target.startswith("/"):
+        return False
+    joined = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target))
+    if joined == ".." or joined.startswith("../") or (joined != "." and is_hidden(joined, hidden)):
+        return False
+    real_root = os.path.realpath(root)
+    resolved = os.path.realpath(os.path.join(real_root, joined))
+    if resolved != real_root and not resolved.startswith(real_root + "/"):
+        return False
+    inside = os.path.relpath(resolved, real_root)
+    return inside == "." or not is_hidden(inside, hidden)
+
+
+def host_state(root: Path, rel: str) -> tuple[object, ...] | None:
+    """What is at `rel` on this machine now, in `Tree.kind`'s form."""
+    try:
+        st = os.lstat(root / rel)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISREG(st.st_mode):
+        return ("file", st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode) & 0o777)
+    if stat.S_ISLNK(st.st_mode):
+        return ("link", os.readlink(root / rel))
+    return ("dir",) if stat.S_ISDIR(st.st_mode) else ("other",)
+
+
+def _parent_fd(root: Path, rel: str) -> tuple[int, str]:
+    """An fd on the folder holding `rel` (made when missing, reached without following a
+    symlink: localfs.open_dir) and the last name."""
+    parent, _, name = rel.rpartition("/")
+    if parent:
+        make_dirs(root, parent)
+    return localfs.open_dir(root, root / parent if parent else root), name
+
+
+def make_dirs(root: Path, rel: str) -> None:
+    """Make folder `rel` and the missing ones above it, each reached without following a
+    symlink (a symlink on the way: localfs.PathChangedError)."""
+    done = ""
+    for part in rel.split("/"):
+        path = f"{done}/{part}" if done else part
+        try:
+            os.close(localfs.open_dir(root, root / path))
+        except FileNotFoundError:
+            fd = localfs.open_dir(root, root / done if done else root)
+            try:
+                os.mkdir(part, 0o777, dir_fd=fd)
+            except FileExistsError:
+                pass
+            finally:
+                os.close(fd)
+            os.close(localfs.open_dir(root, root / path))  # refuses a symlink made meanwhile
+        done = path
+
+
+def write_file(root: Path, rel: str, data: bytes, mode: int) -> None:
+    localfs.write_bytes(root, root / rel, data, mode & 0o777)
+
+
+def write_link(root: Path, rel: str, target: str) -> None:
+    """Make (or replace) the symlink `rel` -> `target` atomically: made under a temporary
+    name in its folder, then renamed over the old entry (never over a folder)."""
+    fd, name = _parent_fd(root, rel)
+    try:
+        try:
+            if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                raise IsADirectoryError(errno.EISDIR, "a folder is in the way", str(root / rel))
+        except FileNotFoundError:
+            pass
+        tmp = f".crow-link-{secrets.token_hex(6)}.tmp"
+        os.symlink(target, tmp, dir_fd=fd)
+        try:
+            os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        except OSError:
+            os.unlink(tmp, dir_fd=fd)
+            raise
+    finally:
+        os.close(fd)
+
+
+def remove_link(root: Path, rel: str) -> None:
+    """Remove the symlink `rel` (and only a symlink: anything else is left, OSError)."""
+    parent, _, name = rel.rpartition("/")
+    fd = localfs.open_dir(root, root / parent if parent else root)
+    try:
+        if not stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+            raise OSError(errno.EINVAL, "not a symlink", str(root / rel))
+        os.unlink(name, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def remove_dir(root: Path, rel: str) -> None:
+    """Remove the folder `rel` if it is empty (OSError ENOTEMPTY when the user put files
+    in it, which stay)."""
+    parent, _, name = rel.rpartition("/")
+    fd = localfs.open_dir(root, root / parent if parent else root)
+    try:
+        os.rmdir(name, dir_fd=fd)
+    finally:
+        os.close(fd)
