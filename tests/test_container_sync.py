@@ -8,12 +8,16 @@ import io
 import os
 import socket
 import tarfile
-from pathlib import Path
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
 
 import pytest
 
 from mcp_servers.filesystem import localfs
 from mcp_servers.filesystem.container import synchost
+from mcp_servers.filesystem.container.sync import WorkspaceSync
 from mcp_servers.filesystem.container.synchost import WorkspaceTooLarge
 
 
@@ -89,17 +93,18 @@ def test_a_workspace_over_two_gigabytes_is_refused_saying_what_to_do(tmp_path: P
     assert "smaller folder" in str(err.value)
 
 
-def test_a_workspace_over_100_000_files_is_refused(tmp_path: Path) -> None:
+def test_a_workspace_over_the_file_cap_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert synchost.MAX_FILES == 100_000
+    monkeypatch.setattr(synchost, "MAX_FILES", 50)  # 100,000 real files take a minute here
     ws = tmp_path / "ws"
-    for d in range(101):
-        sub = ws / f"d{d}"
-        sub.mkdir(parents=True)
-        for i in range(1000 if d < 100 else 1):
-            (sub / str(i)).touch()
-    with pytest.raises(WorkspaceTooLarge, match="more than 100,000 files"):
+    for d in range(5):
+        (ws / f"d{d}").mkdir(parents=True)
+        for i in range(10):
+            (ws / f"d{d}" / str(i)).touch()
+    assert len(synchost.walk(ws, frozenset()).files) == 50  # the cap itself is allowed
+    (ws / "one-more").touch()
+    with pytest.raises(WorkspaceTooLarge, match="more than 50 files"):
         synchost.walk(ws, frozenset())
-    (ws / "d100" / "0").unlink()
-    assert len(synchost.walk(ws, frozenset()).files) == 100_000  # the cap itself is allowed
 
 
 # ------------------------------------------------------------------ hostile names, checked here
@@ -153,3 +158,312 @@ def test_write_link_replaces_a_file_atomically_but_never_a_folder(tmp_path: Path
     with pytest.raises(IsADirectoryError):
         synchost.write_link(ws, "dir", "target")
     assert (ws / "dir").is_dir() and sorted(os.listdir(ws)) == ["dir", "f"]  # no temp name left
+
+
+# ------------------------------------------------------------------ the round trip, real engine
+CROOT = PurePosixPath("/workspace")
+
+
+@dataclass
+class Box:
+    """A running container with the helper exec'd in it, and a workspace on this machine."""
+
+    engine: Any
+    cid: str
+    client: Any
+    ws: Path
+    outside: Path  # next to the workspace: nothing may ever change here
+
+    async def sh(self, script: str) -> str:
+        code, out, err = await self.engine.exec_run(self.cid, ["sh", "-c", script])
+        assert code == 0, err.decode(errors="replace")
+        return out.decode()
+
+    async def read(self, path: str) -> bytes:
+        code, out, _ = await self.engine.exec_run(self.cid, ["cat", path])
+        assert code == 0, path
+        return out
+
+    async def exists(self, path: str) -> bool:
+        code, _, _ = await self.engine.exec_run(self.cid, ["test", "-e", path])
+        return code == 0
+
+
+@pytest.fixture
+async def box(podman: Any, tmp_path: Path) -> AsyncIterator[Box]:
+    from mcp_servers.filesystem.container import helper
+    from mcp_servers.filesystem.container.engine import DockerEngine
+    from mcp_servers.filesystem.container.protocol import HelperClient
+
+    engine = DockerEngine.from_env({"DOCKER_HOST": podman.docker_host})
+    spec = {
+        "Image": podman.image,
+        "Labels": {"crow.test": "sync"},
+        "Cmd": ["python3", "-c", "import signal; signal.pause()"],
+    }
+    cid = await engine.create_container(spec)
+    try:
+        await engine.start(cid)
+        client = HelperClient(await engine.exec_stream(cid, ["python3", "-c", helper.source()]))
+        await client.handshake()
+        ws, outside = tmp_path / "ws", tmp_path / "outside"
+        ws.mkdir()
+        outside.mkdir()
+        (outside / "precious").write_text("the user's\n")
+        yield Box(engine, cid, client, ws, outside)
+        await client.aclose()
+    finally:
+        await engine.remove(cid)
+        await engine.aclose()
+
+
+def _sync(b: Box, hidden: list[Path] | None = None) -> WorkspaceSync:
+    return WorkspaceSync(b.engine, [(CROOT, b.ws)], hidden or [])
+
+
+BINARY = bytes(range(256)) * 40 + b"\x00\xff\r\n"
+
+
+def _workspace(ws: Path) -> None:
+    (ws / "src").mkdir()
+    (ws / "src" / "main.py").write_text("print('hi')\n")
+    (ws / "run.sh").write_text("#!/bin/sh\necho ran\n")
+    (ws / "run.sh").chmod(0o755)
+    (ws / "blob.bin").write_bytes(BINARY)
+    (ws / ".git").mkdir()
+    (ws / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    os.symlink("src/main.py", ws / "link.py")
+    (ws / "empty").mkdir()
+
+
+@pytest.mark.anyio
+async def test_copy_in_puts_the_workspace_in_the_container_hidden_paths_left_out(box: Box) -> None:
+    _workspace(box.ws)
+    (box.ws / ".crow").mkdir()
+    (box.ws / ".crow" / "config.yaml").write_text("api_key: sk-secret\n")  # crow's home inside
+    (box.ws / ".netrc").write_text("machine h password p\n")
+    sync = _sync(box, [box.ws / ".crow", box.ws / ".netrc"])
+    await sync.copy_in(box.cid, box.client)
+
+    assert await box.read("/workspace/src/main.py") == b"print('hi')\n"
+    assert await box.read("/workspace/blob.bin") == BINARY
+    assert await box.read("/workspace/.git/HEAD") == b"ref: refs/heads/main\n"
+    assert await box.sh("/workspace/run.sh") == "ran\n"
+    assert await box.sh("readlink /workspace/link.py") == "src/main.py\n"
+    assert await box.sh("test -d /workspace/empty && echo yes") == "yes\n"
+    assert not await box.exists("/workspace/.crow/config.yaml")
+    assert not await box.exists("/workspace/.crow")
+    assert not await box.exists("/workspace/.netrc")
+    assert await box.sh("grep -r sk-secret /workspace || echo none") == "none\n"
+
+
+@pytest.mark.anyio
+async def test_a_workspace_over_the_cap_is_refused_before_anything_is_copied(box: Box) -> None:
+    with open(box.ws / "disk.img", "wb") as f:
+        f.truncate(synchost.MAX_BYTES + 1)
+    with pytest.raises(WorkspaceTooLarge, match="use a local engine"):
+        await _sync(box).copy_in(box.cid, box.client)
+    assert not await box.exists("/workspace")
+
+
+@pytest.mark.anyio
+async def test_the_models_changes_come_back_at_pull_binary_byte_for_byte(box: Box) -> None:
+    _workspace(box.ws)
+    sync = _sync(box)
+    await sync.copy_in(box.cid, box.client)
+    assert await sync.pull(box.cid, box.client) == []  # nothing changed: nothing to say
+
+    new_binary = bytes(reversed(BINARY)) + b"\x00" * 1000
+    await box.engine.put_archive(box.cid, "/workspace/src", _tar_of({"data.bin": new_binary}))
+    await box.sh(
+        "cd /workspace && echo 'print(1)' > src/main.py && mkdir -p pkg/deep && echo x > pkg/deep/new.txt"
+        " && chmod 700 run.sh && ln -s ../src pkg/src && rm blob.bin && rmdir empty"
+    )
+    assert await sync.pull(box.cid, box.client) == []
+    assert (box.ws / "src" / "main.py").read_text() == "print(1)\n"
+    assert (box.ws / "src" / "data.bin").read_bytes() == new_binary
+    assert (box.ws / "pkg" / "deep" / "new.txt").read_text() == "x\n"
+    assert os.readlink(box.ws / "pkg" / "src") == "../src"
+    assert (box.ws / "run.sh").stat().st_mode & 0o777 == 0o700
+    assert not (box.ws / "blob.bin").exists()
+    assert not (box.ws / "empty").exists()
+    assert _snapshot(box.outside) == {"precious": ("file", b"the user's\n")}
+    assert await sync.pull(box.cid, box.client) == []  # and nothing comes back twice
+
+
+@pytest.mark.anyio
+async def test_the_users_edits_between_turns_reach_the_container_at_push(box: Box) -> None:
+    _workspace(box.ws)
+    sync = _sync(box)
+    await sync.copy_in(box.cid, box.client)
+    (box.ws / "src" / "main.py").write_text("print('edited')\n")
+    (box.ws / "docs").mkdir()
+    (box.ws / "docs" / "new.md").write_text("# new\n")
+    (box.ws / "blob.bin").unlink()
+    (box.ws / "src" / "main.py").chmod(0o600)
+    os.rmdir(box.ws / "empty")
+    os.unlink(box.ws / "link.py")
+    os.symlink("docs/new.md", box.ws / "link.py")
+    assert await sync.push(box.cid, box.client) == []
+    assert await box.read("/workspace/src/main.py") == b"print('edited')\n"
+    assert await box.sh("stat -c %a /workspace/src/main.py") == "600\n"
+    assert await box.read("/workspace/docs/new.md") == b"# new\n"
+    assert await box.sh("readlink /workspace/link.py") == "docs/new.md\n"
+    assert not await box.exists("/workspace/blob.bin")
+    assert not await box.exists("/workspace/empty")
+    # What was pushed does not come back as the model's change, nor is lost on the way.
+    assert await sync.pull(box.cid, box.client) == []
+    assert (box.ws / "src" / "main.py").read_text() == "print('edited')\n"
+
+
+@pytest.mark.anyio
+async def test_a_file_changed_on_both_sides_keeps_the_users_version(box: Box) -> None:
+    _workspace(box.ws)
+    sync = _sync(box)
+    await sync.copy_in(box.cid, box.client)
+    await box.sh("echo model > /workspace/src/main.py && echo model > /workspace/both-new.txt")
+    (box.ws / "src" / "main.py").write_text("user\n")
+    (box.ws / "both-new.txt").write_text("user\n")
+    notices = await sync.pull(box.cid, box.client)
+    assert sorted(notices) == sorted(
+        f"{box.ws / n}: changed here during the turn and changed in the container; "
+        "kept yours, the model's version was dropped"
+        for n in ("src/main.py", "both-new.txt")
+    )
+    assert (box.ws / "src" / "main.py").read_text() == "user\n"
+    assert (box.ws / "both-new.txt").read_text() == "user\n"
+    assert sorted(os.listdir(box.ws / "src")) == ["main.py"]  # no copy of the model's beside it
+    # The next turn starts with the user's version in the container too.
+    await sync.push(box.cid, box.client)
+    assert await box.read("/workspace/src/main.py") == b"user\n"
+    assert await box.read("/workspace/both-new.txt") == b"user\n"
+
+
+@pytest.mark.anyio
+async def test_deletions_come_back_only_for_what_the_user_left_alone(box: Box) -> None:
+    _workspace(box.ws)
+    (box.ws / "keep.txt").write_text("v1\n")
+    sync = _sync(box)
+    await sync.copy_in(box.cid, box.client)
+    await box.sh("cd /workspace && rm -r src keep.txt link.py")
+    (box.ws / "keep.txt").write_text("v2, the user's\n")
+    notices = await sync.pull(box.cid, box.client)
+    assert notices == [
+        f"{box.ws / 'keep.txt'}: changed here during the turn and deleted in the container; "
+        "kept yours, the model's version was dropped"
+    ]
+    assert not (box.ws / "src").exists() and not os.path.lexists(box.ws / "link.py")
+    assert (box.ws / "keep.txt").read_text() == "v2, the user's\n"
+    await sync.push(box.cid, box.client)
+    assert await box.read("/workspace/keep.txt") == b"v2, the user's\n"
+
+
+@pytest.mark.anyio
+async def test_symlinks_leading_out_do_not_come_back(box: Box) -> None:
+    _workspace(box.ws)
+    sync = _sync(box)
+    await sync.copy_in(box.cid, box.client)
+    await box.sh(
+        f"cd /workspace && ln -s /etc etc && ln -s ../../.. up && ln -s {box.outside} out && mkdir d && ln -s ../.. d/up"
+    )
+    notices = await sync.pull(box.cid, box.client)
+    assert sorted(notices) == sorted(
+        f"skipped the symlink {n} -> {t} from the container: it leads outside"
+        for n, t in (("etc", "/etc"), ("up", "../../.."), ("out", str(box.outside)), ("d/up", "../.."))
+    )
+    assert sorted(os.listdir(box.ws)) == sorted(
+        [".git", "blob.bin", "d", "empty", "link.py", "run.sh", "src"]
+    )
+    assert os.listdir(box.ws / "d") == []
+    assert _snapshot(box.outside) == {"precious": ("file", b"the user's\n")}
+
+
+def _tar_of(files: dict[str, bytes], links: dict[str, str] | None = None) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            t.addfile(info, io.BytesIO(data))
+        for name, target in (links or {}).items():
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            t.addfile(info)
+    return buf.getvalue()
+
+
+class _Forging:
+    """A helper (and engine) a hostile command has taken over: its scan lists extra entries
+    and the engine's archives carry extra members."""
+
+    def __init__(self, real: Any, files: dict[str, list[int]], members: bytes | None = None) -> None:
+        self.real, self.files, self.members = real, files, members
+
+    async def call(self, op: str, shape: Any, **args: Any) -> tuple[Any, bytes]:
+        result, blob = await self.real.call(op, shape, **args)
+        if op == "scan":
+            result["files"].update(self.files)
+        return result, blob
+
+    async def get_archive(self, cid: str, path: str) -> bytes:
+        return self.members if self.members is not None else await self.real.get_archive(cid, path)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+@pytest.mark.anyio
+async def test_forged_names_in_the_scan_never_write_outside(box: Box) -> None:
+    _workspace(box.ws)
+    sync = _sync(box)
+    await sync.copy_in(box.cid, box.client)
+    forged = {
+        n: [5, 1, 0o644]
+        for n in ("../outside/x", "../../x", f"{box.outside}/x", "src/../../outside/x", "./x")
+    }
+    client = _Forging(box.client, forged)
+    before = _snapshot(box.ws.parent)
+    notices = await sync.pull(box.cid, client)
+    assert sorted(notices) == sorted(
+        f"skipped {n!r} from the container: outside the workspace, or hidden" for n in forged
+    )
+    assert _snapshot(box.ws.parent) == before
+    # A name that is fine but not there (deleted between the scan and the copy): no harm.
+    assert await sync.pull(box.cid, _Forging(box.client, {"ghost.txt": [5, 1, 0o644]})) == []
+    assert not (box.ws / "ghost.txt").exists()
+
+
+@pytest.mark.anyio
+async def test_forged_archive_members_never_write_outside(box: Box) -> None:
+    _workspace(box.ws)
+    sync = _sync(box)
+    await sync.copy_in(box.cid, box.client)
+    await box.sh("echo model > /workspace/src/main.py")
+    hostile = _tar_of(
+        {"../outside/x": b"pwned", f"{box.outside}/precious": b"pwned", "main.py/../../x": b"pwned"},
+        links={"main.py": str(box.outside / "precious")},  # the wanted name, but a symlink
+    )
+    engine = _Forging(box.engine, {}, hostile)
+    sync._engine = engine  # type: ignore[assignment]  # the engine's answers forged from here on
+    before = _snapshot(box.ws.parent)
+    await sync.pull(box.cid, box.client)
+    assert _snapshot(box.ws.parent) == before  # nothing written, the user's file as it was
+    sync._engine = box.engine  # type: ignore[assignment]
+    await box.sh("touch /workspace/src/main.py")  # the next pull fetches it again, honestly
+    assert await sync.pull(box.cid, box.client) == []
+    assert (box.ws / "src" / "main.py").read_text() == "model\n"
+
+
+@pytest.mark.anyio
+async def test_a_symlinked_parent_here_is_not_followed(box: Box) -> None:
+    os.symlink(str(box.outside), box.ws / "data")  # the user's own link, pointing outside
+    sync = _sync(box)
+    await sync.copy_in(box.cid, box.client)
+    assert await box.sh("readlink /workspace/data") == f"{box.outside}\n"  # copied as a link
+    # A forged scan says `data/precious` is a new file (while `data` still looks like the link).
+    client = _Forging(box.client, {"data/precious": [6, 1, 0o644]})
+    engine = _Forging(box.engine, {}, _tar_of({"precious": b"pwned\n"}))
+    sync._engine = engine  # type: ignore[assignment]
+    notices = await sync.pull(box.cid, client)
+    assert notices == ["skipped 'data/precious' from the container: a symlink here is on its way"]
+    assert _snapshot(box.outside) == {"precious": ("file", b"the user's\n")}

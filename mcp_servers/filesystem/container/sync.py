@@ -35,6 +35,7 @@ from typing import Any, Protocol
 import anyio
 
 from mcp_servers.filesystem.container import synchost as host
+from mcp_servers.filesystem.container.engine import NotFound
 from mcp_servers.filesystem.container.synchost import SyncError, Tree, WorkspaceTooLarge
 
 __all__ = ["SyncError", "WorkspaceSync", "WorkspaceTooLarge"]
@@ -137,11 +138,12 @@ class WorkspaceSync:
         base = r.cont
         notices: list[str] = []
         changed = [n for n in _names(scan) if scan.kind(n) != base.kind(n)]
-        removed = (
-            []
-            if scan.truncated
-            else [n for n in _names(base) if scan.kind(n) is None or _kind(scan, n) != _kind(base, n)]
-        )
+        # A name that is not safe was never brought here: its removal is not news either.
+        removed = [
+            n
+            for n in ([] if scan.truncated else _names(base))
+            if _kind(scan, n) != _kind(base, n) and host.safe_rel(n, r.hidden) is not None
+        ]
         if scan.truncated:
             notices.append(
                 f"{r.croot} in the container holds too many files to list: no deletion brought back"
@@ -156,46 +158,15 @@ class WorkspaceSync:
             too_much = f"more than {host.MAX_FILES:,} files or {host.MAX_BYTES // 1024**3} GB"
             return [*notices, f"the model changed {too_much} in {r.croot}: none of it was brought back"]
 
-        def usable(n: str) -> bool:
-            rel = host.safe_rel(n, r.hidden)
-            if rel is None:
-                notices.append(f"skipped {n!r} from the container: outside the workspace, or hidden")
-                return False
-            here = host.host_state(r.root, n)
-            if here == ("dir",) and n in scan.dirs:
-                return False  # the same folder on both sides: nothing to do
-            if here != r.host.kind(n):
-                what = "deleted" if scan.kind(n) is None else "changed"
-                notices.append(
-                    f"{r.root / n}: changed here during the turn and {what} in the container; "
-                    "kept yours, the model's version was dropped"
-                )
-                return False
-            return True
-
-        ok = {n: usable(n) for n in dict.fromkeys([*removed, *changed])}  # each name judged once
-        removed = [n for n in removed if ok[n]]
-        changed = [n for n in changed if ok[n]]
-        for n in sorted(removed, key=lambda n: (n in base.dirs, -n.count("/"))):
-            notices += _apply(r, n, base, "remove")
-        for n in sorted(changed, key=lambda n: (n not in scan.dirs, n)):
-            if n in scan.dirs:
-                notices += _apply(r, n, scan, "mkdir")
-            elif n in scan.links:
-                if host.safe_link_target(r.root, n, scan.links[n], r.hidden):
-                    notices += _apply(r, n, scan, "link")
-                else:
-                    notices.append(
-                        f"skipped the symlink {n} -> {scan.links[n]} from the container: it leads outside"
-                    )
-        wanted = [n for n in changed if n in scan.files]
+        apply = _Changes(r, base, scan)
+        await anyio.to_thread.run_sync(apply.structure, removed, changed)
+        wanted = [n for n in changed if n in scan.files and n not in apply.refused]
         if wanted:
             fetched = await self._fetch(container_id, r, scan, wanted)
-            for n, (data, mode) in fetched.items():
-                notices += _apply(r, n, scan, "write", data, mode)
+            await anyio.to_thread.run_sync(apply.files, fetched)
             for n in set(wanted) - set(fetched):  # gone from the archive: looked at again next pull
                 scan.files.pop(n, None)
-        return notices
+        return notices + apply.notices
 
     async def _fetch(
         self, container_id: str, r: _Root, scan: Tree, wanted: list[str]
@@ -216,7 +187,10 @@ class WorkspaceSync:
 
         async def one(rel: str) -> None:
             async with limiter:
-                tar = await self._engine.get_archive(container_id, r.cpath(rel))
+                try:
+                    tar = await self._engine.get_archive(container_id, r.cpath(rel))
+                except NotFound:
+                    return  # deleted since the scan: the next pull sees that
             got.update(await anyio.to_thread.run_sync(_members, tar, rel, r.croot, wanted_set))
 
         async with anyio.create_task_group() as tg:
@@ -292,54 +266,113 @@ def _members(
     return found
 
 
-def _apply(r: _Root, rel: str, tree: Tree, op: str, data: bytes = b"", mode: int = 0) -> list[str]:
-    """One change on this machine, recorded in `r.host` when it happened; a notice when not."""
-    try:
-        if op == "remove":
-            kind = _kind(tree, rel)
-            if kind == "file":
-                host.localfs.remove_file(r.root, r.root / rel)
-            elif kind == "link":
-                host.remove_link(r.root, rel)
+class _Changes:
+    """The container's changes to one root, applied on this machine (blocking: in a thread).
+    Each name is checked just before it is used: safe (synchost.safe_rel) and unchanged
+    here since the last sync, else refused with a notice; what happened is recorded in
+    `r.host`."""
+
+    def __init__(self, r: _Root, base: Tree, scan: Tree) -> None:
+        self.r, self.base, self.scan = r, base, scan
+        self.notices: list[str] = []
+        self.refused: set[str] = set()
+
+    def structure(self, removed: list[str], changed: list[str]) -> None:
+        """Deletions (files and symlinks, then folders deepest first), new folders and
+        symlinks; the changed files are judged here too, before they are fetched."""
+        for n in sorted(removed, key=lambda n: (n in self.base.dirs, -n.count("/"))):
+            self._do(n, "remove")
+        for n in sorted(changed, key=lambda n: (n not in self.scan.dirs, n)):
+            if n in self.scan.dirs:
+                self._do(n, "mkdir")
+            elif n in self.scan.links:
+                self._do(n, "link")
             else:
-                host.remove_dir(r.root, rel)
-        elif op == "mkdir":
-            host.make_dirs(r.root, rel)
-        elif op == "link":
-            host.write_link(r.root, rel, tree.links[rel])
+                self._usable(n)
+
+    def files(self, fetched: dict[str, tuple[bytes, int]]) -> None:
+        for n in sorted(fetched):
+            self._do(n, "write", *fetched[n])
+
+    def _usable(self, n: str) -> bool:
+        if n in self.refused:
+            return False
+        r = self.r
+        here = host.host_state(r.root, n) if host.safe_rel(n, r.hidden) else ("refused",)
+        if here == ("refused",):
+            self.notices.append(f"skipped {n!r} from the container: outside the workspace, or hidden")
+        elif here == ("symlinked",):
+            self.notices.append(f"skipped {n!r} from the container: a symlink here is on its way")
+        elif here != r.host.kind(n) and not (here == ("dir",) and n in self.scan.dirs):
+            what = "deleted" if self.scan.kind(n) is None else "changed"
+            self.notices.append(
+                f"{r.root / n}: changed here during the turn and {what} in the container; "
+                "kept yours, the model's version was dropped"
+            )
         else:
-            host.write_file(r.root, rel, data, mode)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        if op == "remove" and exc.errno == errno.ENOTEMPTY:
-            return [f"kept the folder {r.root / rel}: the model removed it but it holds files of yours"]
-        return [f"could not apply the model's change to {r.root / rel}: {exc.strerror or exc}"]
-    finally:
-        _record(r, rel)
-    return []
+            return True
+        self.refused.add(n)
+        return False
 
+    def _do(self, n: str, op: str, data: bytes = b"", mode: int = 0) -> None:
+        r = self.r
+        if not self._usable(n):
+            return
+        if op == "link" and not host.safe_link_target(r.root, n, self.scan.links[n], r.hidden):
+            self.notices.append(
+                f"skipped the symlink {n} -> {self.scan.links[n]} from the container: it leads outside"
+            )
+            return
+        try:
+            if op == "remove":
+                kind = _kind(self.base, n)
+                if kind == "file":
+                    host.localfs.remove_file(r.root, r.root / n)
+                elif kind == "link":
+                    host.remove_link(r.root, n)
+                else:
+                    host.remove_dir(r.root, n)
+            elif op == "mkdir":
+                host.make_dirs(r.root, n)
+            elif op == "link":
+                host.write_link(r.root, n, self.scan.links[n])
+            else:
+                host.write_file(r.root, n, data, mode)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if op == "remove" and exc.errno == errno.ENOTEMPTY:
+                self.notices.append(
+                    f"kept the folder {r.root / n}: the model removed it, but it holds files of yours"
+                )
+            else:
+                self.notices.append(
+                    f"could not apply the model's change to {r.root / n}: {exc.strerror or exc}"
+                )
+        finally:
+            self._record(n)
 
-def _record(r: _Root, rel: str) -> None:
-    """Put what is at `rel` here now into the host record."""
-    for part in (r.host.files, r.host.links):
-        part.pop(rel, None)
-    r.host.dirs.discard(rel)
-    state = host.host_state(r.root, rel)
-    if state is None:
-        return
-    if state[0] == "file":
-        r.host.files[rel] = state[1:]  # type: ignore[assignment]
-    elif state[0] == "link":
-        r.host.links[rel] = state[1]  # type: ignore[assignment]
-    elif state[0] == "dir":
-        r.host.dirs.add(rel)
+    def _record(self, n: str) -> None:
+        """Put what is at `n` here now into the host record."""
+        h = self.r.host
+        h.files.pop(n, None)
+        h.links.pop(n, None)
+        h.dirs.discard(n)
+        state = host.host_state(self.r.root, n)
+        if state is None:
+            return
+        if state[0] == "file":
+            h.files[n] = state[1:]  # type: ignore[assignment]
+        elif state[0] == "link":
+            h.links[n] = state[1]  # type: ignore[assignment]
+        elif state[0] == "dir":
+            h.dirs.add(n)
 
 
 async def _scan(client: Any, r: _Root) -> tuple[Tree, int]:
     """The container's side of a root, from the helper's scan, shape-checked: a tree and how
     many entries were malformed (dropped). Names are checked where they are used."""
-    reply = await client.request("scan", root=str(r.croot))
+    reply, _ = await client.call("scan", _is_dict, root=r.croot.as_posix())
     tree, bad = Tree(), 0
     if not isinstance(reply, dict):
         raise SyncError(f"the helper's scan of {r.croot} is malformed")
@@ -363,3 +396,7 @@ async def _scan(client: Any, r: _Root) -> tuple[Tree, int]:
             bad += 1
     tree.truncated = reply.get("truncated") is not False
     return tree, bad
+
+
+def _is_dict(result: Any, blob: bytes) -> bool:
+    return isinstance(result, dict)  # the entries are checked one by one: a bad one is dropped

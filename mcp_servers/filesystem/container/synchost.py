@@ -202,16 +202,26 @@ def safe_link_target(root: Path, rel: str, target: str, hidden: frozenset[str]) 
 
 
 def host_state(root: Path, rel: str) -> tuple[object, ...] | None:
-    """What is at `rel` on this machine now, in `Tree.kind`'s form."""
+    """What is at `rel` on this machine now, in `Tree.kind`'s form (its folder reached
+    without following a symlink: `("symlinked",)` when one is on the way)."""
+    parent, _, name = rel.rpartition("/")
     try:
-        st = os.lstat(root / rel)
+        fd = localfs.open_dir(root, root / parent if parent else root)
+    except localfs.PathChangedError:
+        return ("symlinked",)
     except (FileNotFoundError, NotADirectoryError):
         return None
-    if stat.S_ISREG(st.st_mode):
-        return ("file", st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode) & 0o777)
-    if stat.S_ISLNK(st.st_mode):
-        return ("link", os.readlink(root / rel))
-    return ("dir",) if stat.S_ISDIR(st.st_mode) else ("other",)
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        if stat.S_ISREG(st.st_mode):
+            return ("file", st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode) & 0o777)
+        if stat.S_ISLNK(st.st_mode):
+            return ("link", os.readlink(name, dir_fd=fd))
+        return ("dir",) if stat.S_ISDIR(st.st_mode) else ("other",)
+    except FileNotFoundError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _parent_fd(root: Path, rel: str) -> tuple[int, str]:
