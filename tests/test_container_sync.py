@@ -467,3 +467,57 @@ async def test_a_symlinked_parent_here_is_not_followed(box: Box) -> None:
     notices = await sync.pull(box.cid, client)
     assert notices == ["skipped 'data/precious' from the container: a symlink here is on its way"]
     assert _snapshot(box.outside) == {"precious": ("file", b"the user's\n")}
+
+
+class _Counting:
+    """The real engine or client, its calls counted."""
+
+    def __init__(self, real: Any) -> None:
+        self.real, self.calls = real, []
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.real, name)
+        if not callable(attr):
+            return attr
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append((name, args[1] if name != "call" else args[0]))
+            return await attr(*args, **kwargs)
+
+        return counted
+
+
+@pytest.mark.anyio
+async def test_a_quiet_turn_costs_one_scan_and_changes_come_in_one_archive(box: Box) -> None:
+    for i in range(30):
+        (box.ws / "pkg").mkdir(exist_ok=True)
+        (box.ws / "pkg" / f"m{i}.py").write_text(f"m = {i}\n")
+    (box.ws / "README").write_text("read me\n")
+    engine, client = _Counting(box.engine), _Counting(box.client)
+    sync = WorkspaceSync(engine, [(CROOT, box.ws)])
+    await sync.copy_in(box.cid, client)
+    engine.calls.clear()
+    client.calls.clear()
+    assert await sync.push(box.cid, client) == [] and await sync.pull(box.cid, client) == []
+    assert engine.calls == [] and client.calls == [("call", "scan")]
+
+    await box.engine.exec_run(
+        box.cid, ["sh", "-c", "for i in 1 2 3 4 5 6 7 8 9 10; do echo $i >> /workspace/pkg/m$i.py; done"]
+    )
+    client.calls.clear()
+    assert await sync.pull(box.cid, client) == []
+    assert engine.calls == [("get_archive", "/workspace/pkg")]
+    assert (box.ws / "pkg" / "m10.py").read_text() == "m = 10\n10\n"
+
+
+def test_the_fetch_plan_weighs_calls_against_bytes() -> None:
+    from mcp_servers.filesystem.container.sync import _CALL_BYTES, _plan
+
+    small = {f"src/m{i}.py": (1000, 1, 0o644) for i in range(100)}
+    big = {f"data/d{i}.bin": (_CALL_BYTES, 1, 0o644) for i in range(10)}
+    files = {**small, **big, "README": (100, 1, 0o644)}
+    assert _plan(files, ["src/m1.py"]) == ["src/m1.py"]  # one file: just it
+    assert _plan(files, [f"src/m{i}.py" for i in range(10)]) == ["src"]  # one folder: one call
+    assert _plan(files, ["data/d1.bin", "data/d2.bin"]) == ["data/d1.bin", "data/d2.bin"]  # not 20 MB for 4
+    assert sorted(_plan(files, ["src/m1.py", "src/m2.py", "data/d1.bin"])) == ["data/d1.bin", "src"]
+    assert _plan(small | {"README": (100, 1, 0o644)}, ["src/m1.py", "README"]) == [""]  # the whole root

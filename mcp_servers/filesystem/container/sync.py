@@ -25,7 +25,6 @@ hostile input: synchost checks it and writes through localfs.
 
 from __future__ import annotations
 
-import errno
 import os
 import posixpath
 from collections.abc import Iterable, Sequence
@@ -40,8 +39,10 @@ from mcp_servers.filesystem.container.synchost import SyncError, Tree, Workspace
 
 __all__ = ["SyncError", "WorkspaceSync", "WorkspaceTooLarge"]
 
-_SLACK = 16 * 1024 * 1024  # unchanged bytes worth fetching to make one archive call, not many
-_PARALLEL = 8  # archive calls in flight when the changes are spread out
+# What one more archive call costs, in bytes it could have carried instead: Podman 4.3 here
+# takes ~90 ms a call plus ~55 ms a MB (bench/container_sync.py), calls one at a time.
+_CALL_BYTES = 2 * 1024 * 1024
+_PARALLEL = 4  # archive calls in flight (an engine that serves them side by side)
 _RM_BATCH = 500
 
 
@@ -94,7 +95,9 @@ class WorkspaceSync:
             budget = [host.MAX_FILES, host.MAX_BYTES]
             for r in self._roots:
                 now = await anyio.to_thread.run_sync(host.walk, r.root, r.hidden, budget)
-                gone = _topmost([n for n in _names(r.host) if _kind(now, n) != _kind(r.host, n)])
+                gone = _topmost(
+                    [n for n in _names(r.host) if host.kind_of(now, n) != host.kind_of(r.host, n)]
+                )
                 changed = [n for n in _names(now) if now.kind(n) != r.host.kind(n)]
                 if gone:
                     await self._remove_in_container(container_id, r, gone)
@@ -142,7 +145,7 @@ class WorkspaceSync:
         removed = [
             n
             for n in ([] if scan.truncated else _names(base))
-            if _kind(scan, n) != _kind(base, n) and host.safe_rel(n, r.hidden) is not None
+            if host.kind_of(scan, n) != host.kind_of(base, n) and host.safe_rel(n, r.hidden) is not None
         ]
         if scan.truncated:
             notices.append(
@@ -158,7 +161,7 @@ class WorkspaceSync:
             too_much = f"more than {host.MAX_FILES:,} files or {host.MAX_BYTES // 1024**3} GB"
             return [*notices, f"the model changed {too_much} in {r.croot}: none of it was brought back"]
 
-        apply = _Changes(r, base, scan)
+        apply = host.Changes(r.root, r.hidden, r.host, base, scan)
         await anyio.to_thread.run_sync(apply.structure, removed, changed)
         wanted = [n for n in changed if n in scan.files and n not in apply.refused]
         if wanted:
@@ -171,16 +174,8 @@ class WorkspaceSync:
     async def _fetch(
         self, container_id: str, r: _Root, scan: Tree, wanted: list[str]
     ) -> dict[str, tuple[bytes, int]]:
-        """The wanted files' bytes and modes, from the engine's archive: one call for their
-        nearest common folder when that costs little more, else one per file."""
-        common = (
-            posixpath.commonpath([posixpath.dirname(n) for n in wanted]) if len(wanted) > 1 else wanted[0]
-        )
-        want_bytes = sum(scan.files[n][0] for n in wanted)
-        under = sum(
-            s[0] for n, s in scan.files.items() if not common or n == common or n.startswith(common + "/")
-        )
-        fetches = [common] if under <= want_bytes + _SLACK else wanted
+        """The wanted files' bytes and modes, from the engine's archive (_plan: which calls)."""
+        fetches = _plan(scan.files, wanted)
         got: dict[str, tuple[bytes, int]] = {}
         wanted_set = set(wanted)
         limiter = anyio.Semaphore(_PARALLEL)
@@ -204,8 +199,39 @@ def _names(tree: Tree) -> list[str]:
     return [*tree.dirs, *tree.files, *tree.links]
 
 
-def _kind(tree: Tree, rel: str) -> str:
-    return "file" if rel in tree.files else "link" if rel in tree.links else "dir" if rel in tree.dirs else ""
+def _plan(files: dict[str, host.FileState], wanted: list[str]) -> list[str]:
+    """The folders and files to fetch so that every wanted file is in one of them, at the
+    least cost (a call costs _CALL_BYTES, plus every byte under what it fetches): a folder
+    in one call when its unwanted bytes cost less than the calls it saves."""
+    folders = {posixpath.dirname(n) for n in wanted}
+    for f in list(folders):
+        while f:
+            f = posixpath.dirname(f)
+            folders.add(f)
+    under = dict.fromkeys(folders, 0)  # bytes under each folder that matters
+    for name, (size, _, _) in files.items():
+        f = name
+        while f:
+            f = posixpath.dirname(f)
+            if f in under:
+                under[f] += size
+
+    def best(folder: str, names: list[str]) -> tuple[int, list[str]]:
+        groups: dict[str, list[str]] = {}
+        cost, picks = 0, []
+        for n in names:
+            rest = n[len(folder) + 1 :] if folder else n
+            if "/" in rest:
+                groups.setdefault(rest.split("/", 1)[0], []).append(n)
+            else:
+                cost, picks = cost + _CALL_BYTES + files[n][0], [*picks, n]
+        for sub, inside in groups.items():
+            c, p = best(f"{folder}/{sub}" if folder else sub, inside)
+            cost, picks = cost + c, picks + p
+        whole = _CALL_BYTES + under[folder]
+        return (whole, [folder]) if whole < cost else (cost, picks)
+
+    return best("", wanted)[1]
 
 
 def _merge(old: Tree, new: Tree, touched: set[str], gone: list[str]) -> Tree:
@@ -264,109 +290,6 @@ def _members(
     except tarfile.TarError:
         pass  # a broken archive brings back what came before the break
     return found
-
-
-class _Changes:
-    """The container's changes to one root, applied on this machine (blocking: in a thread).
-    Each name is checked just before it is used: safe (synchost.safe_rel) and unchanged
-    here since the last sync, else refused with a notice; what happened is recorded in
-    `r.host`."""
-
-    def __init__(self, r: _Root, base: Tree, scan: Tree) -> None:
-        self.r, self.base, self.scan = r, base, scan
-        self.notices: list[str] = []
-        self.refused: set[str] = set()
-
-    def structure(self, removed: list[str], changed: list[str]) -> None:
-        """Deletions (files and symlinks, then folders deepest first), new folders and
-        symlinks; the changed files are judged here too, before they are fetched."""
-        for n in sorted(removed, key=lambda n: (n in self.base.dirs, -n.count("/"))):
-            self._do(n, "remove")
-        for n in sorted(changed, key=lambda n: (n not in self.scan.dirs, n)):
-            if n in self.scan.dirs:
-                self._do(n, "mkdir")
-            elif n in self.scan.links:
-                self._do(n, "link")
-            else:
-                self._usable(n)
-
-    def files(self, fetched: dict[str, tuple[bytes, int]]) -> None:
-        for n in sorted(fetched):
-            self._do(n, "write", *fetched[n])
-
-    def _usable(self, n: str) -> bool:
-        if n in self.refused:
-            return False
-        r = self.r
-        here = host.host_state(r.root, n) if host.safe_rel(n, r.hidden) else ("refused",)
-        if here == ("refused",):
-            self.notices.append(f"skipped {n!r} from the container: outside the workspace, or hidden")
-        elif here == ("symlinked",):
-            self.notices.append(f"skipped {n!r} from the container: a symlink here is on its way")
-        elif here != r.host.kind(n) and not (here == ("dir",) and n in self.scan.dirs):
-            what = "deleted" if self.scan.kind(n) is None else "changed"
-            self.notices.append(
-                f"{r.root / n}: changed here during the turn and {what} in the container; "
-                "kept yours, the model's version was dropped"
-            )
-        else:
-            return True
-        self.refused.add(n)
-        return False
-
-    def _do(self, n: str, op: str, data: bytes = b"", mode: int = 0) -> None:
-        r = self.r
-        if not self._usable(n):
-            return
-        if op == "link" and not host.safe_link_target(r.root, n, self.scan.links[n], r.hidden):
-            self.notices.append(
-                f"skipped the symlink {n} -> {self.scan.links[n]} from the container: it leads outside"
-            )
-            return
-        try:
-            if op == "remove":
-                kind = _kind(self.base, n)
-                if kind == "file":
-                    host.localfs.remove_file(r.root, r.root / n)
-                elif kind == "link":
-                    host.remove_link(r.root, n)
-                else:
-                    host.remove_dir(r.root, n)
-            elif op == "mkdir":
-                host.make_dirs(r.root, n)
-            elif op == "link":
-                host.write_link(r.root, n, self.scan.links[n])
-            else:
-                host.write_file(r.root, n, data, mode)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            if op == "remove" and exc.errno == errno.ENOTEMPTY:
-                self.notices.append(
-                    f"kept the folder {r.root / n}: the model removed it, but it holds files of yours"
-                )
-            else:
-                self.notices.append(
-                    f"could not apply the model's change to {r.root / n}: {exc.strerror or exc}"
-                )
-        finally:
-            self._record(n)
-
-    def _record(self, n: str) -> None:
-        """Put what is at `n` here now into the host record."""
-        h = self.r.host
-        h.files.pop(n, None)
-        h.links.pop(n, None)
-        h.dirs.discard(n)
-        state = host.host_state(self.r.root, n)
-        if state is None:
-            return
-        if state[0] == "file":
-            h.files[n] = state[1:]  # type: ignore[assignment]
-        elif state[0] == "link":
-            h.links[n] = state[1]  # type: ignore[assignment]
-        elif state[0] == "dir":
-            h.dirs.add(n)
 
 
 async def _scan(client: Any, r: _Root) -> tuple[Tree, int]:

@@ -121,7 +121,9 @@ def pack(root: Path, prefix: str, tree: Tree, names: Iterable[str], *, with_root
     container root without its leading "/"), folders first; with `with_root`, the root's
     own folder too (so a container root that does not exist yet is made)."""
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+    # GNU, not PAX: a third smaller and twice as fast to build; whole-second mtimes are
+    # fine, as the container's times are only compared with its own.
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
         if with_root:
             tar.addfile(_info(prefix, tarfile.DIRTYPE, stat.S_IMODE(os.stat(root).st_mode)))
         ordered = sorted(names, key=lambda n: (n not in tree.dirs, n))
@@ -142,7 +144,7 @@ def pack(root: Path, prefix: str, tree: Tree, names: Iterable[str], *, with_root
                 with os.fdopen(fd, "rb") as f:
                     st = os.fstat(f.fileno())
                     info = _info(arcname, tarfile.REGTYPE, stat.S_IMODE(st.st_mode) & 0o777)
-                    info.size, info.mtime = st.st_size, st.st_mtime
+                    info.size, info.mtime = st.st_size, int(st.st_mtime)
                     tar.addfile(info, _Exactly(f, st.st_size))
     return buf.getvalue()
 
@@ -299,3 +301,108 @@ def remove_dir(root: Path, rel: str) -> None:
         os.rmdir(name, dir_fd=fd)
     finally:
         os.close(fd)
+
+
+def kind_of(tree: Tree, rel: str) -> str:
+    return "file" if rel in tree.files else "link" if rel in tree.links else "dir" if rel in tree.dirs else ""
+
+
+class Changes:
+    """The container's changes to one root, applied on this machine (blocking: run it in a
+    thread). Each name is checked just before it is used: safe (`safe_rel`) and unchanged
+    here since the last sync (`record`), else refused with a notice; what happened is
+    written into `record`. `base` and `scan`: the container at the last sync and now."""
+
+    def __init__(self, root: Path, hidden: frozenset[str], record: Tree, base: Tree, scan: Tree) -> None:
+        self.root, self.hidden, self.record, self.base, self.scan = root, hidden, record, base, scan
+        self.notices: list[str] = []
+        self.refused: set[str] = set()
+
+    def structure(self, removed: list[str], changed: list[str]) -> None:
+        """Deletions (files and symlinks, then folders deepest first), new folders and
+        symlinks; the changed files are judged here too, before they are fetched."""
+        for n in sorted(removed, key=lambda n: (n in self.base.dirs, -n.count("/"))):
+            self._do(n, "remove")
+        for n in sorted(changed, key=lambda n: (n not in self.scan.dirs, n)):
+            if n in self.scan.dirs:
+                self._do(n, "mkdir")
+            elif n in self.scan.links:
+                self._do(n, "link")
+            else:
+                self._usable(n)
+
+    def files(self, fetched: dict[str, tuple[bytes, int]]) -> None:
+        for n in sorted(fetched):
+            self._do(n, "write", *fetched[n])
+
+    def _usable(self, n: str) -> bool:
+        if n in self.refused:
+            return False
+        here = host_state(self.root, n) if safe_rel(n, self.hidden) else ("refused",)
+        if here == ("refused",):
+            self.notices.append(f"skipped {n!r} from the container: outside the workspace, or hidden")
+        elif here == ("symlinked",):
+            self.notices.append(f"skipped {n!r} from the container: a symlink here is on its way")
+        elif here != self.record.kind(n) and not (here == ("dir",) and n in self.scan.dirs):
+            what = "deleted" if self.scan.kind(n) is None else "changed"
+            self.notices.append(
+                f"{self.root / n}: changed here during the turn and {what} in the container; "
+                "kept yours, the model's version was dropped"
+            )
+        else:
+            return True
+        self.refused.add(n)
+        return False
+
+    def _do(self, n: str, op: str, data: bytes = b"", mode: int = 0) -> None:
+        if not self._usable(n):
+            return
+        if op == "link" and not safe_link_target(self.root, n, self.scan.links[n], self.hidden):
+            self.notices.append(
+                f"skipped the symlink {n} -> {self.scan.links[n]} from the container: it leads outside"
+            )
+            return
+        try:
+            if op == "remove":
+                kind = kind_of(self.base, n)
+                if kind == "file":
+                    localfs.remove_file(self.root, self.root / n)
+                elif kind == "link":
+                    remove_link(self.root, n)
+                else:
+                    remove_dir(self.root, n)
+            elif op == "mkdir":
+                make_dirs(self.root, n)
+            elif op == "link":
+                write_link(self.root, n, self.scan.links[n])
+            else:
+                write_file(self.root, n, data, mode)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if op == "remove" and exc.errno == errno.ENOTEMPTY:
+                self.notices.append(
+                    f"kept the folder {self.root / n}: the model removed it, but it holds files of yours"
+                )
+            else:
+                self.notices.append(
+                    f"could not apply the model's change to {self.root / n}: {exc.strerror or exc}"
+                )
+        finally:
+            self._record(n)
+
+    def _record(self, n: str) -> None:
+        """Put what is at `n` here now into the record."""
+        h = self.record
+        h.files.pop(n, None)
+        h.links.pop(n, None)
+        h.dirs.discard(n)
+        state = host_state(self.root, n)
+        if state is None:
+            return
+        if state[0] == "file":
+            h.files[n] = state[1:]  # type: ignore[assignment]
+        elif state[0] == "link":
+            h.links[n] = state[1]  # type: ignore[assignment]
+        elif state[0] == "dir":
+            h.dirs.add(n)
