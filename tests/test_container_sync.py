@@ -521,3 +521,16 @@ def test_the_fetch_plan_weighs_calls_against_bytes() -> None:
     assert _plan(files, ["data/d1.bin", "data/d2.bin"]) == ["data/d1.bin", "data/d2.bin"]  # not 20 MB for 4
     assert sorted(_plan(files, ["src/m1.py", "src/m2.py", "data/d1.bin"])) == ["data/d1.bin", "src"]
     assert _plan(small | {"README": (100, 1, 0o644)}, ["src/m1.py", "README"]) == [""]  # the whole root
+
+
+@pytest.mark.anyio
+async def test_a_file_the_model_only_touched_is_left_as_it_is_here(box: Box) -> None:
+    _workspace(box.ws)
+    sync = _sync(box)
+    await sync.copy_in(box.cid, box.client)
+    before = (box.ws / "src" / "main.py").stat()
+    await box.sh("touch -d '2001-01-01' /workspace/src/main.py")
+    assert await sync.pull(box.cid, box.client) == []
+    after = (box.ws / "src" / "main.py").stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)  # not rewritten
+    assert await sync.pull(box.cid, box.client) == []

@@ -256,6 +256,17 @@ def make_dirs(root: Path, rel: str) -> None:
 
 
 def write_file(root: Path, rel: str, data: bytes, mode: int) -> None:
+    """Replace (or create) `rel` atomically, unless it already holds `data` with `mode`
+    (a file the model only touched: the user's editor sees no change)."""
+    try:
+        fd, size = localfs.open_regular(root, root / rel)
+    except OSError:
+        fd, size = -1, -1  # not there, or not a plain file: write_bytes says why
+    if fd >= 0:
+        with os.fdopen(fd, "rb") as f:
+            same = size == len(data) and stat.S_IMODE(os.fstat(f.fileno()).st_mode) == mode & 0o777
+            if same and f.read(len(data) + 1) == data:
+                return
     localfs.write_bytes(root, root / rel, data, mode & 0o777)
 
 
