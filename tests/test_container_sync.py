@@ -396,13 +396,14 @@ class _Forging:
     """A helper (and engine) a hostile command has taken over: its scan lists extra entries
     and the engine's archives carry extra members."""
 
-    def __init__(self, real: Any, files: dict[str, list[int]], members: bytes | None = None) -> None:
-        self.real, self.files, self.members = real, files, members
+    def __init__(self, real: Any, files: dict[str, Any], members: bytes | None = None, **fields: Any) -> None:
+        self.real, self.files, self.members, self.fields = real, files, members, fields
 
     async def call(self, op: str, shape: Any, **args: Any) -> tuple[Any, bytes]:
         result, blob = await self.real.call(op, shape, **args)
         if op == "scan":
             result["files"].update(self.files)
+            result.update(self.fields)
         return result, blob
 
     async def get_archive(self, cid: str, path: str) -> bytes:
@@ -534,3 +535,37 @@ async def test_a_file_the_model_only_touched_is_left_as_it_is_here(box: Box) -> 
     after = (box.ws / "src" / "main.py").stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)  # not rewritten
     assert await sync.pull(box.cid, box.client) == []
+
+
+@pytest.mark.anyio
+async def test_a_truncated_or_malformed_scan_deletes_nothing_here(box: Box) -> None:
+    _workspace(box.ws)
+    sync = _sync(box)
+    await sync.copy_in(box.cid, box.client)
+    await box.sh("rm /workspace/src/main.py && echo new > /workspace/new.txt")
+    bad = {"x.txt": [1, 2], "y.txt": "big", "z.txt": [-1, 0, 0]}
+    notices = await sync.pull(box.cid, _Forging(box.client, bad, truncated=True))
+    assert notices == [
+        "ignored 3 malformed entries in the container's listing of /workspace",
+        "/workspace in the container holds too many files to list: no deletion brought back",
+    ]
+    assert (box.ws / "src" / "main.py").exists()  # absent from a truncated list proves nothing
+    assert (box.ws / "new.txt").read_text() == "new\n"  # what it does list still comes back
+    assert not (box.ws / "x.txt").exists()
+
+
+@pytest.mark.anyio
+async def test_a_turn_over_the_caps_brings_nothing_back_until_it_fits(
+    box: Box, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sync = _sync(box)
+    await sync.copy_in(box.cid, box.client)
+    await box.sh("mkdir /workspace/gen && cd /workspace/gen && for i in 1 2 3 4 5 6; do echo $i > f$i; done")
+    monkeypatch.setattr(synchost, "MAX_FILES", 5)
+    assert await sync.pull(box.cid, box.client) == [
+        "the model changed more than 5 files or 2 GB in /workspace: none of it was brought back"
+    ]
+    assert os.listdir(box.ws) == []
+    await box.sh("rm /workspace/gen/f6")
+    assert await sync.pull(box.cid, box.client) == []
+    assert sorted(os.listdir(box.ws / "gen")) == ["f1", "f2", "f3", "f4", "f5"]

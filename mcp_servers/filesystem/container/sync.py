@@ -130,9 +130,7 @@ class WorkspaceSync:
             for r in self._roots:
                 scan, bad = await _scan(client, r)
                 if bad:
-                    notices.append(
-                        f"{bad} malformed entr(y/ies) in the container's listing of {r.croot} ignored"
-                    )
+                    notices.append(f"ignored {bad} malformed entries in the container's listing of {r.croot}")
                 notices += await self._pull_root(container_id, r, scan)
                 r.cont = scan
         return notices
@@ -154,10 +152,10 @@ class WorkspaceSync:
         if not changed and not removed:
             return notices
         if (
-            len(changed) > host.MAX_FILES
+            sum(n not in scan.dirs for n in changed) > host.MAX_FILES  # counted as at copy_in
             or sum(scan.files[n][0] for n in changed if n in scan.files) > host.MAX_BYTES
         ):
-            scan.files = {n: s for n, s in scan.files.items() if base.files.get(n) == s}  # retried next turn
+            scan.files, scan.dirs, scan.links = base.files, base.dirs, base.links  # looked at again next turn
             too_much = f"more than {host.MAX_FILES:,} files or {host.MAX_BYTES // 1024**3} GB"
             return [*notices, f"the model changed {too_much} in {r.croot}: none of it was brought back"]
 
