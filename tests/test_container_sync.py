@@ -221,6 +221,14 @@ def _sync(b: Box, hidden: list[Path] | None = None) -> WorkspaceSync:
     return WorkspaceSync(b.engine, [(CROOT, b.ws)], hidden or [])
 
 
+async def _copied_in(b: Box) -> WorkspaceSync:
+    """The usual workspace (_workspace), copied into the container."""
+    _workspace(b.ws)
+    sync = _sync(b)
+    await sync.copy_in(b.cid, b.client)
+    return sync
+
+
 BINARY = bytes(range(256)) * 40 + b"\x00\xff\r\n"
 
 
@@ -268,9 +276,7 @@ async def test_a_workspace_over_the_cap_is_refused_before_anything_is_copied(box
 
 @pytest.mark.anyio
 async def test_the_models_changes_come_back_at_pull_binary_byte_for_byte(box: Box) -> None:
-    _workspace(box.ws)
-    sync = _sync(box)
-    await sync.copy_in(box.cid, box.client)
+    sync = await _copied_in(box)
     assert await sync.pull(box.cid, box.client) == []  # nothing changed: nothing to say
 
     new_binary = bytes(reversed(BINARY)) + b"\x00" * 1000
@@ -293,9 +299,7 @@ async def test_the_models_changes_come_back_at_pull_binary_byte_for_byte(box: Bo
 
 @pytest.mark.anyio
 async def test_the_users_edits_between_turns_reach_the_container_at_push(box: Box) -> None:
-    _workspace(box.ws)
-    sync = _sync(box)
-    await sync.copy_in(box.cid, box.client)
+    sync = await _copied_in(box)
     (box.ws / "src" / "main.py").write_text("print('edited')\n")
     (box.ws / "docs").mkdir()
     (box.ws / "docs" / "new.md").write_text("# new\n")
@@ -318,9 +322,7 @@ async def test_the_users_edits_between_turns_reach_the_container_at_push(box: Bo
 
 @pytest.mark.anyio
 async def test_a_file_changed_on_both_sides_keeps_the_users_version(box: Box) -> None:
-    _workspace(box.ws)
-    sync = _sync(box)
-    await sync.copy_in(box.cid, box.client)
+    sync = await _copied_in(box)
     await box.sh("echo model > /workspace/src/main.py && echo model > /workspace/both-new.txt")
     (box.ws / "src" / "main.py").write_text("user\n")
     (box.ws / "both-new.txt").write_text("user\n")
@@ -360,9 +362,7 @@ async def test_deletions_come_back_only_for_what_the_user_left_alone(box: Box) -
 
 @pytest.mark.anyio
 async def test_symlinks_leading_out_do_not_come_back(box: Box) -> None:
-    _workspace(box.ws)
-    sync = _sync(box)
-    await sync.copy_in(box.cid, box.client)
+    sync = await _copied_in(box)
     await box.sh(
         f"cd /workspace && ln -s /etc etc && ln -s ../../.. up && ln -s {box.outside} out && mkdir d && ln -s ../.. d/up"
     )
@@ -415,9 +415,7 @@ class _Forging:
 
 @pytest.mark.anyio
 async def test_forged_names_in_the_scan_never_write_outside(box: Box) -> None:
-    _workspace(box.ws)
-    sync = _sync(box)
-    await sync.copy_in(box.cid, box.client)
+    sync = await _copied_in(box)
     forged = {
         n: [5, 1, 0o644]
         for n in ("../outside/x", "../../x", f"{box.outside}/x", "src/../../outside/x", "./x")
@@ -436,9 +434,7 @@ async def test_forged_names_in_the_scan_never_write_outside(box: Box) -> None:
 
 @pytest.mark.anyio
 async def test_forged_archive_members_never_write_outside(box: Box) -> None:
-    _workspace(box.ws)
-    sync = _sync(box)
-    await sync.copy_in(box.cid, box.client)
+    sync = await _copied_in(box)
     await box.sh("echo model > /workspace/src/main.py")
     hostile = _tar_of(
         {"../outside/x": b"pwned", f"{box.outside}/precious": b"pwned", "main.py/../../x": b"pwned"},
@@ -526,9 +522,7 @@ def test_the_fetch_plan_weighs_calls_against_bytes() -> None:
 
 @pytest.mark.anyio
 async def test_a_file_the_model_only_touched_is_left_as_it_is_here(box: Box) -> None:
-    _workspace(box.ws)
-    sync = _sync(box)
-    await sync.copy_in(box.cid, box.client)
+    sync = await _copied_in(box)
     before = (box.ws / "src" / "main.py").stat()
     await box.sh("touch -d '2001-01-01' /workspace/src/main.py")
     assert await sync.pull(box.cid, box.client) == []
@@ -539,9 +533,7 @@ async def test_a_file_the_model_only_touched_is_left_as_it_is_here(box: Box) -> 
 
 @pytest.mark.anyio
 async def test_a_truncated_or_malformed_scan_deletes_nothing_here(box: Box) -> None:
-    _workspace(box.ws)
-    sync = _sync(box)
-    await sync.copy_in(box.cid, box.client)
+    sync = await _copied_in(box)
     await box.sh("rm /workspace/src/main.py && echo new > /workspace/new.txt")
     bad = {"x.txt": [1, 2], "y.txt": "big", "z.txt": [-1, 0, 0]}
     notices = await sync.pull(box.cid, _Forging(box.client, bad, truncated=True))
