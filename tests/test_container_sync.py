@@ -190,7 +190,8 @@ class Box:
 
 
 @pytest.fixture
-async def box(podman: Any, tmp_path: Path) -> AsyncIterator[Box]:
+async def box(podman: Any, tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Box]:
+    """A container (running as `request.param`, a user, when parametrized) and a workspace."""
     from mcp_servers.filesystem.container import helper
     from mcp_servers.filesystem.container.engine import DockerEngine
     from mcp_servers.filesystem.container.protocol import HelperClient
@@ -200,6 +201,7 @@ async def box(podman: Any, tmp_path: Path) -> AsyncIterator[Box]:
         "Image": podman.image,
         "Labels": {"crow.test": "sync"},
         "Cmd": ["python3", "-c", "import signal; signal.pause()"],
+        "User": getattr(request, "param", ""),
     }
     cid = await engine.create_container(spec)
     try:
@@ -561,3 +563,15 @@ async def test_a_turn_over_the_caps_brings_nothing_back_until_it_fits(
     await box.sh("rm /workspace/gen/f6")
     assert await sync.pull(box.cid, box.client) == []
     assert sorted(os.listdir(box.ws / "gen")) == ["f1", "f2", "f3", "f4", "f5"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("box", ["1000:1000"], indirect=True)
+async def test_the_copy_belongs_to_the_containers_user(box: Box) -> None:
+    sync = await _copied_in(box)
+    assert (
+        await box.sh("stat -c '%u:%g' /workspace /workspace/src/main.py /workspace/src") == "1000:1000\n" * 3
+    )
+    await box.sh("echo model > /workspace/src/main.py && echo new > /workspace/src/new.py")  # as user 1000
+    assert await sync.pull(box.cid, box.client) == []
+    assert (box.ws / "src" / "new.py").read_text() == "new\n"

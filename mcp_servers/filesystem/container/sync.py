@@ -74,6 +74,7 @@ class WorkspaceSync:
         self._engine: _Engine = engine
         self._roots = [_Root(c, h, hidden) for c, h in pairs]
         self._lock = anyio.Lock()
+        self._owner = (0, 0)  # uid, gid of the container's user: who owns what is copied in
 
     # ------------------------------------------------------------------ copy in, push
     async def copy_in(self, container_id: str, client: Any) -> None:
@@ -82,9 +83,10 @@ class WorkspaceSync:
             budget = [host.MAX_FILES, host.MAX_BYTES]
             for r in self._roots:
                 r.host = await anyio.to_thread.run_sync(host.walk, r.root, r.hidden, budget)
+            self._owner = await self._container_user(container_id)
             for r in self._roots:
                 names = [*r.host.dirs, *r.host.files, *r.host.links]
-                tar = await anyio.to_thread.run_sync(_pack, r, names, True)
+                tar = await anyio.to_thread.run_sync(_pack, r, names, self._owner, True)
                 await self._engine.put_archive(container_id, "/", tar)
             for r in self._roots:
                 r.cont, _ = await _scan(client, r)
@@ -102,7 +104,7 @@ class WorkspaceSync:
                 if gone:
                     await self._remove_in_container(container_id, r, gone)
                 if changed:
-                    tar = await anyio.to_thread.run_sync(_pack, r, changed, False, now)
+                    tar = await anyio.to_thread.run_sync(_pack, r, changed, self._owner, False, now)
                     await self._engine.put_archive(container_id, "/", tar)
                 r.host = now
                 if gone or changed:
@@ -111,6 +113,18 @@ class WorkspaceSync:
                     scan, _ = await _scan(client, r)
                     r.cont = _merge(r.cont, scan, set(changed), gone)
         return []
+
+    async def _container_user(self, container_id: str) -> tuple[int, int]:
+        """The uid and gid commands run as in the container (its `User`, a name or a number):
+        the copied files are theirs, so the model can change them. Python is there (the
+        helper needs it)."""
+        code, out, err = await self._engine.exec_run(
+            container_id, ["python3", "-c", "import os; print(os.getuid(), os.getgid())"]
+        )
+        ids = out.split()
+        if code != 0 or len(ids) != 2 or not all(i.isdigit() for i in ids):
+            raise SyncError(f"cannot tell which user the container runs as: {err[-300:]!r}")
+        return int(ids[0]), int(ids[1])
 
     async def _remove_in_container(self, container_id: str, r: _Root, rels: list[str]) -> None:
         for i in range(0, len(rels), _RM_BATCH):
@@ -255,8 +269,11 @@ def _topmost(rels: list[str]) -> list[str]:
     return kept
 
 
-def _pack(r: _Root, names: Sequence[str], with_root: bool, tree: Tree | None = None) -> bytes:
-    return host.pack(r.root, str(r.croot).lstrip("/"), tree or r.host, names, with_root=with_root)
+def _pack(
+    r: _Root, names: Sequence[str], owner: tuple[int, int], with_root: bool, tree: Tree | None = None
+) -> bytes:
+    prefix = str(r.croot).lstrip("/")
+    return host.pack(r.root, prefix, tree or r.host, names, with_root=with_root, owner=owner)
 
 
 def _members(

@@ -116,24 +116,33 @@ def walk(root: Path, hidden: frozenset[str], budget: list[int] | None = None) ->
     return tree
 
 
-def pack(root: Path, prefix: str, tree: Tree, names: Iterable[str], *, with_root: bool) -> bytes:
+def pack(
+    root: Path,
+    prefix: str,
+    tree: Tree,
+    names: Iterable[str],
+    *,
+    with_root: bool,
+    owner: tuple[int, int] = (0, 0),
+) -> bytes:
     """A tar of `names` (in `tree`) read from `root`, each named `prefix/name` (prefix: the
     container root without its leading "/"), folders first; with `with_root`, the root's
-    own folder too (so a container root that does not exist yet is made)."""
+    own folder too (so a container root that does not exist yet is made: readable by all,
+    whatever this machine's mode). Everything is owned by `owner` (uid, gid) there."""
     buf = io.BytesIO()
     # GNU, not PAX: a third smaller and twice as fast to build; whole-second mtimes are
     # fine, as the container's times are only compared with its own.
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
         if with_root:
-            tar.addfile(_info(prefix, tarfile.DIRTYPE, stat.S_IMODE(os.stat(root).st_mode)))
+            tar.addfile(_info(prefix, tarfile.DIRTYPE, stat.S_IMODE(os.stat(root).st_mode) | 0o755, owner))
         ordered = sorted(names, key=lambda n: (n not in tree.dirs, n))
         for name in ordered:
             arcname = f"{prefix}/{name}"
             if name in tree.dirs:
                 mode = stat.S_IMODE(os.lstat(root / name).st_mode)
-                tar.addfile(_info(arcname, tarfile.DIRTYPE, mode))
+                tar.addfile(_info(arcname, tarfile.DIRTYPE, mode, owner))
             elif name in tree.links:
-                info = _info(arcname, tarfile.SYMTYPE, 0o777)
+                info = _info(arcname, tarfile.SYMTYPE, 0o777, owner)
                 info.linkname = tree.links[name]
                 tar.addfile(info)
             elif name in tree.files:
@@ -143,15 +152,15 @@ def pack(root: Path, prefix: str, tree: Tree, names: Iterable[str], *, with_root
                     continue  # gone or replaced since the walk: the next sync sees what is there
                 with os.fdopen(fd, "rb") as f:
                     st = os.fstat(f.fileno())
-                    info = _info(arcname, tarfile.REGTYPE, stat.S_IMODE(st.st_mode) & 0o777)
+                    info = _info(arcname, tarfile.REGTYPE, stat.S_IMODE(st.st_mode) & 0o777, owner)
                     info.size, info.mtime = st.st_size, int(st.st_mtime)
                     tar.addfile(info, _Exactly(f, st.st_size))
     return buf.getvalue()
 
 
-def _info(name: str, kind: bytes, mode: int) -> tarfile.TarInfo:
+def _info(name: str, kind: bytes, mode: int, owner: tuple[int, int]) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
-    info.type, info.mode, info.uid, info.gid, info.uname, info.gname = kind, mode, 0, 0, "", ""
+    info.type, info.mode, (info.uid, info.gid), info.uname, info.gname = kind, mode, owner, "", ""
     return info
 
 
