@@ -575,3 +575,17 @@ async def test_the_copy_belongs_to_the_containers_user(box: Box) -> None:
     await box.sh("echo model > /workspace/src/main.py && echo new > /workspace/src/new.py")  # as user 1000
     assert await sync.pull(box.cid, box.client) == []
     assert (box.ws / "src" / "new.py").read_text() == "new\n"
+
+
+@pytest.mark.anyio
+async def test_an_extra_root_inside_the_workdir_is_copied_once_at_its_own_path(box: Box) -> None:
+    (box.ws / "lib").mkdir()
+    (box.ws / "lib" / "x.py").write_text("x = 1\n")
+    (box.ws / "main.py").write_text("import lib\n")
+    sync = WorkspaceSync(box.engine, [(CROOT, box.ws), (PurePosixPath("/mnt/lib"), box.ws / "lib")])
+    await sync.copy_in(box.cid, box.client)
+    assert await box.read("/mnt/lib/x.py") == b"x = 1\n"
+    assert not await box.exists("/workspace/lib")
+    await box.sh("echo 'x = 2' > /mnt/lib/x.py")
+    assert await sync.pull(box.cid, box.client) == []  # one copy: no conflict with itself
+    assert (box.ws / "lib" / "x.py").read_text() == "x = 2\n"

@@ -53,6 +53,8 @@ class _Engine(Protocol):
 
 
 class _Root:
+    """One (container root, host root) pair and both sides' record of the last sync."""
+
     def __init__(self, croot: PurePosixPath, hroot: Path, hidden: Iterable[Path]) -> None:
         self.croot = croot
         self.root = Path(os.path.realpath(hroot))
@@ -73,6 +75,11 @@ class WorkspaceSync:
         hidden = list(hidden)
         self._engine: _Engine = engine
         self._roots = [_Root(c, h, hidden) for c, h in pairs]
+        for r in self._roots:
+            # A root inside another (an extra root in the workdir) is copied and synced once,
+            # at its own container path: two copies would drift apart.
+            # Left out like a hidden path (the model told when it writes there).
+            r.hidden |= host.hidden_rels(r.root, [o.root for o in self._roots if o is not r])
         self._lock = anyio.Lock()
         self._owner = (0, 0)  # uid, gid of the container's user: who owns what is copied in
 
@@ -317,6 +324,7 @@ async def _scan(client: Any, r: _Root) -> tuple[Tree, int]:
     files, dirs, links = reply.get("files"), reply.get("dirs"), reply.get("symlinks")
     if not isinstance(files, dict) or not isinstance(dirs, list) or not isinstance(links, dict):
         raise SyncError(f"the helper's scan of {r.croot} is malformed")
+
     for name, st in files.items():
         if isinstance(st, list) and len(st) == 3 and all(type(v) is int and v >= 0 for v in st):
             tree.files[name] = (st[0], st[1], st[2] & 0o777)
