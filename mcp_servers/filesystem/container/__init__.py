@@ -1,0 +1,1 @@
+"""Running the filesystem tools inside a container, through the Docker Engine API."""
