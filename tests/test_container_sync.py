@@ -199,7 +199,7 @@ async def box(podman: Any, tmp_path: Path, request: pytest.FixtureRequest) -> As
     engine = DockerEngine.from_env({"DOCKER_HOST": podman.docker_host})
     spec = {
         "Image": podman.image,
-        "Labels": {"crow.test": "sync"},
+        "Labels": podman.labels,
         "Cmd": ["python3", "-c", "import signal; signal.pause()"],
         "User": getattr(request, "param", ""),
     }
@@ -408,8 +408,10 @@ class _Forging:
             result.update(self.fields)
         return result, blob
 
-    async def get_archive(self, cid: str, path: str) -> bytes:
-        return self.members if self.members is not None else await self.real.get_archive(cid, path)
+    async def get_archive(self, cid: str, path: str, **kwargs: Any) -> bytes:
+        if self.members is not None:
+            return self.members
+        return await self.real.get_archive(cid, path, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real, name)

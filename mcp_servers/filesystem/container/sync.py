@@ -48,7 +48,7 @@ _RM_BATCH = 500
 
 class _Engine(Protocol):
     async def put_archive(self, container_id: str, path: str, tar: bytes) -> None: ...
-    async def get_archive(self, container_id: str, path: str) -> bytes: ...
+    async def get_archive(self, container_id: str, path: str, *, max_bytes: int | None = None) -> bytes: ...
     async def exec_run(self, container_id: str, cmd: list[str]) -> tuple[int, bytes, bytes]: ...
 
 
@@ -202,7 +202,11 @@ class WorkspaceSync:
         async def one(rel: str) -> None:
             async with limiter:
                 try:
-                    tar = await self._engine.get_archive(container_id, r.cpath(rel))
+                    # Bounded: a file the model grew past the cap since the scan cannot
+                    # fill this process's memory (tar headers: 64 MB of slack).
+                    tar = await self._engine.get_archive(
+                        container_id, r.cpath(rel), max_bytes=host.MAX_BYTES + (64 << 20)
+                    )
                 except NotFound:
                     return  # deleted since the scan: the next pull sees that
             got.update(await anyio.to_thread.run_sync(_members, tar, rel, r.croot, wanted_set))
