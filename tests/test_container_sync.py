@@ -349,8 +349,9 @@ async def test_deletions_come_back_only_for_what_the_user_left_alone(box: Box) -
     (box.ws / "keep.txt").write_text("v1\n")
     sync = _sync(box)
     await sync.copy_in(box.cid, box.client)
-    await box.sh("cd /workspace && rm -r src keep.txt link.py")
+    await box.sh("cd /workspace && rm -r src keep.txt link.py run.sh")
     (box.ws / "keep.txt").write_text("v2, the user's\n")
+    (box.ws / "run.sh").unlink()  # deleted on both sides: they agree, nothing to say
     notices = await sync.pull(box.cid, box.client)
     assert notices == [
         f"{box.ws / 'keep.txt'}: changed here during the turn and deleted in the container; "

@@ -375,6 +375,8 @@ class Changes:
         return False
 
     def _do(self, n: str, op: str, data: bytes = b"", mode: int = 0) -> None:
+        if op == "remove" and safe_rel(n, self.hidden) and host_state(self.root, n) is None:
+            return self._record(n)  # deleted on both sides: they agree
         if not self._usable(n):
             return
         if op == "link" and not safe_link_target(self.root, n, self.scan.links[n], self.hidden):
