@@ -34,9 +34,8 @@ def _workspace(ws: Path) -> None:
 
 
 async def _measure(ctx: Ctx, docker_host: str, image: str) -> list[Figure]:
-    from mcp_servers.filesystem.container import helper
     from mcp_servers.filesystem.container.engine import DockerEngine
-    from mcp_servers.filesystem.container.protocol import HelperClient
+    from mcp_servers.filesystem.container.protocol import HelperClient, helper_source
     from mcp_servers.filesystem.container.sync import WorkspaceSync
 
     engine = DockerEngine.from_env({"DOCKER_HOST": docker_host})
@@ -55,7 +54,7 @@ async def _measure(ctx: Ctx, docker_host: str, image: str) -> list[Figure]:
             cid = await engine.create_container(spec)
             try:
                 await engine.start(cid)
-                client = HelperClient(await engine.exec_stream(cid, ["python3", "-c", helper.source()]))
+                client = HelperClient(await engine.exec_stream(cid, ["python3", "-c", helper_source()]))
                 await client.handshake()
                 sync = WorkspaceSync(engine, [(PurePosixPath("/workspace"), ws)])
                 t = time.perf_counter()

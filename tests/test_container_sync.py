@@ -17,6 +17,8 @@ import pytest
 
 from mcp_servers.filesystem import localfs
 from mcp_servers.filesystem.container import synchost
+from mcp_servers.filesystem.container.engine import DockerEngine
+from mcp_servers.filesystem.container.protocol import HelperClient, helper_source
 from mcp_servers.filesystem.container.sync import WorkspaceSync
 from mcp_servers.filesystem.container.synchost import WorkspaceTooLarge
 
@@ -190,13 +192,11 @@ class Box:
 
 
 @pytest.fixture
-async def box(podman: Any, tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Box]:
-    """A container (running as `request.param`, a user, when parametrized) and a workspace."""
-    from mcp_servers.filesystem.container import helper
-    from mcp_servers.filesystem.container.engine import DockerEngine
-    from mcp_servers.filesystem.container.protocol import HelperClient
-
-    engine = DockerEngine.from_env({"DOCKER_HOST": podman.docker_host})
+async def box(
+    podman: Any, engine: DockerEngine, tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[Box]:
+    """A container (running as `request.param`, a user, when parametrized) with the helper
+    exec'd in it, and a workspace with a folder beside it."""
     spec = {
         "Image": podman.image,
         "Labels": podman.labels,
@@ -206,7 +206,7 @@ async def box(podman: Any, tmp_path: Path, request: pytest.FixtureRequest) -> As
     cid = await engine.create_container(spec)
     try:
         await engine.start(cid)
-        client = HelperClient(await engine.exec_stream(cid, ["python3", "-c", helper.source()]))
+        client = HelperClient(await engine.exec_stream(cid, ["python3", "-c", helper_source()]))
         await client.handshake()
         ws, outside = tmp_path / "ws", tmp_path / "outside"
         ws.mkdir()
@@ -216,7 +216,6 @@ async def box(podman: Any, tmp_path: Path, request: pytest.FixtureRequest) -> As
         await client.aclose()
     finally:
         await engine.remove(cid)
-        await engine.aclose()
 
 
 def _sync(b: Box, hidden: list[Path] | None = None) -> WorkspaceSync:
