@@ -512,7 +512,12 @@ _SHARED = {
     ),
     "mcp_servers.filesystem.server": ("_list_dir",),
 }  # fmt: skip
-_PRELUDE = "import secrets\nfrom functools import lru_cache\nlocalfs = sys.modules[__name__]\n"
+# What the shared functions expect around them; python3-minimal has no `secrets` module.
+_PRELUDE = """from functools import lru_cache
+localfs = sys.modules[__name__]
+class secrets:
+    token_hex = staticmethod(lambda n: os.urandom(n).hex())
+"""
 _cached: list[str] = []
 
 
