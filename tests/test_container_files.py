@@ -13,8 +13,7 @@ import pytest
 from mcp.server.mcpserver.exceptions import ToolError
 
 from mcp_servers.filesystem.container.files import ContainerFiles
-from mcp_servers.filesystem.container.helper import source
-from mcp_servers.filesystem.container.protocol import HelperGone
+from mcp_servers.filesystem.container.protocol import HelperGone, helper_source
 from mcp_servers.filesystem.localfs import BinaryFileError
 from mcp_servers.filesystem.search import GrepQuery
 from tests.support.container_helper import helper_process
@@ -40,7 +39,7 @@ def container(podman: Any, tmp_path: Path) -> Iterator[tuple[str, Path]]:
 @pytest.fixture
 async def files(podman: Any, container: tuple[str, Path]) -> AsyncIterator[ContainerFiles]:
     cid, ws = container
-    argv = ["podman", "exec", "-i", cid, "python3", "-c", source()]
+    argv = ["podman", "exec", "-i", cid, "python3", "-c", helper_source()]
     async with helper_process(argv, podman.env) as (client, _):
         yield ContainerFiles(client, [(WORKDIR, ws), (EXTRA, None)], env={"GIVEN": "given"}, container=cid)
 

@@ -20,8 +20,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from mcp_servers.filesystem import search
 from mcp_servers.filesystem.container.files import ContainerFiles
-from mcp_servers.filesystem.container.helper import source
-from mcp_servers.filesystem.container.protocol import HelperGone, HelperProtocolError
+from mcp_servers.filesystem.container.protocol import HelperGone, HelperProtocolError, helper_source
 from mcp_servers.filesystem.files import Files
 from mcp_servers.filesystem.localfs import MAX_READ_BYTES, BinaryFileError, PathChangedError
 from mcp_servers.filesystem.paths import Workspace
@@ -64,7 +63,7 @@ async def _wait_for(path: Path, lines: int = 1) -> list[int]:
 
 
 def test_source_is_python_3_8_and_self_contained() -> None:
-    text = source()
+    text = helper_source()
     ast.parse(text, feature_version=(3, 8))
     assert len(text.encode()) < 128 * 1024  # one argv string (MAX_ARG_STRLEN)
     tree = ast.parse(text)
@@ -86,7 +85,7 @@ async def test_handshake_and_every_file_op(roots: tuple[Path, Path]) -> None:
     (ws / "d").mkdir()
     (ws / "d" / "b.bin").write_bytes(b"\x00\x01" * 50)
     (ws / "lnk").symlink_to("a.txt")
-    async with helper_process([sys.executable, "-c", source()]) as (client, _):
+    async with helper_process([sys.executable, "-c", helper_source()]) as (client, _):
         assert client.info == {"python": ".".join(map(str, sys.version_info[:3])), "shell": "/bin/bash"}
         files = _files(client, roots)
         assert isinstance(files, Files)
@@ -128,7 +127,7 @@ async def test_handshake_and_every_file_op(roots: tuple[Path, Path]) -> None:
 
 async def test_editor_path_is_the_container_path_without_a_host_root(roots: tuple[Path, Path]) -> None:
     ws, extra = roots
-    async with helper_process([sys.executable, "-c", source()]) as (client, _):
+    async with helper_process([sys.executable, "-c", helper_source()]) as (client, _):
         files = ContainerFiles(client, [(PurePosixPath(ws), Path("/host/ws")), (PurePosixPath(extra), None)])
         (ws / "s").mkdir()
         assert files.editor_path(await files.resolve("s/f.py")) == "/host/ws/s/f.py"
@@ -143,7 +142,7 @@ async def test_write_is_atomic_keeps_the_mode_and_never_follows_a_symlink(roots:
     inode = target.stat().st_ino
     (ws / "victim").write_text("keep")
     (ws / "link").symlink_to(ws / "victim")
-    async with helper_process([sys.executable, "-c", source()]) as (client, _):
+    async with helper_process([sys.executable, "-c", helper_source()]) as (client, _):
         files = _files(client, roots)
         await files.write_text(PurePosixPath(target), "new\r\n")
         assert target.read_bytes() == b"new\r\n"
@@ -177,7 +176,7 @@ async def test_confinement_matches_the_local_workspace_word_for_word(roots: tupl
     local = Workspace(ws, extra_roots=[extra])
     deep = "d/" + "n" * 200 + "/" + "m" * 200 + "/"
     attacks = [*ATTACKS, str(extra / "f"), str(ws) + "/../extra/f", deep * 9 + "f"]
-    async with helper_process([sys.executable, "-c", source()]) as (client, _):
+    async with helper_process([sys.executable, "-c", helper_source()]) as (client, _):
         files = _files(client, roots)
         for path in attacks:
             try:
@@ -210,7 +209,7 @@ def _tree(ws: Path) -> None:
 async def test_glob_and_grep_match_the_local_search(roots: tuple[Path, Path]) -> None:
     ws, _ = roots
     _tree(ws)
-    async with helper_process([sys.executable, "-c", source()]) as (client, _):
+    async with helper_process([sys.executable, "-c", helper_source()]) as (client, _):
         files = _files(client, roots)
         root = await files.resolve(".")
         found, truncated = await files.glob(root, "**/*", 1000)
@@ -240,7 +239,7 @@ async def test_glob_and_grep_match_the_local_search(roots: tuple[Path, Path]) ->
 async def test_names_in_another_root_come_back_absolute(roots: tuple[Path, Path]) -> None:
     extra = roots[1]
     (extra / "f.txt").write_text("needle")
-    async with helper_process([sys.executable, "-c", source()]) as (client, _):
+    async with helper_process([sys.executable, "-c", helper_source()]) as (client, _):
         files = _files(client, roots)
         start = await files.resolve(str(extra))
         assert await files.glob(start, "*.txt", 10) == ([f"{extra}/f.txt"], False)
@@ -250,7 +249,7 @@ async def test_names_in_another_root_come_back_absolute(roots: tuple[Path, Path]
 
 async def test_run_exit_codes_environment_and_output_cap(roots: tuple[Path, Path]) -> None:
     ws, _ = roots
-    async with helper_process([sys.executable, "-c", source()], {"HELPER_OWN": "own"}) as (client, _):
+    async with helper_process([sys.executable, "-c", helper_source()], {"HELPER_OWN": "own"}) as (client, _):
         files = _files(client, roots, env={"GIVEN": "given"})
         result = await files.run("echo $HELPER_OWN $GIVEN; pwd; exit 3", PurePosixPath(ws), 30)
         assert (result.output, result.exit_code, result.timed_out) == (f"own given\n{ws}\n", 3, False)
@@ -262,7 +261,7 @@ async def test_run_exit_codes_environment_and_output_cap(roots: tuple[Path, Path
 
 async def test_timeout_and_exit_kill_the_whole_tree(roots: tuple[Path, Path]) -> None:
     ws, _ = roots
-    async with helper_process([sys.executable, "-c", source()]) as (client, _):
+    async with helper_process([sys.executable, "-c", helper_source()]) as (client, _):
         files = _files(client, roots)
         result = await files.run("sleep 100 & echo $! > pid; wait", PurePosixPath(ws), 0.5)
         assert result.timed_out and result.exit_code is None
@@ -274,7 +273,7 @@ async def test_timeout_and_exit_kill_the_whole_tree(roots: tuple[Path, Path]) ->
 
 async def test_cancel_kills_the_command_before_the_call_returns(roots: tuple[Path, Path]) -> None:
     ws, _ = roots
-    async with helper_process([sys.executable, "-c", source()]) as (client, _):
+    async with helper_process([sys.executable, "-c", helper_source()]) as (client, _):
         files = _files(client, roots)
         with anyio.CancelScope() as scope:
             async with anyio.create_task_group() as tg:
@@ -292,7 +291,7 @@ async def test_many_requests_in_flight(roots: tuple[Path, Path]) -> None:
     for i in range(40):
         (ws / f"f{i}").write_text(f"content {i}")
     answers: dict[str, str] = {}
-    async with helper_process([sys.executable, "-c", source()]) as (client, _):
+    async with helper_process([sys.executable, "-c", helper_source()]) as (client, _):
         files = _files(client, roots)
 
         async def run(i: int) -> None:
@@ -311,21 +310,22 @@ async def test_many_requests_in_flight(roots: tuple[Path, Path]) -> None:
     }
 
 
+async def _run_until_gone(files: ContainerFiles, command: str, gone: list[BaseException]) -> None:
+    try:
+        await files.run(command, files.roots[0], 60)
+    except HelperGone as exc:
+        gone.append(exc)
+
+
 async def test_helper_killed_mid_request_fails_every_waiter(roots: tuple[Path, Path]) -> None:
     ws, _ = roots
     failures: list[BaseException] = []
-    async with helper_process([sys.executable, "-c", source()]) as (client, process):
+    async with helper_process([sys.executable, "-c", helper_source()]) as (client, process):
         files = _files(client, roots)
-
-        async def run() -> None:
-            try:
-                await files.run("echo $$ >> pids; sleep 100", PurePosixPath(ws), 60)
-            except HelperGone as exc:
-                failures.append(exc)
 
         async with anyio.create_task_group() as tg:
             for _ in range(5):
-                tg.start_soon(run)
+                tg.start_soon(_run_until_gone, files, "echo $$ >> pids; sleep 100", failures)
             pids = await _wait_for(ws / "pids", 5)
             process.send_signal(signal.SIGKILL)
         with pytest.raises(HelperGone, match="exited"):
@@ -337,18 +337,11 @@ async def test_helper_killed_mid_request_fails_every_waiter(roots: tuple[Path, P
 
 async def test_aclose_ends_the_helper_and_its_commands(roots: tuple[Path, Path]) -> None:
     ws, _ = roots
-    async with helper_process([sys.executable, "-c", source()]) as (client, process):
+    async with helper_process([sys.executable, "-c", helper_source()]) as (client, process):
         files = _files(client, roots)
         gone: list[BaseException] = []
-
-        async def run() -> None:
-            try:
-                await files.run("echo $$ > pid; sleep 100", PurePosixPath(ws), 60)
-            except HelperGone as exc:
-                gone.append(exc)
-
         async with anyio.create_task_group() as tg:
-            tg.start_soon(run)
+            tg.start_soon(_run_until_gone, files, "echo $$ > pid; sleep 100", gone)
             (shell,) = await _wait_for(ws / "pid")
             await client.aclose()
         with anyio.fail_after(10):
@@ -358,7 +351,7 @@ async def test_aclose_ends_the_helper_and_its_commands(roots: tuple[Path, Path])
 
 async def test_a_command_forging_the_helpers_output_breaks_only_the_stream(roots: tuple[Path, Path]) -> None:
     ws, _ = roots
-    async with helper_process([sys.executable, "-c", source()]) as (client, _):
+    async with helper_process([sys.executable, "-c", helper_source()]) as (client, _):
         files = _files(client, roots)
         # fd 4 is the helper's private copy of its stdout (fd 3 its stdin): garbage there.
         with pytest.raises(HelperProtocolError, match="frame of 4294967295 bytes"):

@@ -12,7 +12,6 @@ are none: a command in the container reads all of it anyway.
 
 from __future__ import annotations
 
-import os
 import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -25,7 +24,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_servers.filesystem.execute import ExecResult
 from mcp_servers.filesystem.files import Place
 from mcp_servers.filesystem.localfs import MAX_READ_BYTES
-from mcp_servers.filesystem.paths import MAX_NAME_BYTES, MAX_PATH_BYTES, _loop
+from mcp_servers.filesystem.paths import MAX_PATH_BYTES, _loop, check_path_text
 from mcp_servers.filesystem.search import GrepQuery, GrepResult
 
 from .protocol import HelperClient, HelperProtocolError, _Refused
@@ -73,7 +72,7 @@ class ContainerFiles:
         return max(holding, key=lambda r: len(r.parts))
 
     async def resolve(self, path: str) -> Place:
-        _check_text(path)
+        check_path_text(path)
         try:
             found, _ = await self.client.call("resolve", self._resolved, path=path, roots=self._root_texts())
         except _Refused as refused:
@@ -187,22 +186,6 @@ class ContainerFiles:
             env=self.env,
         )  # fmt: skip
         return ExecResult(result["output"], result["exit_code"], result["timed_out"], result["truncated"])
-
-
-def _check_text(path: str) -> None:
-    """paths.Workspace.resolve's checks of the string itself, in its words."""
-    if not isinstance(path, str):
-        raise ToolError(f"path must be a string, not {type(path).__name__}")
-    if "\x00" in path:
-        raise ToolError(f"path {path!r} contains a NUL byte")
-    try:
-        raw = os.fsencode(path)
-    except UnicodeEncodeError:
-        raise ToolError(f"path {path!r} contains characters that cannot be encoded") from None
-    if len(raw) > MAX_PATH_BYTES:
-        raise ToolError(f"path is too long ({len(raw)} bytes; the limit is {MAX_PATH_BYTES})")
-    if any(len(part) > MAX_NAME_BYTES for part in raw.split(b"/")):
-        raise ToolError(f"a name in path {path[:80]!r}... exceeds {MAX_NAME_BYTES} bytes")
 
 
 # ------------------------------------------------------------------ answer shapes

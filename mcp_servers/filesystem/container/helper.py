@@ -14,12 +14,14 @@ appeared: localfs.PathChangedError), "write" (localfs.WriteError: the file is in
 "binary", "tool" (a message for the model), "path" (resolve refused it: why, size), "bug".
 
 Stdlib only, Python >= 3.8, and only modules Debian's python3-minimal has (no json,
-tempfile, shutil, dataclasses). The code it shares with the local disk (localfs's
+tempfile, shutil, dataclasses, secrets). The code it shares with the local disk (localfs's
 symlink-safe opens and atomic writes, the file listing, the gitignore-aware walk, glob,
-Python grep, execute's output cap and group checks) is not copied here: `source()` appends
-those functions' own source text, so the container runs exactly what the local disk runs.
+Python grep, execute's output cap and group checks) is not copied here:
+protocol.helper_source() appends those functions' own source text, so the container runs
+exactly what the local disk runs.
 `pathspec` does not exist in there: `GitIgnoreSpec` below stands in for it (a small
 gitignore matcher: nested files, negation, dir-only and anchored patterns, `**`).
+Commands (run, cancel) are in helper_exec.py, sent with this file.
 """
 
 from __future__ import annotations
@@ -31,23 +33,14 @@ import re
 import signal
 import stat
 import struct
-import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # in the container these come from the tail `source()` appends
-    from mcp_servers.filesystem.execute import (
-        CANCEL_GRACE,
-        DRAIN_AFTER_EXIT,
-        KILL_GRACE,
-        OUTPUT_CAP,
-        _CappedBuffer,
-        _group_alive,
-        _signal_group,
-    )  # fmt: skip
+if TYPE_CHECKING:  # in the container these come from the tail helper_source() appends
+    from mcp_servers.filesystem.container.helper_exec import JOBS, SHELL
+    from mcp_servers.filesystem.execute import _signal_group
     from mcp_servers.filesystem.localfs import (
         MAX_READ_BYTES,
         BinaryFileError,
@@ -66,7 +59,6 @@ SCAN_CAP = 200_000  # entries a scan lists before it says truncated
 RESULT_BUDGET = 32 << 20  # bytes of names a glob, grep or ls answer holds (the host caps frames at 64 MB)
 SCAN_BUDGET = 48 << 20
 
-JOBS: dict[int, Any] = {}  # running commands by request id
 _out_lock = threading.Lock()
 _OUT = -1  # the protocol's stdout (fd 1 itself is pointed at stderr)
 
@@ -340,97 +332,7 @@ def op_scan(req: dict) -> dict:
     return {"files": files, "dirs": dirs, "symlinks": links, "truncated": truncated}
 
 
-# ---------------------------------------------------------------- commands
-def _shell() -> str:
-    for folder in ("/bin", "/usr/bin", *os.environ.get("PATH", "").split(":")):
-        if folder and os.access(os.path.join(folder, "bash"), os.X_OK):
-            return os.path.join(folder, "bash")
-    return "/bin/sh"
-
-
-SHELL = _shell()
-
-
-class _Job:
-    def __init__(self, proc: subprocess.Popen) -> None:
-        self.proc, self.cancelled = proc, False
-
-
-def _kill_group(pgid: int, grace: float) -> None:
-    """execute._kill_group's sequence: TERM the group, KILL it after `grace`, and return
-    once nobody in it runs (or a second has passed)."""
-    if _signal_group(pgid, signal.SIGTERM):
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and _group_alive(pgid):
-            time.sleep(0.01)
-        _signal_group(pgid, signal.SIGKILL)
-        deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline and _group_alive(pgid):
-            time.sleep(0.005)
-
-
-def _pump(fd: int, buf: _CappedBuffer) -> None:
-    try:
-        while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return
-            buf.feed(chunk)
-    except OSError:
-        return
-
-
-def op_run(req: dict) -> dict:
-    env = dict(os.environ)
-    env.update(req.get("env") or {})
-    proc = subprocess.Popen(
-        [SHELL, "-c", req["command"]], cwd=req["cwd"], env=env, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    job = JOBS[req["id"]] = _Job(proc)
-    buf = _CappedBuffer(OUTPUT_CAP)
-    assert proc.stdout is not None
-    reader = threading.Thread(target=_pump, args=(proc.stdout.fileno(), buf), daemon=True)
-    reader.start()
-    timed_out = False
-    try:
-        try:
-            proc.wait(req["timeout"])
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        if not timed_out and not job.cancelled:
-            reader.join(DRAIN_AFTER_EXIT)  # background jobs may hold the pipe: read what is there
-        # Stray background jobs, a timeout or a cancel: the whole group goes.
-        _kill_group(proc.pid, CANCEL_GRACE if job.cancelled else KILL_GRACE)
-        proc.wait()
-        reader.join(1.0)  # a process that left the group may hold the pipe: do not wait for it
-    finally:
-        JOBS.pop(req["id"], None)
-    return {
-        "output": buf.text(),
-        "exit_code": None if timed_out or job.cancelled else proc.returncode,
-        "timed_out": timed_out,
-        "truncated": buf.dropped > 0,
-    }
-
-
-def op_cancel(req: dict) -> dict:
-    """Kill a running command's group; answered once nobody in it runs."""
-    job = JOBS.get(req["target"])
-    if job is not None:
-        job.cancelled = True
-        _kill_group(job.proc.pid, CANCEL_GRACE)
-    return {"cancelled": job is not None}
-
-
 # ---------------------------------------------------------------- serving
-OPS = {
-    "resolve": op_resolve, "read": op_read, "read_bytes": op_read_bytes, "write": op_write,
-    "list": op_list, "glob": op_glob, "grep": op_grep, "scan": op_scan, "run": op_run,
-    "cancel": op_cancel,
-}  # fmt: skip
-
-
 def _error(exc: BaseException) -> dict:
     if isinstance(exc, _Refused):
         return {"kind": "path", "why": exc.why, "size": exc.size}
@@ -448,7 +350,7 @@ def _error(exc: BaseException) -> dict:
 
 def _handle(req: dict) -> None:
     try:
-        result = OPS[req["op"]](req)
+        result = globals()["op_" + req["op"]](req)  # op_run, op_resolve… (the host is trusted)
         blob = b""
         if isinstance(result, tuple):
             result, blob = result
@@ -492,49 +394,3 @@ def main() -> None:
     for job in list(JOBS.values()):  # the host is gone: so are its commands
         _signal_group(job.proc.pid, signal.SIGKILL)
     os._exit(0)
-
-
-# ---------------------------------------------------------------- the source sent
-_SHARED = {
-    "mcp_servers.filesystem.execute": (
-        "OUTPUT_CAP", "KILL_GRACE", "CANCEL_GRACE", "DRAIN_AFTER_EXIT", "_CappedBuffer", "_signal_group",
-        "_group_alive",
-    ),
-    "mcp_servers.filesystem.localfs": (
-        "MAX_READ_BYTES", "_DIR", "_CHUNK", "BinaryFileError", "PathChangedError", "WriteError", "_real_root",
-        "_relative", "_changed", "_is_link", "_open_parent", "_open_file", "open_dir", "_open_for_read",
-        "_read_upto", "_read_fd", "_write_all", "_unchanged", "_overwrite_in_place", "_keep_owner_and_mode",
-        "_copy_xattrs", "_has_xattrs", "_discard", "_proc_fds", "_create_temp", "_replace", "write_bytes",
-    ),
-    "mcp_servers.filesystem.search": (
-        "MAX_LINE_CHARS", "_FALLBACK_MAX_FILE", "_cut", "_read_text", "_load_ignore", "_ignored", "walk",
-        "_walk_dir", "_expand_braces", "_translate", "compile_glob", "glob_files", "_grep_python",
-    ),
-    "mcp_servers.filesystem.server": ("_list_dir",),
-}  # fmt: skip
-# What the shared functions expect around them; python3-minimal has no `secrets` module.
-_PRELUDE = """from functools import lru_cache
-localfs = sys.modules[__name__]
-class secrets:
-    token_hex = staticmethod(lambda n: os.urandom(n).hex())
-"""
-_cached: list[str] = []
-
-
-def source() -> str:
-    """This module's text, then the shared functions' own source, then `main()`: what the
-    host runs in the container with `python3 -c`."""
-    if not _cached:
-        import importlib
-        import inspect
-
-        parts = [Path(__file__).read_text(encoding="utf-8"), _PRELUDE]
-        for module_name, names in _SHARED.items():
-            module = importlib.import_module(module_name)
-            for name in names:
-                value = getattr(module, name)
-                is_code = inspect.isclass(value) or callable(value)  # functions, lru_cache wrappers
-                parts.append(inspect.getsource(value) if is_code else f"{name} = {value!r}\n")
-        parts.append("main()\n")
-        _cached.append("\n".join(parts))
-    return _cached[0]

@@ -13,15 +13,22 @@ lock) and hands the others theirs, so the client works from any task and a cance
 waiter never leaves half a frame behind (the unread bytes stay in the buffer). A `run`
 cancelled on the host sends `cancel` and waits (shielded, briefly) until the command's
 group is dead.
+
+`helper_source()` is the program the host starts in the container (helper.py,
+helper_exec.py and the local disk's own functions they run).
 """
 
 from __future__ import annotations
 
 import errno
+import functools
+import importlib
+import inspect
 import json
 import marshal
 import struct
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -221,3 +228,48 @@ class HelperClient:
 
 def _is_dict(result: Any, blob: bytes) -> bool:
     return isinstance(result, dict)
+
+
+# ------------------------------------------------------------------ the helper's source
+_SHARED = {
+    "mcp_servers.filesystem.execute": (
+        "OUTPUT_CAP", "KILL_GRACE", "CANCEL_GRACE", "DRAIN_AFTER_EXIT", "_CappedBuffer", "_signal_group",
+        "_group_alive",
+    ),
+    "mcp_servers.filesystem.localfs": (
+        "MAX_READ_BYTES", "_DIR", "_CHUNK", "BinaryFileError", "PathChangedError", "WriteError", "_real_root",
+        "_relative", "_changed", "_is_link", "_open_parent", "_open_file", "open_dir", "_open_for_read",
+        "_read_upto", "_read_fd", "_write_all", "_unchanged", "_overwrite_in_place", "_keep_owner_and_mode",
+        "_copy_xattrs", "_has_xattrs", "_discard", "_proc_fds", "_create_temp", "_replace", "write_bytes",
+    ),
+    "mcp_servers.filesystem.search": (
+        "MAX_LINE_CHARS", "_FALLBACK_MAX_FILE", "_cut", "_read_text", "_load_ignore", "_ignored", "walk",
+        "_walk_dir", "_expand_braces", "_translate", "compile_glob", "glob_files", "_grep_python",
+    ),
+    "mcp_servers.filesystem.server": ("_list_dir",),
+}  # fmt: skip
+# What the shared functions expect around them; python3-minimal has no `secrets` module.
+_PRELUDE = """from functools import lru_cache
+localfs = sys.modules[__name__]
+class secrets:
+    token_hex = staticmethod(lambda n: os.urandom(n).hex())
+"""
+
+
+@functools.cache
+def helper_source() -> str:
+    """What the host runs in the container with `python3 -c`: helper.py's text,
+    helper_exec.py's (without its `__future__` line: only the first may have one), the
+    shared functions' own source, then `main()`. Under 128 KB: one argv string."""
+    here = Path(__file__).parent
+    commands = (here / "helper_exec.py").read_text(encoding="utf-8")
+    commands = commands.replace("from __future__ import annotations\n", "")
+    parts = [(here / "helper.py").read_text(encoding="utf-8"), commands, _PRELUDE]
+    for module_name, names in _SHARED.items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            value = getattr(module, name)
+            is_code = inspect.isclass(value) or callable(value)  # functions, lru_cache wrappers
+            parts.append(inspect.getsource(value) if is_code else f"{name} = {value!r}\n")
+    parts.append("main()\n")
+    return "\n".join(parts)
