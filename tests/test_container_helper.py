@@ -6,6 +6,7 @@ helper that lies, garbles, or dies."""
 from __future__ import annotations
 
 import ast
+import glob
 import os
 import signal
 import stat
@@ -29,6 +30,18 @@ from mcp_servers.filesystem.server import _list_dir
 from tests.support.container_helper import helper_process
 
 pytestmark = pytest.mark.anyio
+# The helper must run on Python 3.8 too (old images): run it on this interpreter and on a
+# 3.8 where this machine has one.
+OLD_PYTHONS = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.8*/bin/python3.8")))
+
+
+@pytest.fixture(params=["current", "3.8"])
+def helper_argv(request: pytest.FixtureRequest) -> list[str]:
+    if request.param == "current":
+        return [sys.executable, "-c", helper_source()]
+    if not OLD_PYTHONS:
+        pytest.skip("no Python 3.8 on this machine")
+    return [OLD_PYTHONS[0], "-c", helper_source()]
 
 
 def _real(path: Path) -> Path:
@@ -79,14 +92,15 @@ def test_source_is_python_3_8_and_self_contained() -> None:
     assert imported - allowed == set()
 
 
-async def test_handshake_and_every_file_op(roots: tuple[Path, Path]) -> None:
+async def test_handshake_and_every_file_op(helper_argv: list[str], roots: tuple[Path, Path]) -> None:
     ws, extra = roots
     (ws / "a.txt").write_text("one\ntwo\n")
     (ws / "d").mkdir()
     (ws / "d" / "b.bin").write_bytes(b"\x00\x01" * 50)
     (ws / "lnk").symlink_to("a.txt")
-    async with helper_process([sys.executable, "-c", helper_source()]) as (client, _):
-        assert client.info == {"python": ".".join(map(str, sys.version_info[:3])), "shell": "/bin/bash"}
+    async with helper_process(helper_argv) as (client, _):
+        version = (await anyio.run_process([helper_argv[0], "-V"])).stdout.decode().split()[1]
+        assert client.info == {"python": version, "shell": "/bin/bash"}
         files = _files(client, roots)
         assert isinstance(files, Files)
         place = await files.resolve("a.txt")
@@ -125,16 +139,20 @@ async def test_handshake_and_every_file_op(roots: tuple[Path, Path]) -> None:
         assert set(scan["files"]) == {"a.txt", "d/b.bin", "big.txt"}
 
 
-async def test_editor_path_is_the_container_path_without_a_host_root(roots: tuple[Path, Path]) -> None:
+async def test_editor_path_is_the_container_path_without_a_host_root(
+    helper_argv: list[str], roots: tuple[Path, Path]
+) -> None:
     ws, extra = roots
-    async with helper_process([sys.executable, "-c", helper_source()]) as (client, _):
+    async with helper_process(helper_argv) as (client, _):
         files = ContainerFiles(client, [(PurePosixPath(ws), Path("/host/ws")), (PurePosixPath(extra), None)])
         (ws / "s").mkdir()
         assert files.editor_path(await files.resolve("s/f.py")) == "/host/ws/s/f.py"
         assert files.editor_path(await files.resolve(f"{extra}/f.py")) == f"{extra}/f.py"
 
 
-async def test_write_is_atomic_keeps_the_mode_and_never_follows_a_symlink(roots: tuple[Path, Path]) -> None:
+async def test_write_is_atomic_keeps_the_mode_and_never_follows_a_symlink(
+    helper_argv: list[str], roots: tuple[Path, Path]
+) -> None:
     ws, _ = roots
     target = ws / "x.sh"
     target.write_text("old")
@@ -142,7 +160,7 @@ async def test_write_is_atomic_keeps_the_mode_and_never_follows_a_symlink(roots:
     inode = target.stat().st_ino
     (ws / "victim").write_text("keep")
     (ws / "link").symlink_to(ws / "victim")
-    async with helper_process([sys.executable, "-c", helper_source()]) as (client, _):
+    async with helper_process(helper_argv) as (client, _):
         files = _files(client, roots)
         await files.write_text(PurePosixPath(target), "new\r\n")
         assert target.read_bytes() == b"new\r\n"
@@ -163,7 +181,9 @@ ATTACKS = [
 ]  # fmt: skip
 
 
-async def test_confinement_matches_the_local_workspace_word_for_word(roots: tuple[Path, Path]) -> None:
+async def test_confinement_matches_the_local_workspace_word_for_word(
+    helper_argv: list[str], roots: tuple[Path, Path]
+) -> None:
     ws, extra = roots
     (ws / "a.txt").write_text("x")
     (ws / "d").mkdir()
@@ -176,7 +196,7 @@ async def test_confinement_matches_the_local_workspace_word_for_word(roots: tupl
     local = Workspace(ws, extra_roots=[extra])
     deep = "d/" + "n" * 200 + "/" + "m" * 200 + "/"
     attacks = [*ATTACKS, str(extra / "f"), str(ws) + "/../extra/f", deep * 9 + "f"]
-    async with helper_process([sys.executable, "-c", helper_source()]) as (client, _):
+    async with helper_process(helper_argv) as (client, _):
         files = _files(client, roots)
         for path in attacks:
             try:
@@ -206,10 +226,10 @@ def _tree(ws: Path) -> None:
         (ws / name).write_text(text)
 
 
-async def test_glob_and_grep_match_the_local_search(roots: tuple[Path, Path]) -> None:
+async def test_glob_and_grep_match_the_local_search(helper_argv: list[str], roots: tuple[Path, Path]) -> None:
     ws, _ = roots
     _tree(ws)
-    async with helper_process([sys.executable, "-c", helper_source()]) as (client, _):
+    async with helper_process(helper_argv) as (client, _):
         files = _files(client, roots)
         root = await files.resolve(".")
         found, truncated = await files.glob(root, "**/*", 1000)
@@ -236,10 +256,12 @@ async def test_glob_and_grep_match_the_local_search(roots: tuple[Path, Path]) ->
             await files.grep(root, GrepQuery("(", None, False, "content", 9))
 
 
-async def test_names_in_another_root_come_back_absolute(roots: tuple[Path, Path]) -> None:
+async def test_names_in_another_root_come_back_absolute(
+    helper_argv: list[str], roots: tuple[Path, Path]
+) -> None:
     extra = roots[1]
     (extra / "f.txt").write_text("needle")
-    async with helper_process([sys.executable, "-c", helper_source()]) as (client, _):
+    async with helper_process(helper_argv) as (client, _):
         files = _files(client, roots)
         start = await files.resolve(str(extra))
         assert await files.glob(start, "*.txt", 10) == ([f"{extra}/f.txt"], False)
@@ -247,9 +269,11 @@ async def test_names_in_another_root_come_back_absolute(roots: tuple[Path, Path]
         assert result.files == [f"{extra}/f.txt"]
 
 
-async def test_run_exit_codes_environment_and_output_cap(roots: tuple[Path, Path]) -> None:
+async def test_run_exit_codes_environment_and_output_cap(
+    helper_argv: list[str], roots: tuple[Path, Path]
+) -> None:
     ws, _ = roots
-    async with helper_process([sys.executable, "-c", helper_source()], {"HELPER_OWN": "own"}) as (client, _):
+    async with helper_process(helper_argv, {"HELPER_OWN": "own"}) as (client, _):
         files = _files(client, roots, env={"GIVEN": "given"})
         result = await files.run("echo $HELPER_OWN $GIVEN; pwd; exit 3", PurePosixPath(ws), 30)
         assert (result.output, result.exit_code, result.timed_out) == (f"own given\n{ws}\n", 3, False)
@@ -259,9 +283,9 @@ async def test_run_exit_codes_environment_and_output_cap(roots: tuple[Path, Path
         assert "\n\n... [200005 bytes of output omitted] ...\n\n" in big.output  # 300005 - 100000
 
 
-async def test_timeout_and_exit_kill_the_whole_tree(roots: tuple[Path, Path]) -> None:
+async def test_timeout_and_exit_kill_the_whole_tree(helper_argv: list[str], roots: tuple[Path, Path]) -> None:
     ws, _ = roots
-    async with helper_process([sys.executable, "-c", helper_source()]) as (client, _):
+    async with helper_process(helper_argv) as (client, _):
         files = _files(client, roots)
         result = await files.run("sleep 100 & echo $! > pid; wait", PurePosixPath(ws), 0.5)
         assert result.timed_out and result.exit_code is None
@@ -271,9 +295,11 @@ async def test_timeout_and_exit_kill_the_whole_tree(roots: tuple[Path, Path]) ->
         assert result.exit_code == 0 and not _alive(int(result.output))  # the background job went too
 
 
-async def test_cancel_kills_the_command_before_the_call_returns(roots: tuple[Path, Path]) -> None:
+async def test_cancel_kills_the_command_before_the_call_returns(
+    helper_argv: list[str], roots: tuple[Path, Path]
+) -> None:
     ws, _ = roots
-    async with helper_process([sys.executable, "-c", helper_source()]) as (client, _):
+    async with helper_process(helper_argv) as (client, _):
         files = _files(client, roots)
         with anyio.CancelScope() as scope:
             async with anyio.create_task_group() as tg:
@@ -286,12 +312,12 @@ async def test_cancel_kills_the_command_before_the_call_returns(roots: tuple[Pat
         assert not _alive(shell) and not _alive(sleeper)  # TERM ignored: killed by the KILL
 
 
-async def test_many_requests_in_flight(roots: tuple[Path, Path]) -> None:
+async def test_many_requests_in_flight(helper_argv: list[str], roots: tuple[Path, Path]) -> None:
     ws, _ = roots
     for i in range(40):
         (ws / f"f{i}").write_text(f"content {i}")
     answers: dict[str, str] = {}
-    async with helper_process([sys.executable, "-c", helper_source()]) as (client, _):
+    async with helper_process(helper_argv) as (client, _):
         files = _files(client, roots)
 
         async def run(i: int) -> None:
@@ -317,10 +343,12 @@ async def _run_until_gone(files: ContainerFiles, command: str, gone: list[BaseEx
         gone.append(exc)
 
 
-async def test_helper_killed_mid_request_fails_every_waiter(roots: tuple[Path, Path]) -> None:
+async def test_helper_killed_mid_request_fails_every_waiter(
+    helper_argv: list[str], roots: tuple[Path, Path]
+) -> None:
     ws, _ = roots
     failures: list[BaseException] = []
-    async with helper_process([sys.executable, "-c", helper_source()]) as (client, process):
+    async with helper_process(helper_argv) as (client, process):
         files = _files(client, roots)
 
         async with anyio.create_task_group() as tg:
@@ -335,9 +363,11 @@ async def test_helper_killed_mid_request_fails_every_waiter(roots: tuple[Path, P
     assert len(failures) == 5 and all("exited" in str(e) for e in failures)
 
 
-async def test_aclose_ends_the_helper_and_its_commands(roots: tuple[Path, Path]) -> None:
+async def test_aclose_ends_the_helper_and_its_commands(
+    helper_argv: list[str], roots: tuple[Path, Path]
+) -> None:
     ws, _ = roots
-    async with helper_process([sys.executable, "-c", helper_source()]) as (client, process):
+    async with helper_process(helper_argv) as (client, process):
         files = _files(client, roots)
         gone: list[BaseException] = []
         async with anyio.create_task_group() as tg:
@@ -349,9 +379,11 @@ async def test_aclose_ends_the_helper_and_its_commands(roots: tuple[Path, Path])
         assert gone and not _alive(shell)
 
 
-async def test_a_command_forging_the_helpers_output_breaks_only_the_stream(roots: tuple[Path, Path]) -> None:
+async def test_a_command_forging_the_helpers_output_breaks_only_the_stream(
+    helper_argv: list[str], roots: tuple[Path, Path]
+) -> None:
     ws, _ = roots
-    async with helper_process([sys.executable, "-c", helper_source()]) as (client, _):
+    async with helper_process(helper_argv) as (client, _):
         files = _files(client, roots)
         # fd 4 is the helper's private copy of its stdout (fd 3 its stdin): garbage there.
         with pytest.raises(HelperProtocolError, match="frame of 4294967295 bytes"):
@@ -382,6 +414,7 @@ FORGERIES = {
         'frame(b\'{"id": 1, "ok": {"entries": [{"name": 1, "type": "file"}], "truncated": false}}\')',
         "wrong shape",
     ),
+    "malformed error": ('frame(b\'{"id": 1, "error": "boom"}\')', "malformed error"),
     "short frame": ("os.write(1, struct.pack('>I', 2) + b'ab')", "malformed frame"),
 }
 
@@ -390,12 +423,14 @@ FORGERIES = {
 async def test_forged_or_garbled_answers_are_refused_cleanly(case: str, roots: tuple[Path, Path]) -> None:
     code, message = FORGERIES[case]
     script = FAKE + code + "\nsys.stdin.buffer.read()\n"
-    async with helper_process([sys.executable, "-c", script]) as (client, _):
+    async with helper_process([sys.executable, "-c", script]) as (client, process):
         files = _files(client, roots)
         with pytest.raises(HelperProtocolError, match=message):
             await files.list_dir(await _place(files))
         with pytest.raises(HelperProtocolError, match=message):  # and the client stays failed
             await files.read_text(PurePosixPath(roots[0] / "x"))
+        with anyio.fail_after(10):  # its stream was closed: the helper saw the end of its input
+            await process.wait()
 
 
 async def _place(files: ContainerFiles):
@@ -414,3 +449,30 @@ async def test_a_missing_handshake_or_a_cut_stream_is_reported(roots: tuple[Path
     async with helper_process([sys.executable, "-c", script], handshake=False) as (client, _):
         with pytest.raises(HelperProtocolError, match="handshake"):
             await client.handshake()
+
+
+async def test_a_run_cancelled_as_the_helper_dies_is_still_just_cancelled(roots: tuple[Path, Path]) -> None:
+    # The fake reads the run request, says so, then exits on the next frame: the cancel.
+    script = FAKE.replace("sys.stdin.buffer.read(4)", "") + (
+        "def skip():\n    sys.stdin.buffer.read(struct.unpack('>I', sys.stdin.buffer.read(4))[0])\n"
+        f"skip(); open({str(roots[0] / 'got')!r}, 'w').write('1'); skip()\n"
+    )
+    async with helper_process([sys.executable, "-c", script]) as (client, _):
+        files = _files(client, roots)
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(files.run, "sleep 100", files.roots[0], 60)
+                await _wait_for(roots[0] / "got")
+                scope.cancel()
+        assert scope.cancelled_caught  # not a HelperGone from the cancel's own request
+
+
+async def test_scan_stops_at_its_cap(roots: tuple[Path, Path]) -> None:
+    ws, _ = roots
+    for i in range(10):
+        (ws / f"f{i}").write_text("x")
+    source = helper_source().replace("SCAN_CAP = 200_000", "SCAN_CAP = 3")
+    assert "SCAN_CAP = 3" in source
+    async with helper_process([sys.executable, "-c", source]) as (client, _):
+        scan = await _files(client, roots).scan(PurePosixPath(ws))
+    assert scan["truncated"] and len(scan["files"]) == 3

@@ -39,4 +39,4 @@ async def helper_process(
                 await process.wait()
             if process.returncode is None:
                 process.kill()
-                await process.wait()
+            await process.aclose()  # waits, and closes the pipes before the loop ends

@@ -114,12 +114,9 @@ class ContainerFiles:
             return str(place.path)
         return str(host.joinpath(*PurePosixPath(place.path).relative_to(place.root).parts))
 
-    def lock(self, place: Place) -> Any:
-        return self._lock(str(place.path))
-
     @asynccontextmanager
-    async def _lock(self, path: str) -> AsyncIterator[None]:
-        key = (self._container, path)
+    async def lock(self, place: Place) -> AsyncIterator[None]:
+        key = (self._container, str(place.path))
         lock = _LOCKS.get(key)
         if lock is None:
             lock = _LOCKS[key] = anyio.Lock()

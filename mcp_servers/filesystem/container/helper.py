@@ -30,7 +30,6 @@ import errno
 import marshal
 import os
 import re
-import signal
 import stat
 import struct
 import sys
@@ -39,8 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # in the container these come from the tail helper_source() appends
-    from mcp_servers.filesystem.container.helper_exec import JOBS, SHELL
-    from mcp_servers.filesystem.execute import _signal_group
+    from mcp_servers.filesystem.container.helper_exec import SHELL, end_commands
     from mcp_servers.filesystem.localfs import (
         MAX_READ_BYTES,
         BinaryFileError,
@@ -391,6 +389,5 @@ def main() -> None:
         except (ValueError, EOFError, TypeError):
             break  # not the host's writing: stop rather than guess
         threading.Thread(target=_handle, args=(req,), daemon=True).start()
-    for job in list(JOBS.values()):  # the host is gone: so are its commands
-        _signal_group(job.proc.pid, signal.SIGKILL)
+    end_commands()  # the host is gone: so are its commands
     os._exit(0)

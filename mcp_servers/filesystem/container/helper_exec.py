@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # in the container these come from the tail `helper.source()`
     )
 
 JOBS: dict[int, Any] = {}  # running commands by request id
+JOBS_LOCK = threading.Lock()  # held from a spawn until its listing, and by the helper's end
 
 
 def _shell() -> str:
@@ -74,11 +75,12 @@ def _pump(fd: int, buf: _CappedBuffer) -> None:
 def op_run(req: dict) -> dict:
     env = dict(os.environ)
     env.update(req.get("env") or {})
-    proc = subprocess.Popen(
-        [SHELL, "-c", req["command"]], cwd=req["cwd"], env=env, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    job = JOBS[req["id"]] = _Job(proc)
+    with JOBS_LOCK:  # a command is either listed before the helper ends, or never started
+        proc = subprocess.Popen(
+            [SHELL, "-c", req["command"]], cwd=req["cwd"], env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        job = JOBS[req["id"]] = _Job(proc)
     buf = _CappedBuffer(OUTPUT_CAP)
     assert proc.stdout is not None
     reader = threading.Thread(target=_pump, args=(proc.stdout.fileno(), buf), daemon=True)
@@ -112,3 +114,11 @@ def op_cancel(req: dict) -> dict:
         job.cancelled = True
         _kill_group(job.proc.pid, CANCEL_GRACE)
     return {"cancelled": job is not None}
+
+
+def end_commands() -> None:
+    """At the helper's end: every command it started is dead before it exits (and no new
+    one starts: the lock stays held)."""
+    JOBS_LOCK.acquire()
+    for job in list(JOBS.values()):
+        _kill_group(job.proc.pid, 0)

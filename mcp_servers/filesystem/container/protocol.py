@@ -20,6 +20,7 @@ helper_exec.py and the local disk's own functions they run).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import importlib
@@ -184,13 +185,17 @@ class HelperClient:
             except anyio.get_cancelled_exc_class():
                 if op == "run":
                     with anyio.CancelScope(shield=True), anyio.move_on_after(CANCEL_WAIT):
-                        await self.call("cancel", _is_dict, target=rid)
+                        with contextlib.suppress(HelperGone):  # gone: its commands went with it
+                            await self.call("cancel", _is_dict, target=rid)
                 raise
         finally:
             self._waiting.discard(rid)
             self._answers.pop(rid, None)
         if "error" in obj:
-            raise self._error(obj["error"])
+            error = self._error(obj["error"])
+            if isinstance(error, HelperGone):
+                await self._close_stream()
+            raise error
         result = obj.get("ok")
         if not shape(result, blob):
             await self._close_stream()
