@@ -476,3 +476,16 @@ async def test_scan_stops_at_its_cap(roots: tuple[Path, Path]) -> None:
     async with helper_process([sys.executable, "-c", source]) as (client, _):
         scan = await _files(client, roots).scan(PurePosixPath(ws))
     assert scan["truncated"] and len(scan["files"]) == 3
+
+
+async def test_a_helper_out_of_threads_answers_instead_of_dying(roots: tuple[Path, Path]) -> None:
+    # What a fork bomb in the container leaves: no thread can start. The helper says so.
+    no_threads = 'def _refuse(self):\n    raise RuntimeError("can\'t start new thread")\nthreading.Thread.start = _refuse\n'
+    source = helper_source()
+    assert source.endswith("\nmain()\n")
+    argv = [sys.executable, "-c", source.removesuffix("main()\n") + no_threads + "main()\n"]
+    async with helper_process(argv) as (client, _):
+        files = _files(client, roots)
+        for _ in range(2):  # and it keeps serving
+            with pytest.raises(BlockingIOError, match="can't start new thread"):
+                await files.read_text(PurePosixPath(roots[0] / "x"))

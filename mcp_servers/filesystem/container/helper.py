@@ -388,6 +388,9 @@ def main() -> None:
             req = marshal.loads(body)
         except (ValueError, EOFError, TypeError):
             break  # not the host's writing: stop rather than guess
-        threading.Thread(target=_handle, args=(req,), daemon=True).start()
+        try:
+            threading.Thread(target=_handle, args=(req,), daemon=True).start()
+        except RuntimeError as exc:  # out of threads (a fork bomb in the container): say so, go on
+            _send({"id": req["id"], "error": {"kind": "os", "errno": errno.EAGAIN, "message": str(exc)}})
     end_commands()  # the host is gone: so are its commands
     os._exit(0)
