@@ -20,6 +20,7 @@ import pytest
 from mcp.server.mcpserver.exceptions import ToolError
 
 from mcp_servers.filesystem import search
+from mcp_servers.filesystem.container import protocol
 from mcp_servers.filesystem.container.files import ContainerFiles
 from mcp_servers.filesystem.container.protocol import HelperGone, HelperProtocolError, helper_source
 from mcp_servers.filesystem.files import Files
@@ -489,3 +490,53 @@ async def test_a_helper_out_of_threads_answers_instead_of_dying(roots: tuple[Pat
         for _ in range(2):  # and it keeps serving
             with pytest.raises(BlockingIOError, match="can't start new thread"):
                 await files.read_text(PurePosixPath(roots[0] / "x"))
+
+
+async def test_a_waiter_cancelled_while_decoding_anothers_answer_does_not_lose_it(
+    roots: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The fake answers request 2 first; the waiter of request 1 reads that frame and is
+    # cancelled while it is being decoded (in a thread: large answers are).
+    script = FAKE.replace("sys.stdin.buffer.read(4)", "") + (
+        "def skip():\n    sys.stdin.buffer.read(struct.unpack('>I', sys.stdin.buffer.read(4))[0])\n"
+        "skip(); skip()\n"
+        'frame(b\'{"id": 2, "ok": {"entries": [], "truncated": false}}\')\n'
+        'frame(b\'{"id": 1, "ok": {"entries": [], "truncated": false}}\')\n'
+    )
+    decoding, gate = anyio.Event(), anyio.Event()
+    real = anyio.to_thread.run_sync
+
+    async def slow_decode(*args: object, **kwargs: object) -> object:
+        decoding.set()
+        await gate.wait()
+        return await real(*args, **kwargs)
+
+    second: list[object] = []
+    async with helper_process([sys.executable, "-c", script]) as (client, _):
+        monkeypatch.setattr(protocol, "_THREAD_DECODE", 0)  # after the handshake
+        monkeypatch.setattr(anyio.to_thread, "run_sync", slow_decode)
+        files = _files(client, roots)
+        place = await _place(files)
+
+        first = anyio.CancelScope()
+
+        async def list_first() -> None:
+            with first:
+                await files.list_dir(place)
+
+        async def list_second() -> None:
+            second.append(await files.list_dir(place))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(list_first)
+            with anyio.fail_after(10):
+                while not client._read_lock.locked():  # noqa: ASYNC110 (request 1 reads first)
+                    await anyio.sleep(0.001)
+            tg.start_soon(list_second)
+            await decoding.wait()
+            first.cancel()
+            gate.set()
+            with anyio.fail_after(10):
+                while not second:  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
+    assert second == [[]]

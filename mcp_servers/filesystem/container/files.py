@@ -60,7 +60,7 @@ class ContainerFiles:
     # -------------------------------------------------------------- paths
     def _display(self, path: PurePath) -> str:
         main = self.roots[0]
-        return path.relative_to(main).as_posix() or "." if path.is_relative_to(main) else path.as_posix()
+        return (path.relative_to(main).as_posix() or ".") if path.is_relative_to(main) else path.as_posix()
 
     def _prefix(self, root: PurePath) -> str:
         return "" if root == self.roots[0] else self._display(root).rstrip("/") + "/"

@@ -102,7 +102,9 @@ class HelperClient:
         text = frame[4 : 4 + length]
         try:
             if length > _THREAD_DECODE:
-                obj = await anyio.to_thread.run_sync(json.loads, text)
+                # Shielded: the frame has left the buffer, and it may be another waiter's.
+                with anyio.CancelScope(shield=True):
+                    obj = await anyio.to_thread.run_sync(json.loads, text)
             else:
                 obj = json.loads(text)
         except (ValueError, RecursionError):
