@@ -540,3 +540,18 @@ async def test_a_waiter_cancelled_while_decoding_anothers_answer_does_not_lose_i
                 while not second:  # noqa: ASYNC110
                     await anyio.sleep(0.01)
     assert second == [[]]
+
+
+async def test_grep_skips_fifos_and_devices(helper_argv: list[str], roots: tuple[Path, Path]) -> None:
+    # A FIFO blocked the search on open; a device (here one like /dev/zero) never ended.
+    ws, _ = roots
+    (ws / "a.txt").write_text("needle")
+    os.mkfifo(ws / "pipe.txt")
+    os.mknod(ws / "zero.txt", stat.S_IFCHR | 0o666, os.makedev(1, 5))
+    async with helper_process(helper_argv) as (client, _):
+        files = _files(client, roots)
+        with anyio.fail_after(20):
+            found = await files.grep(
+                await files.resolve("."), GrepQuery("needle", None, False, "files_with_matches", 9)
+            )
+    assert found.files == ["a.txt"]
