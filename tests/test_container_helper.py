@@ -555,3 +555,21 @@ async def test_grep_skips_fifos_and_devices(helper_argv: list[str], roots: tuple
                 await files.resolve("."), GrepQuery("needle", None, False, "files_with_matches", 9)
             )
     assert found.files == ["a.txt"]
+
+
+async def test_a_gitignore_that_is_a_fifo_or_a_symlink_is_not_read(
+    helper_argv: list[str], roots: tuple[Path, Path]
+) -> None:
+    ws, _ = roots
+    for folder in ("fifo", "linked"):
+        (ws / folder).mkdir()
+        (ws / folder / "f.txt").write_text("x")
+    os.mkfifo(ws / "fifo" / ".gitignore")
+    (ws / "rules").write_text("*.txt\n")
+    (ws / "linked" / ".gitignore").symlink_to(ws / "rules")  # git does not follow it either
+    async with helper_process(helper_argv) as (client, _):
+        files = _files(client, roots)
+        with anyio.fail_after(20):
+            found, _ = await files.glob(await files.resolve("."), "**/f.txt", 9)
+    assert found == ["fifo/f.txt", "linked/f.txt"]
+    assert search.glob_files(ws, ws, "**/f.txt", 9) == (found, False)  # the local disk agrees

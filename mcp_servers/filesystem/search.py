@@ -49,9 +49,10 @@ def find_rg() -> str | None:
 
 
 def _load_ignore(directory: Path) -> pathspec.GitIgnoreSpec | None:
-    try:
-        lines = (directory / ".gitignore").read_text(encoding="utf-8", errors="replace")
-    except OSError:
+    # A regular file only, as git reads it (it follows no .gitignore symlink): a FIFO there
+    # would hang every search, a device never end one.
+    lines = _read_text(str(directory / ".gitignore"))
+    if lines is None:
         return None
     import pathspec
 
