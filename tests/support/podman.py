@@ -36,7 +36,7 @@ runtime = "runc"
 [containers]
 default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
 """
-LABEL = "crow.test"  # every container a test creates carries it; removed at the end
+LABEL = "crow.test"  # every container a test creates carries it (`Engine.labels`)
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,13 @@ class Engine:
     image: str
     no_python_image: str
     env: dict[str, str]  # what `podman` CLI calls need (CONTAINERS_CONF)
+    token: str = ""  # this test session's value of the crow.test label
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """Labels for a container a test creates: removed at the end of this test session
+        (only this session's: other test runs may share the engine's storage)."""
+        return {LABEL: self.token}
 
     def podman(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """The podman CLI on the same storage as the service (for checks a test makes)."""
@@ -69,7 +76,9 @@ def _unavailable(why: str) -> None:
 def _run(argv: list[str], env: dict[str, str], timeout: float, stdin: bytes | None = None) -> str | None:
     """None when it worked, else why not (its last lines of output)."""
     try:
-        done = subprocess.run(argv, env={**os.environ, **env}, input=stdin, capture_output=True, timeout=timeout)
+        done = subprocess.run(
+            argv, env={**os.environ, **env}, input=stdin, capture_output=True, timeout=timeout
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{argv[0]} {argv[1]}: {exc}"
     if done.returncode != 0:
@@ -91,7 +100,9 @@ def _ensure_image(env: dict[str, str]) -> str | None:
         with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
             root = Path(tmp) / "root"
             why = _run(
-                ["debootstrap", "--variant=minbase", "--include=python3-minimal", "bookworm", str(root)], {}, 600
+                ["debootstrap", "--variant=minbase", "--include=python3-minimal", "bookworm", str(root)],
+                {},
+                600,
             )
             if why is not None:
                 return why
@@ -137,6 +148,7 @@ def podman_service(base: Path) -> Iterator[Engine]:
         _unavailable(why)
     sock = base / "podman.sock"
     log = open(base / "service.log", "wb")
+    engine: Engine | None = None
     proc = subprocess.Popen(
         ["podman", "system", "service", "--time=0", f"unix://{sock}"],
         env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -149,13 +161,17 @@ def podman_service(base: Path) -> Iterator[Engine]:
                 tail = (base / "service.log").read_text(errors="replace")[-400:]
                 _unavailable(f"podman system service did not start: {tail}")
             time.sleep(0.05)
-        engine = Engine(sock, f"unix://{sock}", IMAGE, NO_PYTHON_IMAGE, env)
-        why = _run(["podman", "run", "--rm", f"--label={LABEL}=probe", IMAGE, "python3", "-c", "0"], env, 60)
+        engine = Engine(
+            sock, f"unix://{sock}", IMAGE, NO_PYTHON_IMAGE, env, f"{os.getpid()}-{time.time_ns()}"
+        )
+        why = _run(
+            ["podman", "run", "--rm", f"--label={LABEL}={engine.token}", IMAGE, "python3", "-c", "0"], env, 60
+        )
         if why is not None:
             _unavailable(f"a container cannot run here: {why}")
         yield engine
     finally:
-        for cid in _leftovers(env):
+        for cid in _leftovers(env, engine.token) if engine is not None else ():
             _run(["podman", "rm", "-f", "-t", "0", cid], env, 60)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
@@ -167,13 +183,21 @@ def podman_service(base: Path) -> Iterator[Engine]:
         log.close()
 
 
-def _leftovers(env: dict[str, str]) -> list[str]:
+def _leftovers(env: dict[str, str], token: str) -> list[str]:
+    """This session's test containers, and crow's whose owner process has ended (crow.pid on
+    this machine): never another live test run's or crow's."""
+    fmt = '{{.ID}} {{index .Labels "crow.pid"}}'
     ids: list[str] = []
-    for label in (LABEL, "crow.session"):
+    for label in (f"{LABEL}={token}", "crow.session"):
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             out = subprocess.run(
-                ["podman", "ps", "-a", "-q", f"--filter=label={label}"],
+                ["podman", "ps", "-a", f"--filter=label={label}", f"--format={fmt}"],
                 env={**os.environ, **env}, capture_output=True, text=True, timeout=30,
             ).stdout  # fmt: skip
-            ids += out.split()
+            for line in out.splitlines():
+                cid, _, pid = line.partition(" ")
+                if label != "crow.session" or not (
+                    pid.strip().isdigit() and Path(f"/proc/{pid.strip()}").exists()
+                ):
+                    ids.append(cid)
     return ids

@@ -1,1 +1,1 @@
-"""The container backend: the file tools and execute inside a container (Docker Engine API)."""
+"""Running the filesystem tools inside a container, through the Docker Engine API."""
