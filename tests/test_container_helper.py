@@ -24,10 +24,10 @@ from mcp_servers.filesystem.container import protocol
 from mcp_servers.filesystem.container.files import ContainerFiles
 from mcp_servers.filesystem.container.protocol import HelperGone, HelperProtocolError, helper_source
 from mcp_servers.filesystem.files import Files
+from mcp_servers.filesystem.localfiles import LocalFiles, _list_dir
 from mcp_servers.filesystem.localfs import MAX_READ_BYTES, BinaryFileError, PathChangedError
 from mcp_servers.filesystem.paths import Workspace
 from mcp_servers.filesystem.search import GrepQuery
-from mcp_servers.filesystem.server import _list_dir
 from tests.support.container_helper import helper_process
 
 pytestmark = pytest.mark.anyio
@@ -194,21 +194,20 @@ async def test_confinement_matches_the_local_workspace_word_for_word(
     (ws / "l2").symlink_to("l1")
     (extra / "f").write_text("in another root")
     (ws / "to_extra").symlink_to(extra)
-    local = Workspace(ws, extra_roots=[extra])
+    local = LocalFiles(Workspace(ws, extra_roots=[extra]))
     deep = "d/" + "n" * 200 + "/" + "m" * 200 + "/"
     attacks = [*ATTACKS, str(extra / "f"), str(ws) + "/../extra/f", deep * 9 + "f"]
     async with helper_process(helper_argv) as (client, _):
         files = _files(client, roots)
         for path in attacks:
-            try:
-                expected: object = str(local.resolve(path))
-            except ToolError as exc:
-                expected = f"refused: {exc}"
-            try:
-                got: object = str((await files.resolve(path)).path)
-            except ToolError as exc:
-                got = f"refused: {exc}"
-            assert got == expected, path
+            answers = []
+            for side in (local, files):
+                try:
+                    place = await side.resolve(path)
+                    answers.append((str(place.path), str(place.root), place.display, place.kind))
+                except ToolError as exc:
+                    answers.append(f"refused: {exc}")
+            assert answers[1] == answers[0], path
 
 
 def _tree(ws: Path) -> None:

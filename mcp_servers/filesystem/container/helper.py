@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # in the container these come from the tail helper_source() appends
     from mcp_servers.filesystem.container.helper_exec import SHELL, end_commands
+    from mcp_servers.filesystem.localfiles import _kind, _list_dir
     from mcp_servers.filesystem.localfs import (
         MAX_READ_BYTES,
         BinaryFileError,
@@ -51,7 +52,6 @@ if TYPE_CHECKING:  # in the container these come from the tail helper_source() a
         write_bytes,
     )  # fmt: skip
     from mcp_servers.filesystem.search import _grep_python, _translate, glob_files
-    from mcp_servers.filesystem.server import _list_dir
 
 SCAN_CAP = 200_000  # entries a scan lists before it says truncated
 RESULT_BUDGET = 32 << 20  # bytes of names a glob, grep or ls answer holds (the host caps frames at 64 MB)
@@ -220,16 +220,6 @@ def _realpath(candidate: str) -> str:
 
 def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
-
-
-def _kind(path: str) -> str:
-    try:
-        mode = os.stat(path).st_mode
-    except (FileNotFoundError, NotADirectoryError):
-        return "missing"
-    except OSError:
-        return "other"
-    return "file" if stat.S_ISREG(mode) else "dir" if stat.S_ISDIR(mode) else "other"
 
 
 def op_resolve(req: dict) -> dict:

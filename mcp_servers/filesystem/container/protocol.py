@@ -253,7 +253,7 @@ _SHARED = {
         "MAX_LINE_CHARS", "_FALLBACK_MAX_FILE", "_cut", "_read_text", "_load_ignore", "_ignored", "walk",
         "_walk_dir", "_expand_braces", "_translate", "compile_glob", "glob_files", "_grep_python",
     ),
-    "mcp_servers.filesystem.server": ("_list_dir",),
+    "mcp_servers.filesystem.localfiles": ("_kind", "_list_dir"),
 }  # fmt: skip
 # What the shared functions expect around them; python3-minimal has no `secrets` module.
 _PRELUDE = """from functools import lru_cache
