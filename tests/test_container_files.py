@@ -4,7 +4,7 @@ at /workspace, an extra root living only in the container."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -12,8 +12,9 @@ import anyio
 import pytest
 from mcp.server.mcpserver.exceptions import ToolError
 
+from mcp_servers.filesystem.container.engine import DockerEngine
 from mcp_servers.filesystem.container.files import ContainerFiles
-from mcp_servers.filesystem.container.protocol import HelperGone, helper_source
+from mcp_servers.filesystem.container.protocol import HelperClient, HelperGone, helper_source
 from mcp_servers.filesystem.localfs import BinaryFileError
 from mcp_servers.filesystem.search import GrepQuery
 from tests.support.container_helper import helper_process
@@ -23,25 +24,50 @@ WORKDIR, EXTRA = PurePosixPath("/workspace"), PurePosixPath("/extra")
 
 
 @pytest.fixture
-def container(podman: Any, tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    cid = podman.podman(
-        "run", "-d", "--label=crow.test=files", f"--volume={ws}:{WORKDIR}", podman.image, "sleep", "infinity"
-    ).stdout.strip()
+async def engine(podman: Any) -> AsyncIterator[DockerEngine]:
+    eng = DockerEngine.from_env({"DOCKER_HOST": podman.docker_host})
     try:
-        podman.podman("exec", cid, "mkdir", str(EXTRA))
-        yield cid, ws
+        yield eng
     finally:
-        podman.podman("rm", "-f", "-t", "0", cid)
+        await eng.aclose()
 
 
 @pytest.fixture
-async def files(podman: Any, container: tuple[str, Path]) -> AsyncIterator[ContainerFiles]:
+async def container(podman: Any, engine: DockerEngine, tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    spec = {
+        "Image": podman.image, "Cmd": ["sleep", "infinity"], "Labels": podman.labels,
+        "HostConfig": {"Binds": [f"{ws}:{WORKDIR}"]},
+    }  # fmt: skip
+    cid = await engine.create_container(spec)
+    try:
+        await engine.start(cid)
+        assert (await engine.exec_run(cid, ["mkdir", str(EXTRA)]))[0] == 0
+        yield cid, ws
+    finally:
+        await engine.remove(cid)
+
+
+@pytest.fixture
+async def files(engine: DockerEngine, container: tuple[str, Path]) -> AsyncIterator[ContainerFiles]:
+    """The helper on the engine's exec stream, as the backend runs it."""
+    cid, ws = container
+    client = HelperClient(await engine.exec_stream(cid, ["python3", "-c", helper_source()]))
+    try:
+        await client.handshake()
+        yield ContainerFiles(client, [(WORKDIR, ws), (EXTRA, None)], env={"GIVEN": "given"}, container=cid)
+    finally:
+        await client.aclose()
+
+
+async def test_the_helper_runs_over_podman_exec_too(podman: Any, container: tuple[str, Path]) -> None:
     cid, ws = container
     argv = ["podman", "exec", "-i", cid, "python3", "-c", helper_source()]
     async with helper_process(argv, podman.env) as (client, _):
-        yield ContainerFiles(client, [(WORKDIR, ws), (EXTRA, None)], env={"GIVEN": "given"}, container=cid)
+        files = ContainerFiles(client, [(WORKDIR, ws)])
+        await files.write_text(WORKDIR / "via-cli.txt", "cli")
+        assert (await files.run("cat via-cli.txt", WORKDIR, 30)).output == "cli"
 
 
 async def test_the_images_python3_minimal_runs_the_helper(files: ContainerFiles) -> None:
@@ -145,3 +171,34 @@ async def test_a_command_that_kills_the_helper_ends_its_stream(files: ContainerF
         await files.run("kill -9 $PPID", WORKDIR, 30)
     with pytest.raises(HelperGone):
         await files.read_text(WORKDIR / "x")
+
+
+async def test_closing_the_stream_ends_the_helper_and_its_commands(
+    engine: DockerEngine, container: tuple[str, Path], files: ContainerFiles
+) -> None:
+    cid, _ = container
+
+    async def sh(script: str) -> tuple[int, bytes]:
+        code, out, _ = await engine.exec_run(cid, ["sh", "-c", script])
+        return code, out
+
+    async def run() -> None:
+        with pytest.raises(HelperGone):
+            await files.run("echo $$ > /tmp/shell; sleep 100", WORKDIR, 60)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        with anyio.fail_after(30):
+            while (await sh("cat /tmp/shell"))[0] != 0:
+                pass
+        await files.client.aclose()
+    shell = int((await sh("cat /tmp/shell"))[1])
+    with anyio.fail_after(30):  # the helper saw its stdin end, killed the group, and exited
+        while (await sh(f"grep -q '^State:.*Z' /proc/{shell}/status 2>/dev/null || ! test -e /proc/{shell}"))[
+            0
+        ]:
+            pass
+    code, _ = await sh(
+        "for p in /proc/[0-9]*; do grep -q ^python3 $p/cmdline 2>/dev/null && exit 1; done; exit 0"
+    )
+    assert code == 0  # no helper left either
