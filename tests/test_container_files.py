@@ -24,15 +24,6 @@ WORKDIR, EXTRA = PurePosixPath("/workspace"), PurePosixPath("/extra")
 
 
 @pytest.fixture
-async def engine(podman: Any) -> AsyncIterator[DockerEngine]:
-    eng = DockerEngine.from_env({"DOCKER_HOST": podman.docker_host})
-    try:
-        yield eng
-    finally:
-        await eng.aclose()
-
-
-@pytest.fixture
 async def container(podman: Any, engine: DockerEngine, tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
     ws = tmp_path / "ws"
     ws.mkdir()
