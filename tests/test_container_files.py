@@ -193,3 +193,44 @@ async def test_closing_the_stream_ends_the_helper_and_its_commands(
         "for p in /proc/[0-9]*; do grep -q ^python3 $p/cmdline 2>/dev/null && exit 1; done; exit 0"
     )
     assert code == 0  # no helper left either
+
+
+async def test_the_seven_tools_run_in_the_container(
+    files: ContainerFiles, container: tuple[str, Path]
+) -> None:
+    from mcp import Client
+
+    from mcp_servers.filesystem.server import build_server
+
+    _, ws = container
+
+    async def call(c: Client, tool: str, **args: Any) -> Any:
+        result = await c.call_tool(tool, args)
+        return result.is_error, result.content[0].text, result.structured_content, result.meta
+
+    async with Client(build_server(None, files=files, backend=files)) as c:
+        error, _, _, meta = await call(c, "write_file", path="pkg/mod.py", content="x = 1\n")
+        assert not error and meta["crow/diff"]["path"] == str(ws / "pkg/mod.py")  # the editor's path
+        error, text, _, _ = await call(c, "edit_file", path="pkg/mod.py", old_text="x = 1", new_text="x = 2")
+        assert not error and "1 replacement" in text
+        assert (await call(c, "read_file", path="pkg/mod.py"))[1].endswith("x = 2")
+        assert (await call(c, "ls", path="pkg"))[2]["entries"] == [
+            {"name": "mod.py", "type": "file", "size": 6}
+        ]
+        assert (await call(c, "glob", pattern="**/*.py"))[2]["files"] == ["pkg/mod.py"]
+        assert (await call(c, "grep", pattern="x = 2"))[2]["matches"] == [
+            {"file": "pkg/mod.py", "line": 1, "text": "x = 2"}
+        ]
+        error, text, structured, _ = await call(
+            c, "execute", command="python3 pkg/mod.py && cat /etc/debian_version"
+        )
+        assert (
+            not error and structured["exit_code"] == 0 and text.startswith("12.")
+        )  # the image's, not this machine's
+        outside = "path '/etc/passwd' is outside the workspace /workspace and its other roots /extra"
+        assert (await call(c, "read_file", path="/etc/passwd"))[:2] == (
+            True,
+            f"Error executing tool read_file: {outside}",
+        )
+        error, text, structured, _ = await call(c, "execute", command="sleep 100 & wait", timeout=0.5)
+        assert structured["timed_out"] and "timed out after 0.5 s" in text
