@@ -1,4 +1,4 @@
-"""The program that runs inside the container: `python3 -c SOURCE` (see `source()`).
+"""The program that runs inside the container: `python3 -c SOURCE` (protocol.helper_source()).
 
 It serves the file tools and `execute` over its stdin/stdout (protocol.py): frames of
 `u32 BE length + payload`; requests are `marshal` dicts `{"id", "op", ...}` (the host is
