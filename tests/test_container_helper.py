@@ -572,3 +572,35 @@ async def test_a_gitignore_that_is_a_fifo_or_a_symlink_is_not_read(
             found, _ = await files.glob(await files.resolve("."), "**/f.txt", 9)
     assert found == ["fifo/f.txt", "linked/f.txt"]
     assert search.glob_files(ws, ws, "**/f.txt", 9) == (found, False)  # the local disk agrees
+
+
+async def test_a_cancelled_grep_stops_walking(roots: tuple[Path, Path]) -> None:
+    ws, _ = roots
+    for i in range(100):
+        (ws / f"f{i:03}.txt").write_text("needle")
+    seen = ws.parent / "seen"
+    # Each file read takes 50 ms and is counted: 5 s for the whole tree if nothing stops it.
+    slow = (
+        "_plain_read_text = _read_text\n"
+        "def _read_text(path):\n"
+        f"    with open({str(seen)!r}, 'a') as f:\n"
+        "        f.write('x')\n"
+        "    time.sleep(0.05)\n"
+        "    return _plain_read_text(path)\n"
+    )
+    source = helper_source().removesuffix("main()\n") + "import time\n" + slow + "main()\n"
+    async with helper_process([sys.executable, "-c", source]) as (client, _):
+        files = _files(client, roots)
+        place = await files.resolve(".")
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(files.grep, place, GrepQuery("needle", None, False, "content", 500))
+                with anyio.fail_after(10):
+                    while not seen.exists():  # noqa: ASYNC110 (the helper writes it)
+                        await anyio.sleep(0.01)
+                scope.cancel()
+        read = len(seen.read_text())
+        await anyio.sleep(
+            0.5
+        )  # the grep's thread was told to stop (and said it had) before the call returned
+        assert len(seen.read_text()) == read < 100

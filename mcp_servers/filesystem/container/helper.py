@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # in the container these come from the tail helper_source() appends
-    from mcp_servers.filesystem.container.helper_exec import SHELL, end_commands
+    from mcp_servers.filesystem.container.helper_exec import SEARCHES, SHELL, end_commands
     from mcp_servers.filesystem.localfiles import _kind, _list_dir
     from mcp_servers.filesystem.localfs import (
         MAX_READ_BYTES,
@@ -279,7 +279,12 @@ def op_glob(req: dict) -> dict:
 def op_grep(req: dict) -> dict:
     root, start = _real(req)
     query = (req["pattern"], req["glob"], req["ignore_case"], req["mode"], req["cap"], frozenset())
-    found = _grep_python(Path(root), Path(start), query, threading.Event())
+    stop, done = SEARCHES[req["id"]] = (threading.Event(), threading.Event())
+    try:
+        found = _grep_python(Path(root), Path(start), query, stop)  # a cancel sets stop
+    finally:
+        del SEARCHES[req["id"]]
+        done.set()
     matches, files, counts = (_fit(x)[0] for x in (found.matches, found.files, found.counts))
     return {"matches": matches, "files": files, "counts": counts, "truncated": found.over_budget}
 

@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # in the container these come from the tail `helper.source()`
     )
 
 JOBS: dict[int, Any] = {}  # running commands by request id
+SEARCHES: dict[int, Any] = {}  # running greps by request id: (stop, done) events
 JOBS_LOCK = threading.Lock()  # held from a spawn until its listing, and by the helper's end
 
 
@@ -108,12 +109,18 @@ def op_run(req: dict) -> dict:
 
 
 def op_cancel(req: dict) -> dict:
-    """Kill a running command's group; answered once nobody in it runs."""
+    """Kill a running command's group, or stop a grep; answered once nobody in the group
+    runs (or the grep has stopped, within a second)."""
     job = JOBS.get(req["target"])
     if job is not None:
         job.cancelled = True
         _kill_group(job.proc.pid, CANCEL_GRACE)
-    return {"cancelled": job is not None}
+    search = SEARCHES.get(req["target"])
+    if search is not None:
+        stop, done = search
+        stop.set()
+        done.wait(1.0)
+    return {"cancelled": job is not None or search is not None}
 
 
 def end_commands() -> None:

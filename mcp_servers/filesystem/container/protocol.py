@@ -10,9 +10,9 @@ that are not JSON, an answer to no request — ends the stream: `HelperProtocolE
 
 There is no reader task: whoever waits for an answer reads frames (one at a time, under a
 lock) and hands the others theirs, so the client works from any task and a cancelled
-waiter never leaves half a frame behind (the unread bytes stay in the buffer). A `run`
-cancelled on the host sends `cancel` and waits (shielded, briefly) until the command's
-group is dead.
+waiter never leaves half a frame behind (the unread bytes stay in the buffer). A `run` or
+`grep` cancelled on the host sends `cancel` and waits (shielded, briefly) until the
+command's group is dead or the search has stopped.
 
 `helper_source()` is the program the host starts in the container (helper.py,
 helper_exec.py and the local disk's own functions they run).
@@ -185,7 +185,7 @@ class HelperClient:
             try:
                 obj, blob = await self._wait(rid)
             except anyio.get_cancelled_exc_class():
-                if op == "run":
+                if op in ("run", "grep"):  # the helper stops what would go on without us
                     with anyio.CancelScope(shield=True), anyio.move_on_after(CANCEL_WAIT):
                         with contextlib.suppress(HelperGone):  # gone: its commands went with it
                             await self.call("cancel", _is_dict, target=rid)
