@@ -604,3 +604,14 @@ async def test_a_cancelled_grep_stops_walking(roots: tuple[Path, Path]) -> None:
             0.5
         )  # the grep's thread was told to stop (and said it had) before the call returned
         assert len(seen.read_text()) == read < 100
+
+
+async def test_a_read_answer_that_is_not_utf8_ends_the_stream(roots: tuple[Path, Path]) -> None:
+    script = FAKE + "frame(b'{\"id\": 1, \"ok\": {}}', b'\\xff\\xfe')\nsys.stdin.buffer.read()\n"
+    async with helper_process([sys.executable, "-c", script]) as (client, process):
+        files = _files(client, roots)
+        for _ in range(2):
+            with pytest.raises(HelperProtocolError, match="answer to read is not UTF-8"):
+                await files.read_text(PurePosixPath(roots[0] / "x"))
+        with anyio.fail_after(10):
+            await process.wait()

@@ -27,7 +27,7 @@ from mcp_servers.filesystem.localfs import MAX_READ_BYTES
 from mcp_servers.filesystem.paths import MAX_PATH_BYTES, _loop, check_path_text
 from mcp_servers.filesystem.search import GrepQuery, GrepResult
 
-from .protocol import HelperClient, HelperProtocolError, _Refused
+from .protocol import HelperClient, _Refused
 
 _KINDS = ("file", "dir", "other", "missing")
 _ENTRY_TYPES = ("file", "dir", "symlink", "other")
@@ -172,7 +172,7 @@ class ContainerFiles:
         try:
             return blob.decode("utf-8")
         except UnicodeDecodeError:
-            raise HelperProtocolError("the helper's answer to read is not UTF-8") from None
+            raise await self.client.refuse("the helper's answer to read is not UTF-8") from None
 
     async def write_text(self, path: PurePath, text: str) -> None:
         await self.client.call("write", _any_dict, data=text.encode("utf-8"), **self._where(path))

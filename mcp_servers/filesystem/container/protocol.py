@@ -151,8 +151,7 @@ class HelperClient:
                 await self._close_stream()
                 raise self._fail(exc) from None
         if obj.get("ready") is not True or not all(isinstance(obj.get(k), str) for k in ("python", "shell")):
-            await self._close_stream()
-            raise self._fail(HelperProtocolError("the helper's first frame is not its handshake"))
+            raise await self.refuse("the helper's first frame is not its handshake")
         self.info = {"python": obj["python"][:40], "shell": obj["shell"][:4096]}
         return self.info
 
@@ -200,9 +199,14 @@ class HelperClient:
             raise error
         result = obj.get("ok")
         if not shape(result, blob):
-            await self._close_stream()
-            raise self._fail(HelperProtocolError(f"the helper's answer to {op} has the wrong shape"))
+            raise await self.refuse(f"the helper's answer to {op} has the wrong shape")
         return result, blob
+
+    async def refuse(self, why: str) -> HelperGone:
+        """End the stream over an answer that cannot be right (`why`): every waiter, and
+        every later call, gets the error this returns."""
+        await self._close_stream()
+        return self._fail(HelperProtocolError(why))
 
     def _error(self, error: Any) -> Exception:
         """The helper's error as the exception the local disk raises (`_Refused` for resolve)."""
