@@ -2,6 +2,8 @@
 
 from mcp_servers.filesystem.backend import Backend, BinaryFileError, LocalBackend
 from mcp_servers.filesystem.execute import ExecResult
+from mcp_servers.filesystem.files import Files, Place
+from mcp_servers.filesystem.localfiles import LocalFiles
 from mcp_servers.filesystem.paths import Workspace
 from mcp_servers.filesystem.server import DIFF_META_KEY, build_server
 
@@ -10,7 +12,10 @@ __all__ = [
     "Backend",
     "BinaryFileError",
     "ExecResult",
+    "Files",
     "LocalBackend",
+    "LocalFiles",
+    "Place",
     "Workspace",
     "build_server",
 ]

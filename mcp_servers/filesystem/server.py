@@ -1,7 +1,9 @@
 """The filesystem MCP server: seven tools over a workspace: one root, and maybe more.
 
 ``build_server(root, extra_roots=...)`` returns an ``MCPServer`` serving the methods of one
-``FileTools``; crow calls it in-process, and ``python -m mcp_servers.filesystem --root DIR
+``FileTools``, which sees the filesystem through a ``Files`` (files.py: ``LocalFiles`` for
+this machine's disk, or a container's) and reads, writes and runs through a ``Backend``
+(backend.py); crow calls it in-process, and ``python -m mcp_servers.filesystem --root DIR
 [--add-dir DIR]...`` serves it over stdio. Each tool declares how an editor shows it in
 ``_meta["crow"]`` (see TOOLS).
 
@@ -19,15 +21,16 @@ with data worth keeping also return ``structured_content``:
 view in the result's ``_meta`` (which is not model-readable content)::
 
     result.meta["crow/diff"] == {
-        "path": "/abs/path/inside/root",   # absolute, symlink-free
+        "path": "/abs/path/inside/root",   # absolute, symlink-free, on this machine
         "old_text": str | None,            # None: the file was new (or was not text)
         "new_text": str,                   # exactly what was written
     }
 
-write_file and edit_file hold a process-wide lock per resolved path while they read and
-write, plus an advisory ``flock`` on an existing file that other crow processes honour,
-so two calls on one file (from one reply, two sessions or two crow processes) never
-interleave: each edit re-reads the file under the lock and applies to the latest text.
+write_file and edit_file hold the ``Files``' lock on the file while they read and write
+(``LocalFiles``: a process-wide lock per resolved path, plus an advisory ``flock`` on an
+existing file that other crow processes honour), so two calls on one file (from one reply,
+two sessions or two crow processes) never interleave: each edit re-reads the file under
+the lock and applies to the latest text.
 
 File paths in every result are relative to the main root (POSIX separators), or absolute
 for a file in another root: the form the tools take back.
@@ -37,10 +40,8 @@ from __future__ import annotations
 
 import errno
 import os
-import weakref
-from collections.abc import AsyncIterator, Iterable, Iterator
-from contextlib import asynccontextmanager, contextmanager
-from pathlib import Path
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import anyio
@@ -51,10 +52,13 @@ from mcp_types import CallToolResult, ImageContent, TextContent, ToolAnnotations
 
 from crow import images
 from mcp_servers import crow_meta
-from mcp_servers.filesystem import localfs, search, textops
+from mcp_servers.filesystem import textops
 from mcp_servers.filesystem.backend import Backend, BinaryFileError, LocalBackend
+from mcp_servers.filesystem.files import Files, Place
+from mcp_servers.filesystem.localfiles import LocalFiles
 from mcp_servers.filesystem.localfs import PathChangedError, WriteError
 from mcp_servers.filesystem.paths import Workspace
+from mcp_servers.filesystem.search import GrepQuery
 
 DIFF_META_KEY = "crow/diff"
 MAX_TIMEOUT = 600.0
@@ -80,22 +84,6 @@ TOOLS: tuple[tuple[str, ToolAnnotations, str, str], ...] = (
     ("grep", _READ_ONLY, "search", "Search {pattern!r}[ in {path}]"),
     ("execute", _EXEC, "execute", "Run {command}"),
 )
-
-
-# One lock per resolved path for every server in this process (a session each); a lock
-# lives only while someone holds or awaits it.
-_PATH_LOCKS: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDictionary()
-
-
-@asynccontextmanager
-async def path_lock(root: Path, path: Path) -> AsyncIterator[None]:
-    """Serialize read-modify-write of one file across calls and sessions, and (by an
-    advisory lock on the file) across crow processes."""
-    lock = _PATH_LOCKS.get(str(path))
-    if lock is None:
-        lock = _PATH_LOCKS[str(path)] = anyio.Lock()
-    async with lock, localfs.file_lock(root, path):
-        yield
 
 
 @contextmanager
@@ -136,30 +124,11 @@ def _text(
     )
 
 
-def _list_dir(root: Path, directory: Path) -> list[dict[str, Any]]:
-    entries = []
-    fd = localfs.open_dir(root, directory)  # a folder swapped for a symlink is refused
-    try:
-        with os.scandir(fd) as it:  # scandir works on its own copy of the fd
-            for entry in it:
-                if entry.is_symlink():
-                    kind, size = "symlink", None
-                elif entry.is_dir():
-                    kind, size = "dir", None
-                elif entry.is_file():
-                    kind, size = "file", entry.stat().st_size
-                else:
-                    kind, size = "other", None
-                entries.append({"name": entry.name, "type": kind, "size": size})
-    finally:
-        os.close(fd)
-    return sorted(entries, key=lambda e: e["name"])
-
-
 def build_server(
-    root: str | os.PathLike[str],
+    root: str | os.PathLike[str] | None,
     *,
     backend: Backend | None = None,
+    files: Files | None = None,
     sandbox: str | None = None,
     request_state_security: RequestStateSecurity | None = None,
     hidden: Iterable[str | os.PathLike[str]] = (),
@@ -168,51 +137,62 @@ def build_server(
     """A filesystem server confined to ``root`` and ``extra_roots`` (relative paths are
     taken from ``root``; the others are reached by absolute path).
 
+    ``files`` is the filesystem the tools see (default: a ``LocalFiles`` over ``root``,
+    ``hidden`` and ``extra_roots``, which then must not be given: ``root`` may be None).
     ``backend`` serves read_file/write_file/edit_file/execute (default: local disk and
-    subprocesses). ``sandbox="bwrap"`` runs execute under bubblewrap; it applies to the
-    default backend only. ``request_state_security`` goes to ``MCPServer``. ``hidden``
-    paths inside the root are refused like paths outside it (see paths.Workspace).
+    subprocesses; required with ``files`` that is not a ``LocalFiles``, so a container's
+    commands never run here by mistake: a container is both). ``sandbox="bwrap"`` runs
+    execute under bubblewrap; it applies to the default backend only.
+    ``request_state_security`` goes to ``MCPServer``. ``hidden`` paths inside the root are
+    refused like paths outside it (see paths.Workspace).
     """
-    ws = Workspace(root, hidden, extra_roots)
     if backend is not None and sandbox is not None:
         raise ValueError("sandbox applies to the default LocalBackend; configure your backend instead")
-    io: Backend = backend
+    if files is None:
+        if root is None:
+            raise ValueError("give the workspace root, or the files to serve")
+        files = LocalFiles(Workspace(root, hidden, extra_roots))
+    elif tuple(hidden) or tuple(extra_roots):
+        raise ValueError("hidden and extra_roots describe the default LocalFiles; give them to your files")
+    io: Backend | None = backend
     if io is None:
-        io = LocalBackend(ws.root, sandbox=sandbox, extra_roots=ws.roots[1:])
-    instructions = f"File tools for the workspace {ws.root}. Paths are relative to it."
-    if len(ws.roots) > 1:
-        instructions += " Its other roots, reached by absolute path: " + ", ".join(map(str, ws.roots[1:]))
+        if not isinstance(files, LocalFiles):
+            raise ValueError("files other than LocalFiles need their backend (a container serves both)")
+        io = LocalBackend(files.ws.root, sandbox=sandbox, extra_roots=files.ws.roots[1:])
+    main, *others = files.roots
+    instructions = f"File tools for the workspace {main}. Paths are relative to it."
+    if others:
+        instructions += " Its other roots, reached by absolute path: " + ", ".join(map(str, others))
     server: MCPServer = MCPServer(
         "crow-filesystem",
         instructions=instructions,
         request_state_security=request_state_security,
     )
-    tools = FileTools(ws, io)
+    tools = FileTools(files, io)
     for name, hints, kind, title in TOOLS:
         server.add_tool(getattr(tools, name), annotations=hints, meta=crow_meta(kind, title))
     return server
 
 
 class FileTools:
-    """The seven tools over one workspace and backend; each public method is one tool (its
+    """The seven tools over one filesystem (`files`: paths, folders, searches, locks) and
+    backend (`io`: text reads and writes, commands); each public method is one tool (its
     signature the schema, its docstring the description)."""
 
-    def __init__(self, ws: Workspace, io: Backend) -> None:
-        self.ws = ws
+    def __init__(self, files: Files, io: Backend) -> None:
+        self.files = files
         self.io = io
 
     async def ls(self, path: str = ".") -> CallToolResult:
         """List a directory: one entry per line, folders end with "/", files show their size
         in bytes, symlinks are marked "@". Entries are sorted by name and include hidden
         files. Paths are relative to the workspace root."""
-        target = self.ws.resolve(path)
-        display = self.ws.relative(target)
-        if target.exists() and not target.is_dir():
+        place = await self.files.resolve(path)
+        display = place.display
+        if place.kind in ("file", "other"):
             raise ToolError(f"{display} is a file, not a directory; use read_file to read it")
         with _os_errors(display):
-            entries = await anyio.to_thread.run_sync(
-                _list_dir, self.ws.root_of(target), target, abandon_on_cancel=True
-            )
+            entries = await self.files.list_dir(place)
         truncated = len(entries) > MAX_LS_ENTRIES
         entries = entries[:MAX_LS_ENTRIES]
         lines = [f"[{display}: {len(entries)} entries{' (truncated)' if truncated else ''}]"]
@@ -235,25 +215,26 @@ class FileTools:
             raise ToolError("offset must be 0 or more (it is a 0-based line index)")
         if not 1 <= limit <= 2000:
             raise ToolError("limit must be between 1 and 2000 lines")
-        target = self.ws.resolve(path)
-        display = self.ws.relative(target)
-        if target.suffix.lower() in images.EXTENSIONS:
-            return await self._image(target, display)
+        place = await self.files.resolve(path)
+        display = place.display
+        if place.path.suffix.lower() in images.EXTENSIONS:
+            return await self._image(place)
         with _os_errors(display):
             try:
-                text = await self.io.read_text(target)
+                text = await self.io.read_text(place.path)
             except BinaryFileError:  # an image under another name is still shown
-                head, _ = await localfs.read_bytes(self.ws.root_of(target), target, 16)
+                head, _ = await self.files.read_bytes(place, 16)
                 if images.sniff(head) is None:
                     raise
-                return await self._image(target, display)
+                return await self._image(place)
         return _text(textops.number_lines(text, display, offset, limit))
 
-    async def _image(self, target: Path, display: str) -> CallToolResult:
-        """The image file as MCP image content, after a line naming it. Read from the disk
+    async def _image(self, place: Place) -> CallToolResult:
+        """The image file as MCP image content, after a line naming it. Read from the files
         whatever the backend: an editor serves text only."""
+        display = place.display
         with _os_errors(display):
-            data, size = await localfs.read_bytes(self.ws.root_of(target), target, images.MAX_BYTES + 1)
+            data, size = await self.files.read_bytes(place, images.MAX_BYTES + 1)
         try:
             image = images.from_file(data, display, size)
         except ValueError as exc:
@@ -265,14 +246,14 @@ class FileTools:
     async def write_file(self, path: str, content: str) -> CallToolResult:
         """Create or overwrite a file with `content` (UTF-8), creating missing parent
         folders. Prefer edit_file for changing part of an existing file."""
-        target = self.ws.resolve(path)
-        display = self.ws.relative(target)
-        if target.is_dir():
+        place = await self.files.resolve(path)
+        display = place.display
+        if place.kind == "dir":
             raise ToolError(f"{display} is a directory; give a file path")
-        async with path_lock(self.ws.root_of(target), target):
+        async with self.files.lock(place):
             old: str | None = None
             try:
-                old = await self.io.read_text(target)
+                old = await self.io.read_text(place.path)
                 what = "overwrote"
             except FileNotFoundError:
                 what = "created"
@@ -281,9 +262,9 @@ class FileTools:
             except (OSError, ToolError):
                 what = "overwrote; the old content could not be read"
             with _os_errors(display):
-                await self.io.write_text(target, content)
+                await self.io.write_text(place.path, content)
         size = len(content.encode("utf-8"))
-        meta = {DIFF_META_KEY: {"path": str(target), "old_text": old, "new_text": content}}
+        meta = {DIFF_META_KEY: {"path": self.files.editor_path(place), "old_text": old, "new_text": content}}
         return _text(f"Wrote {size} bytes to {display} ({what}).", meta=meta)
 
     async def edit_file(
@@ -294,19 +275,19 @@ class FileTools:
         few surrounding lines to make it unique, or set replace_all=true to replace every
         occurrence. Line endings (CRLF) and the final newline are kept. Read the file
         first. Returns a unified diff of the change."""
-        target = self.ws.resolve(path)
-        display = self.ws.relative(target)
-        async with path_lock(self.ws.root_of(target), target):  # the edit applies to the text as it is now
+        place = await self.files.resolve(path)
+        display = place.display
+        async with self.files.lock(place):  # the edit applies to the text as it is now
             with _os_errors(display):
-                old = await self.io.read_text(target)
+                old = await self.io.read_text(place.path)
             new, count = await anyio.to_thread.run_sync(
                 textops.apply_edit, old, old_text, new_text, replace_all, abandon_on_cancel=True
             )
             with _os_errors(display):
-                await self.io.write_text(target, new)
+                await self.io.write_text(place.path, new)
         diff = textops.unified_diff(old, new, display)
         plural = "s" if count != 1 else ""
-        meta = {DIFF_META_KEY: {"path": str(target), "old_text": old, "new_text": new}}
+        meta = {DIFF_META_KEY: {"path": self.files.editor_path(place), "old_text": old, "new_text": new}}
         return _text(f"Edited {display}: {count} replacement{plural}.\n{diff}", meta=meta)
 
     async def glob(self, pattern: str, path: str = ".", max_results: int = 1000) -> CallToolResult:
@@ -316,17 +297,11 @@ class FileTools:
         Files ignored by .gitignore and the .git folder are skipped."""
         if max_results < 1:
             raise ToolError("max_results must be at least 1")
-        start = self.ws.resolve(path)
-        display = self.ws.relative(start)
-        if not start.is_dir():
+        start = await self.files.resolve(path)
+        display = start.display
+        if start.kind != "dir":
             raise ToolError(f"{display} is not a directory")
-        root = self.ws.root_of(start)
-        files, truncated = await anyio.to_thread.run_sync(
-            search.glob_files, root, start, pattern, max_results, self.ws.hidden_relative(root),
-            abandon_on_cancel=True,
-        )
-        if prefix := self.ws.prefix(root):
-            files = [prefix + f for f in files]
+        files, truncated = await self.files.glob(start, pattern, max_results)
         text = "\n".join(files) if files else f"No files match {pattern!r} under {display}."
         if truncated:
             text += f"\n[truncated at {max_results} results; narrow the pattern or path]"
@@ -351,16 +326,11 @@ class FileTools:
             raise ToolError("max_results must be at least 1")
         if not pattern:
             raise ToolError("pattern is empty")
-        start = self.ws.resolve(path)
-        display = self.ws.relative(start)
-        if not start.exists():
+        start = await self.files.resolve(path)
+        display = start.display
+        if start.kind == "missing":
             raise ToolError(f"{display} does not exist")
-        root = self.ws.root_of(start)
-        result = await search.grep(
-            root, start, pattern, glob=glob, ignore_case=ignore_case,
-            mode=output_mode, cap=max_results, hidden=self.ws.hidden_relative(root),
-        )  # fmt: skip
-        result.under(self.ws.prefix(root))
+        result = await self.files.grep(start, GrepQuery(pattern, glob, ignore_case, output_mode, max_results))
         if output_mode == "content":
             lines = [f"{m['file']}:{m['line']}:{m['text']}" for m in result.matches]
             structured: dict[str, Any] = {"matches": result.matches}
@@ -385,7 +355,7 @@ class FileTools:
             raise ToolError(f"timeout must be more than 0 and at most {MAX_TIMEOUT:g} seconds")
         if not command.strip():
             raise ToolError("command is empty")
-        result = await self.io.run(command, self.ws.root, timeout)
+        result = await self.io.run(command, self.files.roots[0], timeout)
         output = result.output if result.output else "(no output)"
         if result.timed_out:
             status = f"[timed out after {timeout:g} s; the command and its children were killed]"
