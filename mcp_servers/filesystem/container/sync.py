@@ -3,7 +3,9 @@
 
 - `copy_in`, once the container runs: every root is packed into one tar (folders, regular
   files, symlinks kept as symlinks, permission bits kept; hidden paths, sockets, FIFOs and
-  devices skipped; nothing else, `.git` included) and put under its container root. Over
+  devices skipped; nothing else, `.git` included) and put under its container root, owned
+  by the user the container runs as (so the model can change it). An extra root inside
+  another is copied once, at its own container path. Over
   100,000 files or 2 GB: refused (`WorkspaceTooLarge`), saying to use a local engine (the
   workspace mounted) or a smaller folder.
 - `push`, at the start of a turn: what the user changed here since the last sync (files,
