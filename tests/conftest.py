@@ -286,3 +286,15 @@ def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
     with podman_service(tmp_path_factory.mktemp("podman")) as engine:
         yield engine
+
+
+@pytest.fixture
+async def engine(podman: Any) -> AsyncIterator[Any]:
+    """A `DockerEngine` on the `podman` fixture's socket, closed after the test."""
+    from mcp_servers.filesystem.container.engine import DockerEngine
+
+    eng = DockerEngine.from_env({"DOCKER_HOST": podman.docker_host})
+    try:
+        yield eng
+    finally:
+        await eng.aclose()

@@ -45,15 +45,6 @@ CERTS = (
 )
 
 
-@pytest.fixture
-async def engine(podman: Any) -> AsyncIterator[DockerEngine]:
-    eng = DockerEngine.from_env({"DOCKER_HOST": podman.docker_host})
-    try:
-        yield eng
-    finally:
-        await eng.aclose()
-
-
 def _spec(podman: Any, **labels: str) -> dict[str, Any]:
     return {"Image": podman.image, "Cmd": ["sleep", "infinity"], "Labels": {**podman.labels, **labels}}
 

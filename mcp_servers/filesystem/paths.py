@@ -94,18 +94,7 @@ class Workspace:
         Relative paths are taken from the main root; absolute ones must already lie inside
         a root.
         """
-        if not isinstance(path, str):
-            raise ToolError(f"path must be a string, not {type(path).__name__}")
-        if "\x00" in path:
-            raise ToolError(f"path {path!r} contains a NUL byte")
-        try:
-            raw = os.fsencode(path)
-        except UnicodeEncodeError:
-            raise ToolError(f"path {path!r} contains characters that cannot be encoded") from None
-        if len(raw) > MAX_PATH_BYTES:
-            raise ToolError(f"path is too long ({len(raw)} bytes; the limit is {MAX_PATH_BYTES})")
-        if any(len(part) > MAX_NAME_BYTES for part in raw.split(b"/")):
-            raise ToolError(f"a name in path {path[:80]!r}... exceeds {MAX_NAME_BYTES} bytes")
+        check_path_text(path)
         candidate = Path(path) if os.path.isabs(path) else self.root / path
         try:
             # Strict first: past a symlink loop, a lenient realpath leaves the rest of the
@@ -164,6 +153,23 @@ class Workspace:
     def prefix(self, root: Path) -> str:
         """What turns a name relative to ``root`` into its display form ("" for the main root)."""
         return "" if root == self.root else self.relative(root).rstrip("/") + "/"
+
+
+def check_path_text(path: str) -> None:
+    """The checks of the string itself (type, NUL, encoding, lengths) that every resolve
+    makes first, this machine's or a container's (container/files.py)."""
+    if not isinstance(path, str):
+        raise ToolError(f"path must be a string, not {type(path).__name__}")
+    if "\x00" in path:
+        raise ToolError(f"path {path!r} contains a NUL byte")
+    try:
+        raw = os.fsencode(path)
+    except UnicodeEncodeError:
+        raise ToolError(f"path {path!r} contains characters that cannot be encoded") from None
+    if len(raw) > MAX_PATH_BYTES:
+        raise ToolError(f"path is too long ({len(raw)} bytes; the limit is {MAX_PATH_BYTES})")
+    if any(len(part) > MAX_NAME_BYTES for part in raw.split(b"/")):
+        raise ToolError(f"a name in path {path[:80]!r}... exceeds {MAX_NAME_BYTES} bytes")
 
 
 def containing_root(roots: Iterable[Path], resolved: Path) -> Path | None:

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sysconfig
 import threading
@@ -48,9 +49,10 @@ def find_rg() -> str | None:
 
 
 def _load_ignore(directory: Path) -> pathspec.GitIgnoreSpec | None:
-    try:
-        lines = (directory / ".gitignore").read_text(encoding="utf-8", errors="replace")
-    except OSError:
+    # A regular file only, as git reads it (it follows no .gitignore symlink): a FIFO there
+    # would hang every search, a device never end one.
+    lines = _read_text(str(directory / ".gitignore"))
+    if lines is None:
         return None
     import pathspec
 
@@ -401,14 +403,22 @@ def _grep_python(root: Path, start: Path, query: GrepQuery, stop: threading.Even
 
 
 def _read_text(path: str) -> str | None:
-    """File content for searching, or None for binary, huge or unreadable files."""
+    """File content for searching, or None for binary, huge, unreadable or not regular
+    files (opening a FIFO would block the search, reading a device might never end)."""
     try:
-        if os.path.getsize(path) > _FALLBACK_MAX_FILE:
-            return None
-        with open(path, "rb") as f:
-            data = f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _FALLBACK_MAX_FILE:
+            return None
+        with open(fd, "rb", closefd=False) as f:
+            data = f.read(_FALLBACK_MAX_FILE + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     if b"\0" in data[:8192]:
         return None
     return data.decode("utf-8", errors="replace")
