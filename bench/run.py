@@ -33,7 +33,7 @@ from bench.common import Ctx, Figure, describe, not_measured  # noqa: E402
 
 GROUPS = [
     "startup", "roundtrip", "streaming", "loop", "memory", "tools", "rules", "store", "concurrency",
-    "safety", "images", "commands", "checkpoints", "render", "chat", "subagents", "peers",
+    "safety", "images", "commands", "checkpoints", "render", "chat", "subagents", "container", "container_sync", "peers",
 ]  # fmt: skip
 
 
