@@ -45,7 +45,12 @@ def tool_kind(spec: ToolSpec | None) -> str:
 
 
 def absolute(path: str, cwd: Path | str) -> str:
-    """`path` as ACP wants every path shown (absolute), a relative one taken from `cwd`."""
+    """`path` as ACP wants every path shown (absolute), a relative one taken from `cwd`; a
+    container's path (a docker session's cwd maps them: crow.roots.editor_cwd) shown as the
+    file on this machine, the one the editor can open."""
+    mapped = getattr(cwd, "host_path", None)
+    if mapped is not None:
+        path = mapped(path)
     return os.path.normpath(os.path.join(cwd, path))
 
 

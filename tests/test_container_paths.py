@@ -1,0 +1,56 @@
+"""End to end, `backend: {type: docker}`: the paths the model is told, the ones its calls
+name, and what the editor and the permission rules make of them. The model works in the
+container (/workspace, /mnt/NAME); the editor and the rules see the files on this machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import acp
+import pytest
+
+from tests.conftest import spawn_crow
+from tests.llm_server import Reply, ScriptedLLM
+from tests.test_container_e2e import call, env, results
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_the_model_is_given_container_paths_and_the_editor_and_rules_see_this_machines(
+    llm: ScriptedLLM, home: Path, workspace: Path, tmp_path: Path, podman: Any
+) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "data.txt").write_text("from the other root\n")
+    (workspace / "secret").mkdir()
+    (home / "config.yaml").write_text(
+        f"backend:\n  type: docker\n  image: {podman.image}\n"
+        "permissions:\n  deny: ['write_file(secret/**)']\n"
+    )
+    llm.push(
+        call("write_file", "w", path="/workspace/made.txt", content="made\n"),
+        call("write_file", "s", path="/workspace/secret/key", content="leaked\n"),
+        call("read_file", "r", path="/mnt/other/data.txt"),
+        Reply(text="done"),
+    )
+    async with spawn_crow(env(llm, home, podman)) as (conn, _proc, client):
+        await conn.initialize(protocol_version=1)
+        new = await conn.new_session(cwd=str(workspace), mcp_servers=[], additional_directories=[str(other)])
+        sid = str(new.session_id)
+        assert (await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])).stop_reason == "end_turn"
+    system = llm.requests[0].messages[0]["content"]
+    assert "/workspace" in system and "/mnt/other" in system  # where the tools find them
+    assert str(workspace) not in system and str(other) not in system  # not there in the container
+    out = results(llm)
+    assert (workspace / "made.txt").read_text() == "made\n"
+    assert "denied by the permission rule" in out["s"]  # the rule holds for the container's path
+    assert not (workspace / "secret" / "key").exists()
+    assert "from the other root" in out["r"]
+    (asked, _options), *_ = client.permission_requests
+    assert [loc.path for loc in asked.locations] == [str(workspace / "made.txt")]
+    assert asked.content[0].path == str(workspace / "made.txt")  # the preview's diff
+    starts = {u.tool_call_id: u for u in client.of_type("ToolCallStart")}
+    assert [loc.path for loc in starts["r"].locations] == [str(other / "data.txt")]
+    ends = [u for u in client.of_type("ToolCallProgress") if u.tool_call_id == "w" and u.content]
+    assert ends[-1].content[0].path == str(workspace / "made.txt")
