@@ -140,7 +140,18 @@ class EditorCwd(type(Path())):  # type: ignore[misc]
     host_path: Any = None
 
 
+def on_this_machine(path: str, cwd: str | os.PathLike[str]) -> str:
+    """`path` as the model gave it, as a path on this machine: a relative one taken from
+    `cwd`, a container's one mapped when `cwd` is an `editor_cwd` that maps them."""
+    mapped = getattr(cwd, "host_path", None)
+    if mapped is not None:
+        path = mapped(path)
+    return os.path.normpath(os.path.join(cwd, path))
+
+
 def editor_cwd(session: Session) -> Path:
+    """What the front ends show paths against (ACP updates, permission questions): the
+    session's cwd, mapping a docker session's container paths (`on_this_machine`)."""
     if container_roots(session) is None:
         return session.cwd
     cwd = EditorCwd(session.cwd)

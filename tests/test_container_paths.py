@@ -4,15 +4,20 @@ container (/workspace, /mnt/NAME); the editor and the rules see the files on thi
 
 from __future__ import annotations
 
+import os
+import select
+import signal
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import acp
 import pytest
 
-from tests.conftest import spawn_crow
+from tests.conftest import CROW, spawn_crow
 from tests.llm_server import Reply, ScriptedLLM
-from tests.test_container_e2e import call, env, results
+from tests.test_container_e2e import call, configure, env, results
 
 pytestmark = pytest.mark.anyio
 
@@ -54,3 +59,37 @@ async def test_the_model_is_given_container_paths_and_the_editor_and_rules_see_t
     assert [loc.path for loc in starts["r"].locations] == [str(other / "data.txt")]
     ends = [u for u in client.of_type("ToolCallProgress") if u.tool_call_id == "w" and u.content]
     assert ends[-1].content[0].path == str(workspace / "made.txt")
+
+
+def test_crow_run_on_a_terminal_shows_a_write_over_a_file_as_the_change_it_is(
+    llm: ScriptedLLM, home: Path, workspace: Path, podman: Any
+) -> None:
+    """The question for a write to /workspace/a.txt shows a.txt's lines going, not a new
+    file: the file the container's path names is read on this machine."""
+    (workspace / "a.txt").write_text("the old line\n")
+    configure(home, podman.image)
+    llm.push(call("write_file", "w", path="/workspace/a.txt", content="the new line\n"), Reply(text="done"))
+    master, slave = os.openpty()
+    proc = subprocess.Popen(
+        [*CROW, "run", "--cwd", str(workspace), "go"],
+        stdin=slave, stdout=slave, stderr=slave, env=env(llm, home, podman), start_new_session=True,
+    )  # fmt: skip
+    os.close(slave)
+    out = b""
+    try:
+        deadline = time.monotonic() + 60
+        while b"Answer for" not in out:
+            assert proc.poll() is None and time.monotonic() < deadline, out.decode(errors="replace")
+            if select.select([master], [], [], 0.1)[0]:
+                out += os.read(master, 65536)
+        os.write(master, b"n\n")
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        os.close(master)
+    text = out.decode(errors="replace")
+    assert "-the old line" in text and "+the new line" in text
+    assert "new file" not in text
+    assert (workspace / "a.txt").read_text() == "the old line\n"
