@@ -93,3 +93,45 @@ def test_crow_run_on_a_terminal_shows_a_write_over_a_file_as_the_change_it_is(
     assert "-the old line" in text and "+the new line" in text
     assert "new file" not in text
     assert (workspace / "a.txt").read_text() == "the old line\n"
+
+
+def test_the_typescript_sdk_takes_a_docker_sessions_updates_with_this_machines_paths(
+    llm: ScriptedLLM, home: Path, workspace: Path, tmp_path: Path, podman: Any
+) -> None:
+    from tests.support.ts_client import run_script
+
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "o.txt").write_text("other\n")
+    configure(home, podman.image)
+    llm.push(
+        call("write_file", "w", path="/workspace/made.txt", content="made\n"),
+        call("read_file", "r", path="/mnt/other/o.txt", offset=0),
+        call("execute", "x", command="exit 7"),
+        Reply(text="done"),
+    )
+    prompt = {"sessionId": "${s.sessionId}", "prompt": [{"type": "text", "text": "go"}]}
+    new = {"cwd": str(workspace), "mcpServers": [], "additionalDirectories": [str(other)]}
+    out = run_script(
+        {
+            "permission": "allow_once",
+            "steps": [
+                {"request": "session/new", "params": new, "as": "s"},
+                {"request": "session/prompt", "params": prompt, "as": "p"},
+            ],
+        },
+        env(llm, home, podman),
+        workspace,
+    )
+    assert out["results"]["p"]["result"]["stopReason"] == "end_turn", out["results"]
+    (asked,) = [
+        r["params"]["toolCall"] for r in out["requests"] if r["method"] == "session/request_permission"
+    ][:1]
+    assert asked["locations"] == [{"path": str(workspace / "made.txt")}]
+    shown = [u["update"] for u in out["updates"]]
+    starts = {u["toolCallId"]: u for u in shown if u["sessionUpdate"] == "tool_call"}
+    assert starts["r"]["locations"] == [{"path": str(other / "o.txt"), "line": 1}]
+    ends = [u for u in shown if u["sessionUpdate"] == "tool_call_update" and u.get("content")]
+    diff = next(c for u in ends if u["toolCallId"] == "w" for c in u["content"] if c["type"] == "diff")
+    assert diff["path"] == str(workspace / "made.txt") and diff["newText"] == "made\n"
+    assert "[exit code 7]" in results(llm)["x"]
