@@ -135,3 +135,18 @@ def test_the_typescript_sdk_takes_a_docker_sessions_updates_with_this_machines_p
     diff = next(c for u in ends if u["toolCallId"] == "w" for c in u["content"] if c["type"] == "diff")
     assert diff["path"] == str(workspace / "made.txt") and diff["newText"] == "made\n"
     assert "[exit code 7]" in results(llm)["x"]
+
+
+async def test_undo_puts_back_a_write_the_model_made_through_the_containers_path(
+    llm: ScriptedLLM, home: Path, workspace: Path, podman: Any
+) -> None:
+    (workspace / "a.txt").write_text("before\n")
+    configure(home, podman.image)
+    llm.push(call("write_file", "w", path="/workspace/a.txt", content="after\n"), Reply(text="done"))
+    async with spawn_crow(env(llm, home, podman, CROW_MODE="yolo")) as (conn, _proc, _client):
+        await conn.initialize(protocol_version=1)
+        sid = str((await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id)
+        assert (await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])).stop_reason == "end_turn"
+        assert (workspace / "a.txt").read_text() == "after\n"
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("/undo")])
+    assert (workspace / "a.txt").read_text() == "before\n"
