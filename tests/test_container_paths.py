@@ -150,3 +150,22 @@ async def test_undo_puts_back_a_write_the_model_made_through_the_containers_path
         assert (workspace / "a.txt").read_text() == "after\n"
         await conn.prompt(session_id=sid, prompt=[acp.text_block("/undo")])
     assert (workspace / "a.txt").read_text() == "before\n"
+
+
+def test_a_container_path_and_the_same_file_relative_wait_for_each_other_in_a_batch(workspace: Path) -> None:
+    """Calls in one reply naming one file run in the order given: in a docker session
+    /workspace/a.txt and a.txt are that one file."""
+    from crow.batch import waits_for
+    from crow.config import Config
+    from crow.messages import ToolCall
+    from crow.roots import editor_cwd
+    from crow.session import Session
+
+    config = Config.model_validate({"backend": {"type": "docker", "image": "img"}})
+    session = Session(id="s", cwd=workspace, mode="ask", model="", config=config)
+    calls = [
+        ToolCall("w", "write_file", {"path": "/workspace/a.txt", "content": "x"}),
+        ToolCall("r", "read_file", {"path": "a.txt"}),
+        ToolCall("o", "read_file", {"path": "b.txt"}),
+    ]
+    assert waits_for(calls, lambda name: name == "read_file", editor_cwd(session)) == [[], [0], []]
