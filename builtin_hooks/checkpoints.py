@@ -27,7 +27,7 @@ from typing import Any
 
 import anyio
 
-from crow import Hook, HookContext, Session, ToolCall, ToolResult, checkpoints, snapshots
+from crow import Hook, HookContext, Session, ToolCall, ToolResult, checkpoints, host_path, snapshots
 
 log = logging.getLogger("crow.checkpoints")
 _TURN = "checkpoints.turn"  # turn_state: the TurnRecord
@@ -78,7 +78,8 @@ class CheckpointsHook(Hook):
             return await call_next(call)
         try:
             workspace = _workspace(ctx.session)
-            target = workspace.resolve(path)
+            # a docker session's /workspace/a.txt is a.txt here (mounted or copied back)
+            target = workspace.resolve(host_path(ctx.session, path))
             root = workspace.root_of(target)
         except Exception:  # the tool refuses the path itself, with its own message
             return await call_next(call)

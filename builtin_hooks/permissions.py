@@ -29,7 +29,17 @@ from typing import Any
 
 import anyio
 
-from crow import EditorClient, Hook, HookContext, ProjectRules, ToolCall, ToolResult, rules, subagents
+from crow import (
+    EditorClient,
+    Hook,
+    HookContext,
+    ProjectRules,
+    ToolCall,
+    ToolResult,
+    host_path,
+    rules,
+    subagents,
+)
 
 log = logging.getLogger("crow.permissions")
 MODES = ("ask", "accept_edits", "yolo", "read_only", "plan")
@@ -80,7 +90,7 @@ class PermissionsHook(Hook):
         sets = [s for s in (configured, _session_rules(session)) if s]
         decision, rule = None, None
         if sets:  # no rules, nothing to parse
-            decision, rule = rules.decide(rules.subject(call.name, call.args, str(session.cwd)), *sets)
+            decision, rule = rules.decide(_subject(session, call), *sets)
         if decision == "deny":
             assert rule is not None
             if rule.origin == "session":
@@ -113,12 +123,12 @@ class PermissionsHook(Hook):
             return "ask" if decision == "ask" else None
         if read_only or mode == "yolo":
             return None
-        if mode == "accept_edits" and trusted_kind == "edit" and not _in_git(call, str(session.cwd)):
+        if mode == "accept_edits" and trusted_kind == "edit" and not _in_git(session, call):
             return None
         return "ask"
 
     async def _ask(self, session: Any, call: ToolCall) -> str | None:
-        subj = rules.subject(call.name, call.args, str(session.cwd))
+        subj = _subject(session, call)
         config = session.config
         perms = config.permissions if config is not None else None
         asked_by_rule = False
@@ -168,10 +178,19 @@ def _session_rules(session: Any) -> rules.RuleSet:
     return found
 
 
-def _in_git(call: ToolCall, cwd: str) -> bool:
+def _subject(session: Any, call: ToolCall) -> rules.Subject:
+    """What the rules see of `call`; a docker session's container path (/workspace/src/x)
+    as the file on this machine, so that `edit_file(src/**)` holds however it is written."""
+    args = call.args
+    if "path" in args:
+        args = {**args, "path": host_path(session, args["path"])}
+    return rules.subject(call.name, args, str(session.cwd))
+
+
+def _in_git(session: Any, call: ToolCall) -> bool:
     """An edit inside a `.git` folder: its config and hooks are commands git runs (a
     `core.fsmonitor`, a `pre-commit`), so accept_edits still asks for it."""
-    paths, _ = rules.path_candidates(call.args.get("path", "."), cwd)
+    paths, _ = rules.path_candidates(host_path(session, call.args.get("path", ".")), str(session.cwd))
     return not paths or any(".git" in p.lower().split("/") for p in paths)
 
 

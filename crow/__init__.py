@@ -69,6 +69,7 @@ _EXPORTS = {
     "serve": "crow.acp.server",
     "file_tools_hidden": "crow.roots",  # what the file tools never reach
     "sandbox_hidden": "crow.roots",
+    "host_path": "crow.roots",  # a docker session's container path, as on this machine
     "checkpoints": "crow.checkpoints",  # per-turn file checkpoints, and putting them back
     "snapshots": "crow.snapshots",  # shadow git snapshots of a workspace
 }

@@ -25,15 +25,17 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 import anyio
 
 from crow.messages import ToolCall
+from crow.roots import on_this_machine
 
 
-def scope(call: ToolCall, cwd: str) -> str | None:
-    """The absolute path a call touches, or None when it may touch anything."""
+def scope(call: ToolCall, cwd: str | os.PathLike[str]) -> str | None:
+    """The absolute path a call touches, or None when it may touch anything (`cwd` an
+    `editor_cwd`: a docker session's /workspace/a.txt and a.txt are one file)."""
     path = call.args.get("path") if isinstance(call.args, Mapping) else None
     if not isinstance(path, str) or not path:
         return None
     try:
-        return os.path.realpath(os.path.join(cwd, path))
+        return os.path.realpath(on_this_machine(path, cwd))
     except (OSError, ValueError):  # a NUL byte and the like: the tool will refuse it
         return None
 
@@ -47,7 +49,7 @@ def _overlap(a: str | None, b: str | None) -> bool:
 def waits_for(
     calls: Sequence[ToolCall],
     read_only: Callable[[str], bool],
-    cwd: str,
+    cwd: str | os.PathLike[str],
     paths_of: Callable[[str], bool] = lambda name: True,
 ) -> list[list[int]]:
     """For each call, the indexes of the earlier calls it must wait for; `paths_of(name)`:

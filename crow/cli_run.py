@@ -50,6 +50,7 @@ async def main(args: argparse.Namespace, ending: Any = None) -> int:
     from crow.messages import human
     from crow.notices import cause_of
     from crow.pricing import USAGE_TOTAL
+    from crow.roots import editor_cwd
     from crow.session_lookup import open_session
     from crow.startup import imports_done
     from crow.terminal import TerminalClient, drop_stdout, on_sigint
@@ -74,7 +75,7 @@ async def main(args: argparse.Namespace, ending: Any = None) -> int:
         if sys.stdin is not None and sys.stdin.isatty() and args.prompt != ["-"]:
             # a question stops the live part while it is up: it would draw over it
             paused = out.renderer.paused if isinstance(out, run_output.OnTerminal) else None
-            session.client = TerminalClient(str(session.cwd), paused=paused)
+            session.client = TerminalClient(editor_cwd(session), paused=paused)
         usage_before, cost_before = session.state.get(USAGE_TOTAL), session.cost
 
         scope = anyio.CancelScope()

@@ -69,6 +69,7 @@ from crow.messages import Message, ToolCall, ToolResult, close_dangling_tool_cal
 from crow.pricing import call_ref, record_usage
 from crow.reasoning import request_effort
 from crow.rewind import as_prompt
+from crow.roots import editor_cwd
 from crow.rules import FILE_TOOLS
 from crow.session import new_message_id
 from crow.tool_kinds import presented
@@ -377,7 +378,7 @@ class Turn:
 
         # Another server's `path` argument need not be all its tool touches.
         paths_of = FILE_TOOLS.__contains__
-        await run_batch(calls, waits_for(calls, read_only, str(self.session.cwd), paths_of), one)
+        await run_batch(calls, waits_for(calls, read_only, editor_cwd(self.session), paths_of), one)
 
     async def _execute(self, call: ToolCall) -> ToolResult:
         # Past every wrap hook (a permission question among them): it really starts now.

@@ -10,11 +10,13 @@ that activation, and is stored as its roots (`reroot`); crow's own restores (`cr
 
 from __future__ import annotations
 
+import functools
 import os
+import posixpath
 import stat
 from collections.abc import Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
 
 from crow.errors import RootsError
 from crow.messages import valid_text
@@ -87,12 +89,74 @@ async def reroot(session: Session, roots: list[str] | None) -> bool:
 
 
 def system_prompt(template: str, session: Session) -> str:
-    """The system prompt for `session`: `{cwd}` filled in, and its other roots named."""
-    text = template.replace("{cwd}", str(session.cwd))
-    if session.additional_directories:
-        listed = ", ".join(session.additional_directories)
-        text += f"\n\nThe workspace has more roots, reached by absolute path: {listed}"
+    """The system prompt for `session`: `{cwd}` filled in, and its other roots named. With
+    `backend: {type: docker}` the tools and commands act in the container, where the paths
+    on this machine do not exist: the model is given the container's (workdir, /mnt/NAME)."""
+    pairs = container_roots(session)
+    if pairs is None:
+        cwd, others = str(session.cwd), list(session.additional_directories)
+    else:
+        cwd, others = str(pairs[0][1]), [str(inside) for _host, inside in pairs[1:]]
+    text = template.replace("{cwd}", cwd)
+    if others:
+        text += f"\n\nThe workspace has more roots, reached by absolute path: {', '.join(others)}"
     return text
+
+
+def container_roots(session: Session) -> list[tuple[Path, PurePosixPath]] | None:
+    """With `backend: {type: docker}`, each root on this machine and where the session's
+    container has it (the pairing the container backend makes: builtin_hooks/filesystem
+    leaves out another root that is no longer a folder); None with the local backend."""
+    config = session.config
+    if config is None or config.backend.type != "docker":
+        return None
+    from mcp_servers.filesystem.container.spec import root_pairs
+
+    roots = session.roots
+    return root_pairs([roots[0], *(r for r in roots[1:] if r.is_dir())], config.backend.workdir)
+
+
+def host_path(session: Session, path: Any) -> Any:
+    """A path the model gave, as on this machine: in a docker session an absolute path in
+    the container's workdir or /mnt/NAME becomes the root's path here, so that permission
+    rules (`edit_file(src/**)`) and the editor (locations, previews) see the same file
+    whichever way the model wrote it. Anything else is returned as it is."""
+    if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
+        return path
+    pairs = container_roots(session)
+    if not pairs:
+        return path
+    place = PurePosixPath(posixpath.normpath(path))
+    for host, inside in sorted(pairs, key=lambda pair: -len(pair[1].parts)):  # the deepest first
+        if place.is_relative_to(inside):
+            return str(host.joinpath(*place.relative_to(inside).parts))
+    return path
+
+
+class EditorCwd(type(Path())):  # type: ignore[misc]
+    """A session's cwd as the ACP view takes it, carrying `host_path` for the paths the
+    model gives in a docker session (crow.acp.view.absolute)."""
+
+    host_path: Any = None
+
+
+def on_this_machine(path: str, cwd: str | os.PathLike[str]) -> str:
+    """`path` as the model gave it, as a path on this machine: a relative one taken from
+    `cwd`, a container's one mapped when `cwd` is an `editor_cwd` that maps them."""
+    mapped = getattr(cwd, "host_path", None)
+    if mapped is not None:
+        path = mapped(path)
+    return os.path.normpath(os.path.join(cwd, path))
+
+
+def editor_cwd(session: Session) -> Path:
+    """What the front ends show paths against (ACP updates, permission questions): the
+    session's cwd, mapping a docker session's container paths (`on_this_machine`)."""
+    if container_roots(session) is None:
+        return session.cwd
+    cwd = EditorCwd(session.cwd)
+    cwd.host_path = functools.partial(host_path, session)
+    return cwd
 
 
 def sandbox_hidden(config: Config) -> list[Path | str]:

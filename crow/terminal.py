@@ -320,6 +320,7 @@ def question_lines(
     the model's text: pass them through `printable` before they reach a terminal."""
     import difflib
 
+    from crow.roots import on_this_machine
     from crow.tool_kinds import current_text, tool_title
 
     args = call.args
@@ -333,8 +334,9 @@ def question_lines(
         lines.append(("command", f"  $ {first}"))
         lines.extend(("command", f"    {line}") for line in rest)
     elif kind == "edit" and path and (writes or isinstance(args.get("new_text"), str)):
+        full = on_this_machine(path, cwd)  # a docker session's /workspace/x: the file here
         if writes:
-            old = current_text(os.path.join(cwd, path))
+            old = current_text(full)
             new = str(args.get("content", ""))
         else:
             old, new = str(args.get("old_text", "")), str(args.get("new_text", ""))
@@ -344,7 +346,7 @@ def question_lines(
             )
         )
         if old is None and writes:
-            if os.path.lexists(os.path.join(cwd, path)):
+            if os.path.lexists(full):
                 diff[0:2] = [f"--- a/{path} (exists; binary or over 1 MB, not shown)", f"+++ b/{path}"]
             else:
                 diff[0:2] = ["--- /dev/null", f"+++ b/{path} (new file)"]

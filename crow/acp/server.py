@@ -54,6 +54,7 @@ from crow.acp.sessions import BUSY, FAILED
 from crow.agent import Agent
 from crow.errors import AuthRequired, CrowError, RootsError, SessionBusy, SessionError
 from crow.events import Event, ModeChanged, TitleChanged, ToolCallEnd
+from crow.roots import editor_cwd
 from crow.session import Session
 
 if TYPE_CHECKING:
@@ -135,7 +136,9 @@ class AcpServer(Extensions):
 
     def _bind(self, session: Session) -> None:
         if self.conn is not None and session.client is None:
-            session.client = AcpSessionClient(self.conn, session.id, self.client_capabilities, session.cwd)
+            session.client = AcpSessionClient(
+                self.conn, session.id, self.client_capabilities, editor_cwd(session)
+            )
 
     def _options(self, session: Session) -> list[Any]:
         return acp_sessions.config_options(session, (session.config or self.agent.config).model_choices())
@@ -177,7 +180,7 @@ class AcpServer(Extensions):
         except CrowError as exc:
             raise acp_sessions.session_error(exc) from exc
         shown = acp_reports.replayable(transcript, self.features)
-        await self._notify_many(session_id, acp_view.replay(list(shown), session.cwd, session_id))
+        await self._notify_many(session_id, acp_view.replay(list(shown), editor_cwd(session), session_id))
         if session.todos:
             await self._notify(session_id, acp_view.plan_update(session.todos))
         if session.title:
@@ -371,7 +374,7 @@ class AcpServer(Extensions):
     async def _emit(self, session: Session, event: Event) -> None:
         """The loop's sink: each event as the editor shows it (`acp_subagents` also shows a
         subagent's, and reports a child its task call outlived as ended)."""
-        for session_id, update in self.subagents.updates(session.id, session.cwd, event):
+        for session_id, update in self.subagents.updates(session.id, editor_cwd(session), event):
             await self._notify(session_id, update)
         if isinstance(event, ModeChanged):  # clients that show config options, not modes
             options = ConfigOptionUpdate(

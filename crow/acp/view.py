@@ -30,6 +30,7 @@ from crow.acp.protocol import ToolCallStart
 from crow.command_catalog import shown_line
 from crow.llm.base import ToolSpec
 from crow.messages import Message, ToolCall, ToolResult
+from crow.roots import on_this_machine
 from crow.tool_kinds import PRESENTATION, current_text, tool_title
 from crow.tool_kinds import edit_diff as _diff
 from crow.tool_kinds import path_arg as _path_arg
@@ -45,8 +46,10 @@ def tool_kind(spec: ToolSpec | None) -> str:
 
 
 def absolute(path: str, cwd: Path | str) -> str:
-    """`path` as ACP wants every path shown (absolute), a relative one taken from `cwd`."""
-    return os.path.normpath(os.path.join(cwd, path))
+    """`path` as ACP wants every path shown (absolute), a relative one taken from `cwd`; a
+    container's path (a docker session's cwd maps them: crow.roots.editor_cwd) shown as the
+    file on this machine, the one the editor can open."""
+    return on_this_machine(path, cwd)
 
 
 def tool_locations(call: ToolCall, cwd: Path, spec: ToolSpec | None = None) -> list[ToolCallLocation] | None:

@@ -85,10 +85,11 @@ class Chat:
         """Chat in `session` from now on: its questions asked on this terminal, its
         commands, once gathered, offered to an open completion menu."""
         from crow import command_catalog
+        from crow.roots import editor_cwd
         from crow.tui.questions import ChatClient
 
         self.session = session
-        session.client = ChatClient(self.cwd, self.renderer, self.turns.cancel)
+        session.client = ChatClient(editor_cwd(session), self.renderer, self.turns.cancel)
         await command_catalog.watch(session, self._commands_changed, command_catalog.listed(session))
 
     async def _commands_changed(self, event: Event) -> None:
