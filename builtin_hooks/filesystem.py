@@ -13,7 +13,8 @@ With `backend: {type: docker}` every tool acts in the session's own container in
 (mcp_servers/filesystem/container): no bubblewrap (the container is the confinement), no
 editor fs or terminal (the container's files are the truth; the editor's buffers are not
 in it). A workspace copied into the container (a remote engine) is pushed at each turn's
-start and pulled back at its end, and the user told what moved.
+start and pulled back after each write, edit or command and at the turn's end, and the user
+told what moved.
 """
 
 from __future__ import annotations
@@ -204,8 +205,9 @@ class FilesystemHook(Hook):
             found = found.parent
         return self._containers.get(found.id) if found is not None else None
 
-    async def _sync(self, ctx: HookContext, step: str) -> None:
-        box = self._containers.get(ctx.session.id)  # the top session's turn: a subagent shares it
+    async def _sync(self, ctx: HookContext, step: str, box: Any = None) -> None:
+        if box is None:  # the top session's turn: a subagent shares it
+            box = self._containers.get(ctx.session.id)
         if box is None:
             return
         try:
@@ -242,6 +244,11 @@ class FilesystemHook(Hook):
                 result = result.replace(output=f"{notice}\n{result.output}")
         hub = ctx.session.tools
         kind = hub.kind(call.name) if hub is not None else "other"
+        if box is not None and kind in ("edit", "execute"):
+            # Copy mode: what the call changed comes back now, not only at the turn's end, so
+            # the checkpoints hook (outside this one) records what the turn left for /undo
+            # and the editor sees the change as it happens. Mount mode: nothing to do.
+            await self._sync(ctx, "pull", box)
         diff = (result.meta or {}).get("crow/diff")
         if kind == "edit" and isinstance(diff, Mapping) and not result.is_error:
             path = str(diff.get("path") or call.args.get("path") or "")

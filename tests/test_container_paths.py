@@ -137,19 +137,33 @@ def test_the_typescript_sdk_takes_a_docker_sessions_updates_with_this_machines_p
     assert "[exit code 7]" in results(llm)["x"]
 
 
+@pytest.mark.parametrize("sync", ["mount", "copy"])
 async def test_undo_puts_back_a_write_the_model_made_through_the_containers_path(
-    llm: ScriptedLLM, home: Path, workspace: Path, podman: Any
+    llm: ScriptedLLM, home: Path, workspace: Path, podman: Any, sync: str
 ) -> None:
+    """In copy mode too: the model's write and a command's change come back here after each
+    call, so the checkpoint records what the turn left (it once recorded the file as it was
+    before the turn's end pulled it back: /undo said it undid and left it changed)."""
     (workspace / "a.txt").write_text("before\n")
-    configure(home, podman.image)
-    llm.push(call("write_file", "w", path="/workspace/a.txt", content="after\n"), Reply(text="done"))
+    (workspace / "b.txt").write_text("b before\n")
+    configure(home, podman.image, sync=sync)
+    llm.push(
+        call("write_file", "w", path="/workspace/a.txt", content="after\n"),
+        call("execute", "x", command="echo 'b after' > b.txt"),
+        Reply(text="done"),
+    )
     async with spawn_crow(env(llm, home, podman, CROW_MODE="yolo")) as (conn, _proc, _client):
         await conn.initialize(protocol_version=1)
         sid = str((await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id)
         assert (await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])).stop_reason == "end_turn"
         assert (workspace / "a.txt").read_text() == "after\n"
+        assert (workspace / "b.txt").read_text() == "b after\n"
         await conn.prompt(session_id=sid, prompt=[acp.text_block("/undo")])
-    assert (workspace / "a.txt").read_text() == "before\n"
+        assert (workspace / "a.txt").read_text() == "before\n"
+        assert (workspace / "b.txt").read_text() == "b before\n"
+        llm.push(call("execute", "c", command="cat a.txt b.txt"), Reply(text="seen"))
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("look")])
+    assert "before\nb before\n" in results(llm)["c"]  # the container has the undone files too
 
 
 def test_a_container_path_and_the_same_file_relative_wait_for_each_other_in_a_batch(workspace: Path) -> None:
