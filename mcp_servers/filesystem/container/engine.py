@@ -58,6 +58,7 @@ class DockerEngine:
         timeout = httpx.Timeout(REQUEST_TIMEOUT, connect=CONNECT_TIMEOUT)
         self._client = httpx.AsyncClient(transport=transport, base_url=base_url, timeout=timeout)
         self._prefix: str | None = None  # "/v1.41": settled by the first request's ping
+        self._podman = False  # the ping says (is_podman)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> DockerEngine:
@@ -261,7 +262,14 @@ class DockerEngine:
             if resp.status_code != 200:
                 raise self._unreachable(f"/_ping answered {resp.status_code}: not a Docker or Podman engine")
             self._prefix = f"/v{negotiate_version(resp.headers.get('API-Version'))}"
+            self._podman = "Libpod-API-Version" in resp.headers
         return self._prefix
+
+    async def is_podman(self) -> bool:
+        """Whether the engine is Podman (its /_ping says Libpod): its tmpfs mounts copy up
+        what lay beneath unless told not to (spec.create_body's masks)."""
+        await self._api_prefix()
+        return self._podman
 
     async def _request(self, method: str, path: str, what: str, **kwargs: Any) -> httpx.Response:
         prefix = await self._api_prefix()
