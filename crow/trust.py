@@ -290,9 +290,17 @@ def describe(data: Mapping[str, Any], limit: int = 8) -> str:
                 shown = ", ".join(map(_token, rules)) if isinstance(rules, list) else _token(rules)
                 parts.append(f"{verbs.get(str(sub), 'sets permissions.' + _token(sub))} {shown}")
         elif key == "backend" and isinstance(value, Mapping) and value:
+            # What reaches into this machine (mounts), runs as whom (user) and with which
+            # variables (env) is shown, not only named: `mounts: ["/:/host"]` is the host.
             for sub, inner in value.items():
-                shown = f": {_token(inner)}" if sub in ("type", "image", "network", "sync") else ""
-                parts.append(f"sets backend.{_token(sub)}{shown}")
+                if sub == "mounts" and isinstance(inner, list):
+                    parts.append(f"sets backend.mounts: {', '.join(map(_token, inner)) or '(none)'}")
+                elif sub == "env" and isinstance(inner, Mapping) and inner:
+                    parts.extend(f"sets backend.env.{_token(name)}" for name in inner)
+                else:
+                    known = ("type", "image", "network", "sync", "user", "workdir")
+                    shown = f": {_token(inner)}" if sub in known else ""
+                    parts.append(f"sets backend.{_token(sub)}{shown}")
         elif key == "environment" and isinstance(value, Mapping) and value:
             parts.extend(f"sets environment.{_token(sub)}" for sub in value)
         elif isinstance(value, Mapping) and key == "providers":

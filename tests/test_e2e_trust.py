@@ -507,3 +507,26 @@ async def test_file_tools_do_not_read_credential_folders_when_the_workspace_is_h
     assert len(results) == len(calls) and any("hello" in str(m["content"]) for m in results)
     assert not any("secret-key-bytes" in json.dumps(m) for m in results)
     assert client.permission_requests == []
+
+
+async def test_the_trust_question_shows_a_backends_mounts_user_and_env(
+    llm: ScriptedLLM, home: Path, tmp_path: Path
+) -> None:
+    # A repository's `backend:` mounting the host's / into the container, as root, with
+    # variables of its choosing: the user must see what is mounted where, not just
+    # "sets backend.mounts", before trusting it.
+    backend = {
+        "type": "docker", "image": "img:1", "user": "0", "env": {"LD_PRELOAD": "/host/x.so"},
+        "mounts": ["/:/host", "/root/.ssh:/k:ro"],
+    }  # fmt: skip
+    root, sub = make_repo(tmp_path, {"backend": backend})
+    llm.push(Reply(text="done"))
+    client = TrustClient("reject_once")
+    async with spawn_crow(user_env(llm, home), client=client, cwd=root) as (conn, _proc, _):
+        await conn.initialize(protocol_version=1)
+        sid = (await conn.new_session(cwd=str(sub), mcp_servers=[])).session_id
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
+    ((question, _),) = client.questions
+    text = question.content[0].content.text
+    assert "sets backend.mounts: /:/host, /root/.ssh:/k:ro" in text, text
+    assert "sets backend.user: 0" in text and "sets backend.env.LD_PRELOAD" in text, text

@@ -261,6 +261,7 @@ class ContainerSession:
                 self.pairs,
                 mount=self.mount,
                 hidden=self.hidden,
+                podman=await self.engine.is_podman(),
             )
             self._created = True  # from here a container may exist, even if this call is cancelled
             cid = await self.engine.create_container(body)  # NotFound: says how to get the image

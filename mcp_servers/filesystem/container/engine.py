@@ -33,6 +33,7 @@ API_VERSION = "1.41"  # what Podman 4 serves, and Docker since 20.10
 NEWEST_API_VERSION = "1.44"  # Docker 29 refuses anything older; every Docker since 25 serves it
 CONNECT_TIMEOUT = 3.0  # seconds: an engine that is down must not hold up a tool call
 REQUEST_TIMEOUT = 120.0  # seconds of silence on a request (big archives, slow removes)
+MAX_ANSWER = 64 << 20  # bytes of one API answer (JSON; a container list is far smaller)
 DEFAULT_SOCKETS = ("/var/run/docker.sock", "/run/podman/podman.sock")
 
 
@@ -58,6 +59,7 @@ class DockerEngine:
         timeout = httpx.Timeout(REQUEST_TIMEOUT, connect=CONNECT_TIMEOUT)
         self._client = httpx.AsyncClient(transport=transport, base_url=base_url, timeout=timeout)
         self._prefix: str | None = None  # "/v1.41": settled by the first request's ping
+        self._podman = False  # the ping says (is_podman)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> DockerEngine:
@@ -256,20 +258,53 @@ class DockerEngine:
 
     async def _api_prefix(self) -> str:
         if self._prefix is None:
-            with self._errors("connecting"):
-                resp = await self._client.get("/_ping")
+            resp = await self._send("GET", "/_ping", "connecting")
             if resp.status_code != 200:
                 raise self._unreachable(f"/_ping answered {resp.status_code}: not a Docker or Podman engine")
             self._prefix = f"/v{negotiate_version(resp.headers.get('API-Version'))}"
+            self._podman = "Libpod-API-Version" in resp.headers
         return self._prefix
 
+    async def is_podman(self) -> bool:
+        """Whether the engine is Podman (its /_ping says Libpod): its tmpfs mounts copy up
+        what lay beneath unless told not to (spec.create_body's masks)."""
+        await self._api_prefix()
+        return self._podman
+
     async def _request(self, method: str, path: str, what: str, **kwargs: Any) -> httpx.Response:
-        prefix = await self._api_prefix()
-        with self._errors(what):
-            resp = await self._client.request(method, prefix + path, **kwargs)
+        resp = await self._send(method, await self._api_prefix() + path, what, **kwargs)
         if resp.status_code >= 400:
             raise self._status_error(resp, what)
         return resp
+
+    async def _send(self, method: str, url: str, what: str, **kwargs: Any) -> httpx.Response:
+        """One API call, its answer read whole. DOCKER_HOST may name anything: an answer is
+        cut at MAX_ANSWER bytes, and a server dripping a byte at a time (each read within
+        the timeout) is stopped at REQUEST_TIMEOUT, counted from the headers (or from the
+        start when there is no upload, which may take long)."""
+        request = self._client.build_request(method, url, **kwargs)
+        try:
+            with self._errors(what):
+                with anyio.fail_after(None if "content" in kwargs else REQUEST_TIMEOUT):
+                    resp = await self._client.send(request, stream=True)
+                try:
+                    body = bytearray()
+                    with anyio.fail_after(REQUEST_TIMEOUT):
+                        async for chunk in resp.aiter_bytes():
+                            body += chunk
+                            if len(body) > MAX_ANSWER:
+                                raise EngineError(
+                                    f"{what}: the engine at {self.host} answered more than "
+                                    f"{MAX_ANSWER >> 20} MB: is it a Docker or Podman engine?"
+                                )
+                finally:
+                    await resp.aclose()
+        except TimeoutError:
+            raise EngineError(
+                f"{what}: the container engine at {self.host} did not answer within {REQUEST_TIMEOUT:.0f} s"
+            ) from None
+        headers = [(k, v) for k, v in resp.headers.multi_items() if k.lower() != "content-encoding"]
+        return httpx.Response(resp.status_code, headers=headers, content=bytes(body), request=request)
 
     @contextlib.contextmanager
     def _errors(self, what: str) -> Iterator[None]:

@@ -54,10 +54,13 @@ def root_pairs(roots: Sequence[Path], workdir: str) -> list[Pair]:
 
 
 def masks(
-    pairs: Sequence[Pair], hidden: Iterable[str | os.PathLike[str]]
+    pairs: Sequence[Pair], hidden: Iterable[str | os.PathLike[str]], podman: bool = False
 ) -> tuple[list[str], dict[str, str]]:
     """What covers the hidden paths (crow's home, credential folders) lying inside a mounted
-    root, as the sandbox does locally: binds of /dev/null over files, tmpfs over folders."""
+    root, as the sandbox does locally: binds of /dev/null over files, tmpfs over folders.
+    Podman copies into a tmpfs what lay beneath it (`tmpcopyup`, its default): the mask
+    would hold the very files it hides. Docker does not, and refuses the option."""
+    copyup = ",notmpcopyup" if podman else ""
     binds: list[str] = []
     tmpfs: dict[str, str] = {}
     for item in hidden:
@@ -67,7 +70,7 @@ def masks(
                 continue  # a root inside a hidden folder is where the user chose to work
             target = str(inside / real.relative_to(host).as_posix())
             if real.is_dir():
-                tmpfs[target] = "ro,size=4k"
+                tmpfs[target] = "ro,size=4k" + copyup
             else:
                 binds.append(f"/dev/null:{target}:ro")
     return binds, tmpfs
@@ -80,17 +83,28 @@ def create_body(
     *,
     mount: bool,
     hidden: Iterable[str | os.PathLike[str]] = (),
+    podman: bool = False,
 ) -> dict[str, Any]:
     """The Docker `containers/create` body. `Env` is `backend.env` only: crow's own
-    environment (API keys) never enters the container."""
-    binds = list(config.mounts)
+    environment (API keys) never enters the container. The hidden paths are masked under
+    `backend.mounts` too (a trusted project's mounts may bring in the home folder), and a
+    mount of a hidden path itself is left out: it would hand over what the mask covers."""
+    hidden = [Path(os.path.realpath(h)) for h in hidden]
+    binds, mounted = [], []
+    for spec in config.mounts:
+        host, inside = spec.split(":")[:2]
+        real = Path(os.path.realpath(host))
+        if not any(real.is_relative_to(h) for h in hidden):
+            binds.append(spec)
+            mounted.append((real, PurePosixPath(inside)))
     host_config: dict[str, Any] = {}
     if mount:
         binds += [f"{host}:{inside}" for host, inside in pairs]
-        more, tmpfs = masks(pairs, hidden)
-        binds += more
-        if tmpfs:
-            host_config["Tmpfs"] = tmpfs
+        mounted += pairs
+    more, tmpfs = masks(mounted, hidden, podman)
+    binds += more
+    if tmpfs:
+        host_config["Tmpfs"] = tmpfs
     host_config["Binds"] = binds
     if not config.network:
         host_config["NetworkMode"] = "none"
