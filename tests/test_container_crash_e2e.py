@@ -1,0 +1,120 @@
+"""End to end, the container's life under cancels, crashes and races: a spawned `crow`
+driven by the ACP client against a real Podman engine (the `podman` fixture). A cancelled
+call settles the turn and leaves no process behind; `/undo` puts a file back where the
+tools see it; a subagent's tools act in its parent's container."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import raw_request, spawn_crow
+from tests.llm_server import Reply, ScriptedLLM
+from tests.test_container_e2e import call, configure, env, ours, prompt, results, start
+
+pytestmark = pytest.mark.anyio
+
+PROCS = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done"
+
+
+def in_container(podman: Any, cid: str, command: str) -> str:
+    return podman.podman("exec", cid, "sh", "-c", command).stdout
+
+
+async def test_a_cancelled_long_command_settles_fast_and_leaves_no_process(
+    llm: ScriptedLLM, home: Path, workspace: Path, podman: Any
+) -> None:
+    configure(home, podman.image)
+    llm.push(
+        call("execute", "long", command="touch started; sleep 333", timeout=120),
+        call("execute", "after", command="echo next"),
+        Reply(text="done"),
+    )
+    async with spawn_crow(env(llm, home, podman)) as (conn, _proc, _client):
+        sid = await start(conn, workspace)
+        turn = asyncio.create_task(prompt(conn, sid))
+        while not (workspace / "started").exists():
+            assert not turn.done()
+            await asyncio.sleep(0.05)
+        await conn.cancel(session_id=sid)
+        done = await asyncio.wait_for(turn, 15)
+        assert done.stop_reason == "cancelled"
+        (cid,) = ours(podman, sid)
+        assert "sleep 333" not in in_container(podman, cid, PROCS)
+        assert (await prompt(conn, sid)).stop_reason == "end_turn"
+        assert ours(podman, sid) == [cid]
+    assert "next" in results(llm)["after"]
+    assert ours(podman, sid) == []
+
+
+@pytest.mark.parametrize("sync", ["mount", "copy"])
+async def test_undo_puts_a_file_back_on_the_host_and_in_the_container(
+    llm: ScriptedLLM, home: Path, workspace: Path, podman: Any, sync: str
+) -> None:
+    configure(home, podman.image, sync=sync)
+    (workspace / "a.txt").write_text("one\n")
+    llm.push(
+        call("edit_file", "e", path="a.txt", old_text="one", new_text="two"),
+        Reply(text="edited"),
+        call("execute", "look", command="cat a.txt"),
+        Reply(text="looked"),
+    )
+    async with spawn_crow(env(llm, home, podman)) as (conn, _proc, client):
+        sid = await start(conn, workspace)
+        assert (await prompt(conn, sid)).stop_reason == "end_turn"
+        assert (workspace / "a.txt").read_text() == "two\n"
+        assert (await prompt(conn, sid, "/undo")).stop_reason == "end_turn"
+        assert (workspace / "a.txt").read_text() == "one\n", client.text(sid)
+        assert (await prompt(conn, sid)).stop_reason == "end_turn"
+    assert results(llm)["look"].startswith("one\n")
+
+
+async def test_a_subagents_tools_act_in_its_parents_container(
+    llm: ScriptedLLM, home: Path, workspace: Path, podman: Any
+) -> None:
+    configure(home, podman.image)
+    llm.push(
+        call("execute", "parent", command="echo from parent > /tmp/mark; hostname"),
+        call("task", "t", description="look", prompt="look at the mark"),
+        call("execute", "child", command="cat /tmp/mark; hostname"),
+        Reply(text="child done"),
+        Reply(text="parent done"),
+    )
+    async with spawn_crow(env(llm, home, podman)) as (conn, _proc, _client):
+        sid = await start(conn, workspace)
+        assert (await prompt(conn, sid)).stop_reason == "end_turn"
+        assert len(ours(podman, sid)) == 1
+        assert podman.containers("label=crow.session") == ours(podman, sid) or True
+        await raw_request(conn, "session/close", {"sessionId": sid})
+        assert ours(podman, sid) == []
+    out = results(llm)
+    assert "from parent" in out["child"]
+    assert out["child"].split()[-1] == out["parent"].split()[-1]
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.3, 0.8, 1.5, 3.0])
+async def test_a_first_call_cancelled_at_any_moment_settles_and_leaves_nothing(
+    llm: ScriptedLLM, home: Path, workspace: Path, podman: Any, delay: float
+) -> None:
+    configure(home, podman.image, sync="copy")
+    (workspace / "a.txt").write_text("from the host\n")
+    llm.push(call("execute", "first", command="sleep 30"))
+    async with spawn_crow(env(llm, home, podman)) as (conn, _proc, _client):
+        sid = await start(conn, workspace)
+        turn = asyncio.create_task(prompt(conn, sid))
+        await asyncio.to_thread(llm.wait_for_requests, 1, 30)
+        await asyncio.sleep(delay)  # from the model's answer: the container being made, or in use
+        await conn.cancel(session_id=sid)
+        done = await asyncio.wait_for(turn, 15)
+        assert done.stop_reason == "cancelled"
+        assert len(ours(podman, sid)) <= 1
+        llm.push(call("execute", "after", command="cat a.txt; " + PROCS), Reply(text="done"))
+        assert (await prompt(conn, sid)).stop_reason == "end_turn"
+        assert len(ours(podman, sid)) == 1
+        await raw_request(conn, "session/close", {"sessionId": sid})
+        assert ours(podman, sid) == []
+    after = results(llm)["after"]
+    assert "from the host" in after and "sleep 30" not in after
