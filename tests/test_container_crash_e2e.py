@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import raw_request, spawn_crow
 from tests.llm_server import Reply, ScriptedLLM
-from tests.test_container_e2e import call, configure, env, ours, prompt, results, start
+from tests.test_container_e2e import call, configure, env, ours, prompt, results, start, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -36,9 +36,7 @@ async def test_a_cancelled_long_command_settles_fast_and_leaves_no_process(
     async with spawn_crow(env(llm, home, podman)) as (conn, _proc, _client):
         sid = await start(conn, workspace)
         turn = asyncio.create_task(prompt(conn, sid))
-        while not (workspace / "started").exists():
-            assert not turn.done()
-            await asyncio.sleep(0.05)
+        await asyncio.to_thread(wait_until, (workspace / "started").exists, "the command runs")
         await conn.cancel(session_id=sid)
         done = await asyncio.wait_for(turn, 15)
         assert done.stop_reason == "cancelled"
@@ -118,3 +116,43 @@ async def test_a_first_call_cancelled_at_any_moment_settles_and_leaves_nothing(
         assert ours(podman, sid) == []
     after = results(llm)["after"]
     assert "from the host" in after and "sleep 30" not in after
+
+
+async def test_an_engine_stopped_mid_call_is_a_clear_error_and_once_back_the_same_container_serves(
+    llm: ScriptedLLM, home: Path, workspace: Path, podman: Any, tmp_path: Path
+) -> None:
+    from tests.support.podman import podman_service
+
+    configure(home, podman.image)
+    llm.push(
+        call("execute", "mark", command="echo kept > /tmp/marker"),
+        Reply(text="one"),
+        call("execute", "long", command="touch started; sleep 20"),
+        Reply(text="two"),
+        call("execute", "look", command="cat /tmp/marker"),
+        Reply(text="three"),
+    )
+    (tmp_path / "own").mkdir()
+    own: Any = podman_service(tmp_path / "own")
+    engine = own.__enter__()
+    try:
+        async with spawn_crow(env(llm, home, engine)) as (conn, _proc, _client):
+            sid = await start(conn, workspace)
+            assert (await prompt(conn, sid)).stop_reason == "end_turn"
+            (cid,) = ours(podman, sid)
+            turn = asyncio.create_task(prompt(conn, sid))
+            await asyncio.to_thread(wait_until, (workspace / "started").exists, "the command runs")
+            own.__exit__(None, None, None)  # the engine's API goes away; the container stays
+            own = None
+            assert (await asyncio.wait_for(turn, 30)).stop_reason == "end_turn"
+            own = podman_service(tmp_path / "own")
+            engine = own.__enter__()
+            assert (await prompt(conn, sid)).stop_reason == "end_turn"
+            assert ours(podman, sid) == [cid]  # the same container, not a second one
+        assert ours(podman, sid) == []
+    finally:
+        if own is not None:
+            own.__exit__(None, None, None)
+    out = results(llm)
+    assert out["long"].startswith("Error:") and "engine" in out["long"], out["long"]
+    assert "kept" in out["look"] or out["look"].startswith("[the container was gone"), out["look"]
