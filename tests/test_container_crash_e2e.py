@@ -156,3 +156,81 @@ async def test_an_engine_stopped_mid_call_is_a_clear_error_and_once_back_the_sam
     out = results(llm)
     assert out["long"].startswith("Error:") and "engine" in out["long"], out["long"]
     assert "kept" in out["look"] or out["look"].startswith("[the container was gone"), out["look"]
+
+
+async def test_ten_sessions_making_their_first_call_at_once_get_ten_containers_without_cross_talk(
+    llm: ScriptedLLM, home: Path, workspace: Path, podman: Any, tmp_path: Path
+) -> None:
+    configure(home, podman.image)
+    n = 10
+    folders = []
+    for i in range(n):
+        folder = tmp_path / f"ws{i}"
+        folder.mkdir()
+        (folder / "who.txt").write_text(f"session {i}\n")
+        folders.append(folder)
+    llm.rule(
+        lambda r: r.last_user_text.startswith("s") and not any(m["role"] == "tool" for m in r.messages),
+        lambda r: call("execute", r.last_user_text, command="cat who.txt; echo $$ > /tmp/me; hostname"),
+    )
+    llm.rule(lambda r: True, Reply(text="done"))
+    async with spawn_crow(env(llm, home, podman)) as (conn, _proc, _client):
+        await conn.initialize(protocol_version=1)
+        sids = [str((await conn.new_session(cwd=str(f), mcp_servers=[])).session_id) for f in folders]
+        done = await asyncio.gather(*(prompt(conn, sid, f"s{i}") for i, sid in enumerate(sids)))
+        assert {d.stop_reason for d in done} == {"end_turn"}
+        containers = [ours(podman, sid) for sid in sids]
+        assert all(len(c) == 1 for c in containers) and len({c[0] for c in containers}) == n
+    out = results(llm)
+    hosts = set()
+    for i in range(n):
+        said = out[f"s{i}"].split("\n")
+        assert said[0] == f"session {i}", out[f"s{i}"]
+        hosts.add(said[1])
+    assert len(hosts) == n
+    assert all(ours(podman, sid) == [] for sid in sids)
+
+
+@pytest.mark.parametrize("how", ["kill -TERM 1; sleep 3", "kill -KILL 1; kill -INT 1; sleep 3"])
+async def test_the_model_signalling_pid_1_is_told_and_the_next_call_works(
+    llm: ScriptedLLM, home: Path, workspace: Path, podman: Any, how: str
+) -> None:
+    configure(home, podman.image)
+    llm.push(
+        call("execute", "mark", command="echo kept > /tmp/marker"),
+        call("execute", "kill", command=how),
+        call("execute", "after", command="echo still here"),
+        Reply(text="done"),
+    )
+    async with spawn_crow(env(llm, home, podman)) as (conn, _proc, _client):
+        sid = await start(conn, workspace)
+        assert (await prompt(conn, sid)).stop_reason == "end_turn"
+        assert len(ours(podman, sid)) == 1
+    out = results(llm)
+    assert "still here" in out["after"], out
+    assert ours(podman, sid) == []
+
+
+async def test_a_container_killed_during_a_call_is_an_error_and_the_next_call_gets_a_new_one(
+    llm: ScriptedLLM, home: Path, workspace: Path, podman: Any
+) -> None:
+    configure(home, podman.image)
+    llm.push(
+        # run again in the new container (as the docstring of backend.py says): says so
+        call("execute", "long", command="test -e started && echo ran again || { touch started; sleep 60; }"),
+        call("execute", "after", command="echo still here"),
+        Reply(text="done"),
+    )
+    async with spawn_crow(env(llm, home, podman)) as (conn, _proc, _client):
+        sid = await start(conn, workspace)
+        turn = asyncio.create_task(prompt(conn, sid))
+        await asyncio.to_thread(wait_until, (workspace / "started").exists, "the command runs")
+        (first,) = ours(podman, sid)
+        podman.podman("kill", first)
+        assert (await asyncio.wait_for(turn, 60)).stop_reason == "end_turn"
+        (second,) = ours(podman, sid)
+        assert second != first
+    out = results(llm)
+    assert out["long"].startswith("[the container was gone") and "ran again" in out["long"], out
+    assert "still here" in out["after"]
+    assert ours(podman, sid) == []
