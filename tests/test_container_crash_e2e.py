@@ -234,3 +234,60 @@ async def test_a_container_killed_during_a_call_is_an_error_and_the_next_call_ge
     assert out["long"].startswith("[the container was gone") and "ran again" in out["long"], out
     assert "still here" in out["after"]
     assert ours(podman, sid) == []
+
+
+@pytest.mark.parametrize("closed", [False, True], ids=["live", "closed"])
+async def test_a_loaded_session_has_one_container(
+    llm: ScriptedLLM, home: Path, workspace: Path, podman: Any, closed: bool
+) -> None:
+    configure(home, podman.image)
+    two_turns = (
+        call("execute", "mark", command="echo kept > /tmp/marker; hostname"),
+        Reply(text="one"),
+        call("execute", "look", command="cat /tmp/marker; hostname"),
+        Reply(text="two"),
+    )
+    llm.push(*two_turns)
+    async with spawn_crow(env(llm, home, podman), unstable=True) as (conn, _proc, _client):
+        sid = await start(conn, workspace)
+        assert (await prompt(conn, sid)).stop_reason == "end_turn"
+        (first,) = ours(podman, sid)
+        if closed:
+            await raw_request(conn, "session/close", {"sessionId": sid})
+            assert ours(podman, sid) == []
+        await conn.load_session(cwd=str(workspace), session_id=sid, mcp_servers=[])
+        assert (await prompt(conn, sid)).stop_reason == "end_turn"
+        now = ours(podman, sid)
+        assert len(now) == 1, now
+        assert (now == [first]) == (not closed)  # a live session's is reused
+    out = results(llm)
+    assert ("kept" in out["look"]) == (now == [first]), out
+    assert ours(podman, sid) == []
+
+
+async def test_crow_killed_mid_turn_in_copy_mode_loses_the_unsynced_changes_and_its_container(
+    llm: ScriptedLLM, home: Path, workspace: Path, podman: Any
+) -> None:
+    configure(home, podman.image, sync="copy")
+    (workspace / "a.txt").write_text("from the host\n")
+    llm.push(call("execute", "long", command="echo made in the container > b.txt; sleep 60"))
+    async with spawn_crow(env(llm, home, podman)) as (conn, proc, _client):
+        sid = await start(conn, workspace)
+        turn = asyncio.create_task(prompt(conn, sid))
+
+        def made() -> bool:
+            found = ours(podman, sid)
+            return (
+                bool(found)
+                and podman.podman("exec", found[0], "test", "-e", "b.txt", check=False).returncode == 0
+            )
+
+        await asyncio.to_thread(wait_until, made, "the command wrote in the container")
+        proc.kill()
+        await proc.wait()
+        turn.cancel()
+    assert len(ours(podman, sid)) == 1  # SIGKILL: left behind, with b.txt in it
+    async with spawn_crow(env(llm, home, podman)) as (conn, _proc, _client):
+        await start(conn, workspace)
+        await asyncio.to_thread(wait_until, lambda: ours(podman, sid) == [], "the orphan is removed")
+    assert not (workspace / "b.txt").exists()  # never copied back: lost with the container
