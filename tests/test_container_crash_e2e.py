@@ -291,3 +291,48 @@ async def test_crow_killed_mid_turn_in_copy_mode_loses_the_unsynced_changes_and_
         await start(conn, workspace)
         await asyncio.to_thread(wait_until, lambda: ours(podman, sid) == [], "the orphan is removed")
     assert not (workspace / "b.txt").exists()  # never copied back: lost with the container
+
+
+@pytest.mark.parametrize("delay", [0.1, 0.5, 1.2])
+async def test_stdin_closed_while_the_first_call_makes_the_container_leaves_none(
+    llm: ScriptedLLM, home: Path, workspace: Path, podman: Any, delay: float
+) -> None:
+    configure(home, podman.image, sync="copy")
+    llm.push(call("execute", "first", command="sleep 30"))
+    async with spawn_crow(env(llm, home, podman)) as (conn, proc, _client):
+        sid = await start(conn, workspace)
+        turn = asyncio.create_task(prompt(conn, sid))
+        await asyncio.to_thread(llm.wait_for_requests, 1, 30)
+        await asyncio.sleep(delay)  # from the model's answer: the container being made
+        proc.stdin.close()
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+        turn.cancel()
+    assert ours(podman, sid) == []
+
+
+@pytest.mark.parametrize("user,project", [("docker", "local"), ("local", "docker")])
+async def test_a_trusted_crow_yaml_switching_the_backend_governs_the_first_call(
+    llm: ScriptedLLM, home: Path, podman: Any, tmp_path: Path, user: str, project: str
+) -> None:
+    from tests.test_e2e_trust import TrustClient, make_repo
+
+    if user == "docker":
+        configure(home, podman.image)
+        backend: dict[str, Any] = {"type": "local"}
+    else:
+        backend = {"type": "docker", "image": podman.image}
+    root, _sub = make_repo(tmp_path, {"backend": backend})
+    where = "test -e /run/.containerenv && echo inside || echo outside"
+    llm.push(call("execute", "where", command=where), Reply(text="done"))
+    client = TrustClient("allow_once")
+    async with spawn_crow(env(llm, home, podman, CROW_SANDBOX="off"), client=client, cwd=root) as (
+        conn,
+        _p,
+        _c,
+    ):
+        sid = await start(conn, root)
+        assert (await prompt(conn, sid)).stop_reason == "end_turn"
+        assert len(ours(podman, sid)) == (project == "docker")
+    assert len(client.questions) == 1
+    assert results(llm)["where"].startswith("inside" if project == "docker" else "outside")
+    assert ours(podman, sid) == []
