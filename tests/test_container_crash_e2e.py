@@ -118,18 +118,20 @@ async def test_a_first_call_cancelled_at_any_moment_settles_and_leaves_nothing(
     assert "from the host" in after and "sleep 30" not in after
 
 
+@pytest.mark.parametrize("sync", ["mount", "copy"])
 async def test_an_engine_stopped_mid_call_is_a_clear_error_and_once_back_the_same_container_serves(
-    llm: ScriptedLLM, home: Path, workspace: Path, podman: Any, tmp_path: Path
+    llm: ScriptedLLM, home: Path, workspace: Path, podman: Any, tmp_path: Path, sync: str
 ) -> None:
     from tests.support.podman import podman_service
 
-    configure(home, podman.image)
+    configure(home, podman.image, sync=sync)
+    (workspace / "a.txt").write_text("before\n")
     llm.push(
         call("execute", "mark", command="echo kept > /tmp/marker"),
         Reply(text="one"),
         call("execute", "long", command="touch started; sleep 20"),
         Reply(text="two"),
-        call("execute", "look", command="cat /tmp/marker"),
+        call("execute", "look", command="cat /tmp/marker a.txt"),
         Reply(text="three"),
     )
     (tmp_path / "own").mkdir()
@@ -141,10 +143,15 @@ async def test_an_engine_stopped_mid_call_is_a_clear_error_and_once_back_the_sam
             assert (await prompt(conn, sid)).stop_reason == "end_turn"
             (cid,) = ours(podman, sid)
             turn = asyncio.create_task(prompt(conn, sid))
-            await asyncio.to_thread(wait_until, (workspace / "started").exists, "the command runs")
+
+            def started() -> bool:
+                return podman.podman("exec", cid, "test", "-e", "started", check=False).returncode == 0
+
+            await asyncio.to_thread(wait_until, started, "the command runs")
             own.__exit__(None, None, None)  # the engine's API goes away; the container stays
             own = None
             assert (await asyncio.wait_for(turn, 30)).stop_reason == "end_turn"
+            (workspace / "a.txt").write_text("changed on the host meanwhile\n")
             own = podman_service(tmp_path / "own")
             engine = own.__enter__()
             assert (await prompt(conn, sid)).stop_reason == "end_turn"
@@ -155,7 +162,7 @@ async def test_an_engine_stopped_mid_call_is_a_clear_error_and_once_back_the_sam
             own.__exit__(None, None, None)
     out = results(llm)
     assert out["long"].startswith("Error:") and "engine" in out["long"], out["long"]
-    assert "kept" in out["look"] or out["look"].startswith("[the container was gone"), out["look"]
+    assert out["look"].startswith("kept\nchanged on the host meanwhile"), out["look"]
 
 
 async def test_ten_sessions_making_their_first_call_at_once_get_ten_containers_without_cross_talk(
@@ -336,3 +343,28 @@ async def test_a_trusted_crow_yaml_switching_the_backend_governs_the_first_call(
     assert len(client.questions) == 1
     assert results(llm)["where"].startswith("inside" if project == "docker" else "outside")
     assert ours(podman, sid) == []
+
+
+async def test_copy_mode_a_cancelled_turns_changes_come_back_at_its_end(
+    llm: ScriptedLLM, home: Path, workspace: Path, podman: Any
+) -> None:
+    configure(home, podman.image, sync="copy")
+    llm.push(call("execute", "long", command="echo made in the container > b.txt; sleep 60"))
+    async with spawn_crow(env(llm, home, podman)) as (conn, _proc, _client):
+        sid = await start(conn, workspace)
+        turn = asyncio.create_task(prompt(conn, sid))
+
+        def made() -> bool:
+            found = ours(podman, sid)
+            return (
+                bool(found)
+                and podman.podman("exec", found[0], "test", "-e", "b.txt", check=False).returncode == 0
+            )
+
+        await asyncio.to_thread(wait_until, made, "the command wrote in the container")
+        await conn.cancel(session_id=sid)
+        assert (await asyncio.wait_for(turn, 15)).stop_reason == "cancelled"
+        assert (workspace / "b.txt").read_text() == "made in the container\n"
+        (cid,) = ours(podman, sid)
+        in_container(podman, cid, "echo after the turn > c.txt")  # only a close brings it back
+    assert (workspace / "c.txt").read_text() == "after the turn\n"

@@ -136,9 +136,12 @@ class ContainerSession:
 
     async def push(self) -> list[str]:
         """Turn start, copy mode: the user's changes on this machine into the container."""
-        if self._sync is None or self.container_id is None or self._files is None:
+        if self._sync is None or self.container_id is None:
             return []
-        return await self._sync.push(self.container_id, self._files.client)
+        files = await self._ready()  # its helper lost in an engine outage: exec'd again first
+        if self.container_id is None:
+            return []
+        return await self._sync.push(self.container_id, files.client)
 
     async def pull(self) -> list[str]:
         """Turn end, copy mode: the container's changes back to this machine."""
