@@ -368,3 +368,21 @@ async def test_copy_mode_a_cancelled_turns_changes_come_back_at_its_end(
         (cid,) = ours(podman, sid)
         in_container(podman, cid, "echo after the turn > c.txt")  # only a close brings it back
     assert (workspace / "c.txt").read_text() == "after the turn\n"
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.3, 0.8, 1.5])
+async def test_a_session_closed_while_its_first_call_makes_the_container_leaves_none(
+    llm: ScriptedLLM, home: Path, workspace: Path, podman: Any, delay: float
+) -> None:
+    configure(home, podman.image, sync="copy")
+    llm.push(call("execute", "first", command="sleep 30"))
+    async with spawn_crow(env(llm, home, podman), unstable=True) as (conn, _proc, _client):
+        sid = await start(conn, workspace)
+        turn = asyncio.create_task(prompt(conn, sid))
+        await asyncio.to_thread(llm.wait_for_requests, 1, 30)
+        await asyncio.sleep(delay)  # from the model's answer: the container being made
+        await asyncio.wait_for(raw_request(conn, "session/close", {"sessionId": sid}), 30)
+        await asyncio.wait_for(turn, 15)
+        assert ours(podman, sid) == []
+        await asyncio.sleep(3)  # a creation still under way would show now
+        assert ours(podman, sid) == []
