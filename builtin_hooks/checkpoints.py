@@ -143,10 +143,12 @@ class CheckpointsHook(Hook):
                 shadow = snapshots.ShadowGit(self.home, Path(record.git["workspace"]))
                 ref = f"refs/crow/{ctx.session.id}/{record.turn}/after"
                 record.git["after"] = await shadow.snapshot(ref)
-            if record.files or record.git.get("before"):
+            if record.git.get("before") or (pull is not None and record.files):
                 # commands may have changed the files the tools wrote too, and a copied
                 # workspace's changes only reach this machine at the turn's end
                 record.after()
+            elif record.files:  # what each call left, as recorded after it
+                record.save()
         except (snapshots.SnapshotError, OSError, TimeoutError) as exc:
             log.warning("the end-of-turn snapshot failed: %s", exc)
         await checkpoints.prune(self.home, ctx.session.id, self.keep_turns)
