@@ -85,7 +85,6 @@ async def test_a_subagents_tools_act_in_its_parents_container(
         sid = await start(conn, workspace)
         assert (await prompt(conn, sid)).stop_reason == "end_turn"
         assert len(ours(podman, sid)) == 1
-        assert podman.containers("label=crow.session") == ours(podman, sid) or True
         await raw_request(conn, "session/close", {"sessionId": sid})
         assert ours(podman, sid) == []
     out = results(llm)
