@@ -185,8 +185,9 @@ def podman_service(base: Path) -> Iterator[Engine]:
 
 def _leftovers(env: dict[str, str], token: str) -> list[str]:
     """This session's test containers, and crow's whose owner process has ended (crow.pid on
-    this machine): never another live test run's or crow's."""
-    fmt = '{{.ID}} {{index .Labels "crow.pid"}}'
+    this machine): never another live test run's or crow's, nor another machine's (a test's
+    decoy names one: removing it failed that test in a run in parallel)."""
+    fmt = '{{.ID}}|{{index .Labels "crow.host"}}|{{index .Labels "crow.pid"}}'
     ids: list[str] = []
     for label in (f"{LABEL}={token}", "crow.session"):
         with contextlib.suppress(OSError, subprocess.SubprocessError):
@@ -195,9 +196,12 @@ def _leftovers(env: dict[str, str], token: str) -> list[str]:
                 env={**os.environ, **env}, capture_output=True, text=True, timeout=30,
             ).stdout  # fmt: skip
             for line in out.splitlines():
-                cid, _, pid = line.partition(" ")
-                if label != "crow.session" or not (
-                    pid.strip().isdigit() and Path(f"/proc/{pid.strip()}").exists()
+                cid, host, pid = [*line.split("|"), "", ""][:3]
+                pid = pid.strip()
+                if label != "crow.session":
+                    ids.append(cid)
+                elif host.strip() == socket.gethostname() and not (
+                    pid.isdigit() and Path(f"/proc/{pid}").exists()
                 ):
                     ids.append(cid)
     return ids

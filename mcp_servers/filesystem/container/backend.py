@@ -136,9 +136,12 @@ class ContainerSession:
 
     async def push(self) -> list[str]:
         """Turn start, copy mode: the user's changes on this machine into the container."""
-        if self._sync is None or self.container_id is None or self._files is None:
+        if self._sync is None or self.container_id is None:
             return []
-        return await self._sync.push(self.container_id, self._files.client)
+        files = await self._ready()  # its helper lost in an engine outage: exec'd again first
+        if self.container_id is None:
+            return []
+        return await self._sync.push(self.container_id, files.client)
 
     async def pull(self) -> list[str]:
         """Turn end, copy mode: the container's changes back to this machine."""
@@ -200,7 +203,11 @@ class ContainerSession:
         if self._files is not None:
             return self._files
         async with self._starting:
-            if self._files is None:
+            if self._files is None and self.container_id is not None:
+                # a recovery that could not reach the engine (it was down): this container
+                # is looked at again, not forgotten for a second one
+                await self._reattach("the engine was not reachable")
+            elif self._files is None:
                 await self._start()
         return self._files
 
@@ -212,27 +219,33 @@ class ContainerSession:
                 return False  # mended by another call
             self._files = None
             await _quietly(broken.client.aclose())
-            cid = self.container_id
-            state = await self._inspect(cid) if cid is not None else None
-            if cid is not None and state is not None and state.get("Running"):
-                log.warning("container %s: the helper stopped (%s); starting it again", cid[:12], why)
-                try:
-                    self._files = await self._exec_helper(cid)
-                except BaseException:  # a container whose helper cannot start is of no use
-                    self.container_id = None
-                    await self._discard(cid)
-                    raise
-                return False
-            log.warning(
-                "container %s of session %s is gone; starting a new one", (cid or "?")[:12], self.session_id
-            )
-            if cid is not None:
-                await _quietly(self.engine.remove(cid))
-            self.container_id = None
-            await self._start()
-            copied = "; the workspace was copied in again" if not self.mount else ""
-            self._notice = GONE.format(image=self.config.image, copied=copied)
-            return True
+            return await self._reattach(why)
+
+    async def _reattach(self, why: object) -> bool:
+        """Under `_starting`, the helper gone: exec it again in the running container
+        (False), else make a new container and note it for the model (True)."""
+        cid = self.container_id
+        state = await self._inspect(cid) if cid is not None else None
+        if cid is not None and state is not None and state.get("Running"):
+            log.warning("container %s: the helper stopped (%s); starting it again", cid[:12], why)
+            try:
+                self._files = await self._exec_helper(cid)
+            except Exception:  # a container whose helper cannot start is of no use (a
+                # cancel leaves it: the next call execs the helper again)
+                self.container_id = None
+                await self._discard(cid)
+                raise
+            return False
+        log.warning(
+            "container %s of session %s is gone; starting a new one", (cid or "?")[:12], self.session_id
+        )
+        if cid is not None:
+            await _quietly(self.engine.remove(cid))
+        self.container_id = None
+        await self._start()
+        copied = "; the workspace was copied in again" if not self.mount else ""
+        self._notice = GONE.format(image=self.config.image, copied=copied)
+        return True
 
     async def _inspect(self, cid: str) -> dict[str, Any] | None:
         try:
