@@ -34,7 +34,6 @@ _TURN = "checkpoints.turn"  # turn_state: the TurnRecord
 _GIT_LOCK = "checkpoints.git_lock"  # turn_state: one snapshot at a time
 _NO_SNAPSHOTS = "checkpoints.no_snapshots"  # session.state: why commands are not snapshotted
 _WORKSPACE = "checkpoints.workspace"  # session.state: (roots, Workspace)
-_PULL = "filesystem.pull"  # turn_state: the filesystem hook's pull of a copied workspace
 _LIVE = "checkpoints.live"  # session.state: the running turn's (turn_state, prompt_id)
 
 
@@ -95,8 +94,8 @@ class CheckpointsHook(Hook):
             return await call_next(call)
         finally:  # even on a cancel: what the file holds now is what the turn left
             if recorded:
-                try:  # a change made in a container's copy lands at the turn's end: kept
-                    record.after([str(target)], keep=_PULL in _turn(ctx)[1])
+                try:
+                    record.after([str(target)])
                 except checkpoints.CheckpointError as exc:  # the change landed: the tool's
                     # answer stands; the saved checkpoint (no "after") makes an undo leave it
                     log.warning("what the turn left in %s not recorded: %s", target, exc)
@@ -136,19 +135,13 @@ class CheckpointsHook(Hook):
         record: checkpoints.TurnRecord | None = ctx.turn_state.get(_TURN)  # a subagent's: None
         if record is None:
             return
-        pull = ctx.turn_state.get(_PULL)
-        if pull is not None:  # a container's copy of the workspace: its changes land here now
-            await pull()
         try:
             if record.git.get("before"):
                 shadow = snapshots.ShadowGit(self.home, Path(record.git["workspace"]))
                 ref = f"refs/crow/{ctx.session.id}/{record.turn}/after"
                 record.git["after"] = await shadow.snapshot(ref)
-            if record.git.get("before") or (pull is not None and record.files):
-                # commands may have changed the files the tools wrote too, and a copied
-                # workspace's changes only reach this machine at the turn's end
-                record.after()
-            elif record.files:  # what each call left, as recorded after it
+                record.after()  # commands may have changed the files the tools wrote too
+            elif record.files:
                 record.save()
         except (snapshots.SnapshotError, OSError, TimeoutError) as exc:
             log.warning("the end-of-turn snapshot failed: %s", exc)

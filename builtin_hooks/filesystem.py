@@ -48,8 +48,6 @@ KEEP_HEAD = KEEP_TAIL = 2_000
 # Results of these kinds (crow's own file tools) are already bounded, or the model needs
 # them whole; commands and other servers' tools are cut.
 NOT_EVICTED = frozenset({"read", "search", "edit"})
-PULL = "filesystem.pull"  # turn_state: a copied workspace's pull, for whoever must see the turn's result
-PULLED = "filesystem.pulled"  # turn_state: it ran
 
 
 def evict(text: str, limit: int = EVICT_OVER) -> str:
@@ -223,18 +221,9 @@ class FilesystemHook(Hook):
             await ctx.notify(text, "info", "Workspace sync")
 
     async def after_agent(self, ctx: HookContext) -> None:
-        await self._pull_once(ctx)
-
-    async def _pull_once(self, ctx: HookContext) -> None:
-        # The checkpoints hook's after_agent runs before this one and calls it (PULL) to
-        # record what the turn left on this machine: once per turn.
-        if not ctx.turn_state.get(PULLED):
-            ctx.turn_state[PULLED] = True
-            await self._sync(ctx, "pull")
+        await self._sync(ctx, "pull")
 
     async def before_agent(self, ctx: HookContext) -> None:
-        if ctx.session.id in self._containers:
-            ctx.turn_state[PULL] = partial(self._pull_once, ctx)
         await self._sync(ctx, "push")
         if ctx.session.id in self._untold:
             self._untold.discard(ctx.session.id)

@@ -143,17 +143,16 @@ class TurnRecord:
         self.save()
         return True
 
-    def after(self, paths: Sequence[str] | None = None, *, keep: bool = False) -> None:
+    def after(self, paths: Sequence[str] | None = None) -> None:
         """Record what the turn left in each file (all recorded ones by default); a file the
-        turn left as it found it (the call failed) is dropped: nothing to put back, unless
-        `keep` (the change is made elsewhere, a container's copy, and lands later)."""
+        turn left as it found it (the call failed) is dropped: nothing to put back."""
         changed = paths is None
         for key in list(self.files) if paths is None else paths:
             entry = self.files.get(key)
             if entry is None:
                 continue
             now = current_state(Path(entry["root"]), Path(key))
-            if now == state_of(entry["before"]) and not keep:
+            if now == state_of(entry["before"]):
                 del self.files[key]
             elif now == entry["after"]:
                 continue  # as expected, and saved so already
