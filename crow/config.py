@@ -138,6 +138,15 @@ class HooksConfig(_Model):
     entry_points: bool = True  # load hooks installed under the crow.hooks groups
 
 
+def valid_variables(value: dict[str, str], key: str) -> dict[str, str]:
+    """Environment variables a process can be given: a name without '=' or NUL, a value
+    without NUL (`key` names the setting in the error)."""
+    for name, text in value.items():
+        if not name or "=" in name or "\0" in name or "\0" in text:
+            raise ValueError(f"{key}: {name!r} is not a valid variable (no '=' or NUL)")
+    return value
+
+
 class EnvironmentPolicy(_Model):
     """What processes started on the model's behalf (execute, command hooks, stdio MCP
     servers) inherit from crow's environment. Secrets are always dropped (see crow.trust)."""
@@ -150,10 +159,7 @@ class EnvironmentPolicy(_Model):
     @field_validator("set")
     @classmethod
     def _valid_names(cls, value: dict[str, str]) -> dict[str, str]:
-        for name, text in value.items():
-            if not name or "=" in name or "\0" in name or "\0" in text:
-                raise ValueError(f"environment.set: {name!r} is not a valid variable (no '=' or NUL)")
-        return value
+        return valid_variables(value, "environment.set")
 
 
 _MEMORY = re.compile(r"(\d+(?:\.\d+)?)\s*([kmg]?)i?b?", re.IGNORECASE)
@@ -211,10 +217,7 @@ class BackendConfig(_Model):
     @field_validator("env")
     @classmethod
     def _valid_env(cls, value: dict[str, str]) -> dict[str, str]:
-        for name, text in value.items():
-            if not name or "=" in name or "\0" in name or "\0" in text:
-                raise ValueError(f"backend.env: {name!r} is not a valid variable (no '=' or NUL)")
-        return value
+        return valid_variables(value, "backend.env")
 
     @model_validator(mode="after")
     def _image_for_docker(self) -> BackendConfig:

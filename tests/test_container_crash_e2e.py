@@ -271,6 +271,12 @@ async def test_a_loaded_session_has_one_container(
     assert ours(podman, sid) == []
 
 
+def made_inside(podman: Any, sid: str, name: str) -> bool:
+    """Whether the session's container exists and holds `name` in its workdir."""
+    found = ours(podman, sid)
+    return bool(found) and podman.podman("exec", found[0], "test", "-e", name, check=False).returncode == 0
+
+
 async def test_crow_killed_mid_turn_in_copy_mode_loses_the_unsynced_changes_and_its_container(
     llm: ScriptedLLM, home: Path, workspace: Path, podman: Any
 ) -> None:
@@ -280,15 +286,7 @@ async def test_crow_killed_mid_turn_in_copy_mode_loses_the_unsynced_changes_and_
     async with spawn_crow(env(llm, home, podman)) as (conn, proc, _client):
         sid = await start(conn, workspace)
         turn = asyncio.create_task(prompt(conn, sid))
-
-        def made() -> bool:
-            found = ours(podman, sid)
-            return (
-                bool(found)
-                and podman.podman("exec", found[0], "test", "-e", "b.txt", check=False).returncode == 0
-            )
-
-        await asyncio.to_thread(wait_until, made, "the command wrote in the container")
+        await asyncio.to_thread(wait_until, lambda: made_inside(podman, sid, "b.txt"), "the command wrote")
         proc.kill()
         await proc.wait()
         turn.cancel()
@@ -352,15 +350,7 @@ async def test_copy_mode_a_cancelled_turns_changes_come_back_at_its_end(
     async with spawn_crow(env(llm, home, podman)) as (conn, _proc, _client):
         sid = await start(conn, workspace)
         turn = asyncio.create_task(prompt(conn, sid))
-
-        def made() -> bool:
-            found = ours(podman, sid)
-            return (
-                bool(found)
-                and podman.podman("exec", found[0], "test", "-e", "b.txt", check=False).returncode == 0
-            )
-
-        await asyncio.to_thread(wait_until, made, "the command wrote in the container")
+        await asyncio.to_thread(wait_until, lambda: made_inside(podman, sid, "b.txt"), "the command wrote")
         await conn.cancel(session_id=sid)
         assert (await asyncio.wait_for(turn, 15)).stop_reason == "cancelled"
         assert (workspace / "b.txt").read_text() == "made in the container\n"
