@@ -35,8 +35,7 @@ async def test_a_cancelled_long_command_settles_fast_and_leaves_no_process(
     )
     async with spawn_crow(env(llm, home, podman)) as (conn, _proc, _client):
         sid = await start(conn, workspace)
-        turn = asyncio.create_task(prompt(conn, sid))
-        await asyncio.to_thread(wait_until, (workspace / "started").exists, "the command runs")
+        turn = await command_started(conn, sid, workspace)
         await conn.cancel(session_id=sid)
         done = await asyncio.wait_for(turn, 15)
         assert done.stop_reason == "cancelled"
@@ -229,8 +228,7 @@ async def test_a_container_killed_during_a_call_is_an_error_and_the_next_call_ge
     )
     async with spawn_crow(env(llm, home, podman)) as (conn, _proc, _client):
         sid = await start(conn, workspace)
-        turn = asyncio.create_task(prompt(conn, sid))
-        await asyncio.to_thread(wait_until, (workspace / "started").exists, "the command runs")
+        turn = await command_started(conn, sid, workspace)
         (first,) = ours(podman, sid)
         podman.podman("kill", first)
         assert (await asyncio.wait_for(turn, 60)).stop_reason == "end_turn"
@@ -269,6 +267,13 @@ async def test_a_loaded_session_has_one_container(
     out = results(llm)
     assert ("kept" in out["look"]) == (now == [first]), out
     assert ours(podman, sid) == []
+
+
+async def command_started(conn: Any, sid: str, workspace: Path) -> asyncio.Task[Any]:
+    """The prompt, running until its command has touched `started` in the workspace."""
+    turn = asyncio.create_task(prompt(conn, sid))
+    await asyncio.to_thread(wait_until, (workspace / "started").exists, "the command runs")
+    return turn
 
 
 def made_inside(podman: Any, sid: str, name: str) -> bool:
