@@ -136,9 +136,9 @@ class Agent:
             if self._functions:
                 self._function_server = function_server(self._functions)
             if self._store is None:
-                from crow.store import SQLiteStore
+                from crow.store import store_for
 
-                self._store = SQLiteStore(self.config.db_path, home=self.config.home)
+                self._store = store_for(self.config)
                 await self._store.open()
         except CrowError as exc:  # a setting or a plugin, named in the text every waiter gets
             log.error("the warm-up failed: %s", exc)

@@ -4,7 +4,8 @@ The user's file is `--config PATH` or `$CROW_HOME/config.yaml` (`CROW_HOME` defa
 `~/.crow`). A project's `crow.yaml` is the nearest one from a session's cwd up to the
 repository root; it applies to that session only, merged key by key over the user's file,
 and only when the user trusts it (crow/trust.py; the merge: crow/project_config.py).
-Environment overrides: `CROW_MODEL`, `CROW_HOME`, `CROW_TRACE`, `CROW_MODE`, `CROW_SANDBOX`.
+Environment overrides: `CROW_MODEL`, `CROW_HOME`, `CROW_TRACE`, `CROW_MODE`, `CROW_SANDBOX`,
+`CROW_STORE`.
 Provider keys and base URLs come from the provider's own variables (`OPENAI_API_KEY`,
 `OPENAI_BASE_URL`, `ANTHROPIC_API_KEY`, ...).
 """
@@ -319,6 +320,9 @@ class Config(_Model):
     hooks: HooksConfig = Field(default_factory=HooksConfig)
     tools: list[str] = Field(default_factory=list)  # "module:function" served as tools
     home: Path = Field(default_factory=lambda: Path("~/.crow").expanduser())
+    # Where sessions are kept: None = the SQLite file in `home`; "postgresql://…" (or
+    # "postgres://…") = a PostgreSQL database (crow.store.postgres). The user's choice only.
+    store: str | None = None
     # The environment and command-line layer, re-applied over a project's file.
     _top: dict[str, Any] = PrivateAttr(default_factory=dict)
     # The user's file it was read from (`--config PATH` may lie outside crow's home): it may
@@ -339,6 +343,17 @@ class Config(_Model):
     def _sandbox_alias(cls, value: Any) -> Any:
         # "bwrap" was the only value before the sandbox was on by default; None meant off.
         return {"bwrap": "workspace", None: "off", False: "off"}.get(value, value)
+
+    @field_validator("store")
+    @classmethod
+    def _store_url(cls, value: str | None) -> str | None:
+        if value is None or value == "" or value == "sqlite":
+            return None
+        if value.startswith(("postgresql://", "postgres://")):
+            return value
+        raise ValueError(
+            "store must be a postgresql:// URL (or left out: the SQLite file in crow's home)"
+        )
 
     @property
     def db_path(self) -> Path:
@@ -413,6 +428,7 @@ def _env_layer(env: Mapping[str, str]) -> dict[str, Any]:
             ("CROW_TRACE", "trace"),
             ("CROW_MODE", "mode"),
             ("CROW_SANDBOX", "sandbox"),
+            ("CROW_STORE", "store"),
         )
         if env.get(var)
     }

@@ -16,6 +16,7 @@ from crow.errors import ConfigError
 # Keys a project's crow.yaml may not set, and why (the message names the reason).
 PROJECT_FORBIDDEN: dict[str, str] = {
     "home": "crow's own folder (store, trust) is the user's choice",
+    "store": "where sessions are kept (and who can read them) is the user's choice",
     "trace": "the trace file is written in the user's space",
     "tools": "Python tools load into crow's process for every session",
     "hooks.extra": "Python hooks load into crow's process for every session",

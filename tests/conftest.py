@@ -298,3 +298,22 @@ async def engine(podman: Any) -> AsyncIterator[Any]:
         yield eng
     finally:
         await eng.aclose()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Any]:
+    """A throwaway PostgreSQL cluster on a private unix socket (tests/support/postgres.py);
+    the tests using it skip with the reason where it cannot run (fail under
+    CROW_REQUIRE_POSTGRES=1)."""
+    from tests.support.postgres import postgres_server
+
+    with postgres_server() as server:
+        yield server
+
+
+@pytest.fixture
+def pg_url(postgres: Any) -> str:
+    """A fresh empty database of the `postgres` cluster, as a postgresql:// URL. A test that
+    stopped the server gets it back running for the next one."""
+    postgres.start()
+    return postgres.new_database()

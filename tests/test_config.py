@@ -98,6 +98,7 @@ def test_launch_folder_crow_yaml_is_not_the_user_config(
     [
         ({"home": "/tmp/x"}, "home"),
         ({"trace": "/tmp/t.jsonl"}, "trace"),
+        ({"store": "postgresql://evil/db"}, "store"),
         ({"tools": ["os:system"]}, "tools"),
         ({"hooks": {"extra": ["os:system"]}}, "hooks.extra"),
         ({"hooks": {"disable": ["permissions"]}}, "hooks.disable"),
@@ -109,6 +110,14 @@ def test_keys_a_project_may_not_set(home: Path, tmp_path: Path, data: dict, key:
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as err:
         compose(user(home), data, tmp_path / "crow.yaml")
     assert str(tmp_path / "crow.yaml") in str(err.value)
+
+
+def test_the_store_is_sqlite_by_default_and_a_postgresql_url_from_the_file_or_crow_store(home: Path) -> None:
+    assert user(home).store is None
+    assert user(home, {"store": "postgresql://u@db/crow"}).store == "postgresql://u@db/crow"
+    assert user(home, CROW_STORE="postgres://u@other/crow").store == "postgres://u@other/crow"
+    with pytest.raises(ConfigError, match="store must be a postgresql:// URL"):
+        user(home, CROW_STORE="mysql://u@db/crow")
 
 
 # ------------------------------------------------------------------ credentials

@@ -2,6 +2,7 @@
 
     base.py      the interface: `Store` (a Protocol every backend implements), `SessionRecord`
     sqlite.py    `SQLiteStore`, the default backend (one file, WAL)
+    postgres.py  `PostgresStore`: the same protocol in a PostgreSQL database (`store:`/CROW_STORE)
     direct.py    `DirectStore`: the same SQL without an event loop, for one-shot commands
     _worker.py   the one thread that owns a SQLite connection and runs every call on it
     _schema.py   the SQLite tables and pragmas, opening the file, the sqlite3 error mapping
@@ -19,6 +20,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from crow.config import Config
     from crow.store._schema import SCHEMA_VERSION
     from crow.store.base import SessionRecord, Store
     from crow.store.sqlite import SQLiteStore
@@ -29,7 +31,19 @@ _EXPORTS = {
     "SessionRecord": "crow.store.base",
     "Store": "crow.store.base",
 }
-__all__ = ["SCHEMA_VERSION", "SQLiteStore", "SessionRecord", "Store"]
+__all__ = ["SCHEMA_VERSION", "SQLiteStore", "SessionRecord", "Store", "store_for"]
+
+
+def store_for(config: Config) -> Store:
+    """The store `config` names, not yet opened: `store:` (CROW_STORE) a postgresql:// URL
+    gives a `PostgresStore`, else the SQLite file in crow's home."""
+    if config.store is not None:
+        from crow.store.postgres import PostgresStore
+
+        return PostgresStore(config.store, home=config.home)
+    from crow.store.sqlite import SQLiteStore
+
+    return SQLiteStore(config.db_path, home=config.home)
 
 
 def __getattr__(name: str) -> Any:
