@@ -154,7 +154,7 @@ class PostgresStore:
         return await self._run(q.update, session_id, fields, tx=False)
 
     async def delete_session(self, session_id: str) -> list[str]:
-        return await self._shielded(self._delete(session_id))
+        return await self._shielded(self._delete, session_id)
 
     async def list_sessions(
         self, *, cwd: str | None = None, limit: int = 50, cursor: str | None = None
@@ -249,7 +249,7 @@ class PostgresStore:
     async def unlock_session(self, session_id: str) -> None:
         self._held.discard(session_id)
         self._check_open()
-        generation = await self._shielded(self._release(session_id))
+        generation = await self._shielded(self._release, session_id)
         if generation is not None:  # else it was taken over meanwhile: the next lock reloads
             self._generations[session_id] = generation
 
@@ -406,12 +406,12 @@ class PostgresStore:
         self._orphans.add(future)
         future.add_done_callback(self._orphans.discard)
 
-    async def _shielded(self, work: Awaitable[T]) -> T:
-        """Run `work` to its end even when the caller is cancelled (it was issued: it lands)."""
+    async def _shielded(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """Run `fn` to its end even when the caller is cancelled (it was issued: it lands)."""
         self._check_open()
         if self._orphans:
             await asyncio.gather(*list(self._orphans), return_exceptions=True)
-        task = asyncio.ensure_future(work)
+        task = asyncio.ensure_future(fn(*args, **kwargs))
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -424,7 +424,7 @@ class PostgresStore:
     ) -> T:
         """`fn(conn, *args)` on a pooled connection: in one transaction (`tx`; a consistent
         snapshot when `read`), else as one autocommitted statement."""
-        return await self._shielded(self._transact(fn, *args, tx=tx, read=read))
+        return await self._shielded(self._transact, fn, *args, tx=tx, read=read)
 
     async def _transact(
         self, fn: Callable[..., Awaitable[T]], *args: Any, tx: bool = True, read: bool = False
