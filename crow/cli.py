@@ -5,7 +5,7 @@
     crow chat                 the interactive front end in the terminal (crow.tui)
     crow run "PROMPT" | -     one prompt for scripts: the answer on stdout (crow.cli_run)
     crow mcp filesystem|todos run a builtin MCP server over stdio
-    crow sessions ...         list / show / delete / export / rewind stored sessions
+    crow sessions ...         list / show / delete / export / rewind / migrate stored sessions
     crow compact SESSION_ID   compact a stored session
     crow trust [DIR]          apply DIR's crow.yaml (as it is now) to sessions there
     crow untrust [DIR]        stop applying it; `crow trust --list` shows what is trusted
@@ -76,10 +76,11 @@ def _parser() -> argparse.ArgumentParser:
     mcp.add_argument("server", choices=["filesystem", "todos"])
     mcp.add_argument("rest", nargs=argparse.REMAINDER)
     sessions = sub.add_parser("sessions", help="manage stored sessions")
-    sessions.add_argument("action", choices=["list", "show", "delete", "export", "rewind"])
+    sessions.add_argument("action", choices=["list", "show", "delete", "export", "rewind", "migrate"])
     sessions.add_argument("session_id", nargs="?")
     sessions.add_argument("turns", nargs="?", help="rewind: how many turns to take back (default 1)")
     sessions.add_argument("--cwd", help="only sessions of this workspace (list)")
+    sessions.add_argument("--to", metavar="URL", help="migrate: the postgresql:// database to copy into")
     compact = sub.add_parser("compact", help="compact a stored session")
     compact.add_argument("session_id")
     compact.add_argument("instructions", nargs="*")

@@ -461,7 +461,7 @@ class PostgresStore:
         return options
 
     def _unreachable(self, exc: BaseException) -> StoreError:
-        why = str(exc).strip() or type(exc).__name__
+        why = " ".join(str(exc).split()) or type(exc).__name__  # libpq's lines, as one
         if isinstance(exc, PoolTimeout):
             why = f"no connection within {self.wait:g} s"
         why = redact(why, self._password)
