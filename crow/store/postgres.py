@@ -57,7 +57,7 @@ class PostgresStore:
     """`async with PostgresStore("postgresql://…") as store:`. `home` (CROW_HOME) is unused
     by the store itself (its files stay where they are); kept for `store_for`'s signature."""
 
-    wait = 10.0  # seconds a call waits for a connection while the database is away
+    wait = 5.0  # seconds a call waits for a connection while the database is away
     keep_every = 5.0  # seconds between checks of the lock connection while a lock is held
     max_size = 10
 
