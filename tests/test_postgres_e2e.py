@@ -211,3 +211,100 @@ async def test_the_database_restarted_mid_turn_fails_that_turn_and_crow_carries_
         ("user_message_chunk", "three"),
         ("agent_message_chunk", "third answer"),
     ]
+
+
+PNG64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+
+
+async def _sqlite_home_with_every_kind_of_session(llm: ScriptedLLM, home: Path, workspace: Path) -> list[str]:
+    """Sessions made by crow itself on the SQLite store: one with an image and a tool call,
+    a rewound one, a compacted one, a parent with its subagent's child; their ids."""
+    from tests.test_e2e_subagents import is_child, task
+
+    (workspace / "a.txt").write_text("alpha\n")
+    llm.rule(is_child, Reply(text="the child found 42"), times=1)
+    llm.push(
+        Reply(tool_calls=[ToolCallSpec(name="read_file", arguments={"path": "a.txt"})], reasoning="hmm"),
+        Reply(text="an image and alpha"),
+        *(Reply(text=f"b{i}") for i in range(2)),
+        *(Reply(text=f"c{i}") for i in range(4)),
+        Reply(text="summary of c0-c3"),
+        Reply(tool_calls=[task("t1", "CHILD: find it", "Find it")]),
+        Reply(text="parent done"),
+    )
+    ids = []
+    async with spawn_crow(crow_env(llm, home, CROW_MODE="yolo")) as (conn, _proc, _client):
+        await conn.initialize(protocol_version=1)
+
+        async def ask(*prompts: list[Any]) -> str:
+            sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+            for prompt in prompts:
+                assert (await conn.prompt(session_id=sid, prompt=prompt)).stop_reason == "end_turn"
+            ids.append(sid)
+            return sid
+
+        await ask([acp.text_block("look at this and a.txt"), acp.image_block(PNG64, "image/png")])
+        rewound = await ask([acp.text_block("b0")], [acp.text_block("b1")])
+        await ask(*([acp.text_block(f"c{i}")] for i in range(4)), [acp.text_block("/compact")])
+        await ask([acp.text_block("delegate")])
+    undo = await asyncio.to_thread(
+        subprocess.run, [*CROW, "sessions", "rewind", rewound, "1"], env=crow_env(None, home),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert undo.returncode == 0, undo.stderr
+    return ids
+
+
+CROW = [sys.executable, "-m", "crow"]
+
+
+async def test_a_migrated_sqlite_store_replays_the_same_from_postgresql(
+    llm: ScriptedLLM, pg_url: str, home: Path, workspace: Path, tmp_path: Path
+) -> None:
+    from crow.store import SQLiteStore
+    from crow.store.postgres import PostgresStore
+
+    ids = await _sqlite_home_with_every_kind_of_session(llm, home, workspace)
+    async with SQLiteStore(home / "crow.db") as lite:
+        children = [r.id for r in await lite.descendants(ids)]
+        assert len(children) == 1, "the subagent's session is under its parent"
+        every = [*ids, *children]
+        kept = {sid: (await lite.get_session(sid), await lite.load_both(sid)) for sid in every}
+    compacted = kept[ids[2]][1]
+    assert any("summary of c0-c3" in m.content for m in compacted[0]), "the third one is compacted"
+    assert not any("summary of c0-c3" in m.content for m in compacted[1] if m.role != "system")
+
+    def migrate() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*CROW, "sessions", "migrate", "--to", pg_url], env=crow_env(None, home),
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    first = await asyncio.to_thread(migrate)
+    assert first.returncode == 0
+    assert first.stderr.startswith(f"copied {len(every)} sessions to "), first.stderr
+    again = await asyncio.to_thread(migrate)
+    assert again.returncode == 0
+    skipped = sorted(line.split()[1].rstrip(":") for line in again.stderr.splitlines()[:-1])
+    assert skipped == sorted(every) and again.stderr.splitlines()[-1].startswith("copied 0 sessions to ")
+
+    async with PostgresStore(pg_url) as pg:  # the same records, context and history
+        for sid in every:
+            record, (context, transcript) = kept[sid]
+            assert await pg.get_session(sid) == record
+            assert await pg.load_both(sid) == (context, transcript)
+        async with SQLiteStore(home / "crow.db") as lite:
+            for sid in every:
+                for seq in range(len(kept[sid][1][1])):
+                    assert await pg.context_at(sid, seq) == await lite.context_at(sid, seq), (sid, seq)
+
+    replays = {}
+    for name, env in (
+        ("sqlite", crow_env(llm, home)),
+        ("postgres", pg_env(llm, tmp_path / "pg-home", pg_url)),
+    ):
+        async with spawn_crow(env) as (conn, _proc, client):
+            await conn.initialize(protocol_version=1)
+            replays[name] = [await replay(conn, client, sid, workspace) for sid in every]
+    assert replays["postgres"] == replays["sqlite"]
+    assert all(replays["sqlite"]), "every session replays something"
