@@ -22,7 +22,6 @@ Only `StoreError` and `SessionBusy` leave it; no message shows the URL's passwor
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
 import socket
@@ -40,6 +39,7 @@ from crow.messages import Message
 from crow.store import _pg_queries as q
 from crow.store import _pg_side as side
 from crow.store._codec import decode_cursor, dump
+from crow.store._pg_locks import SessionLocks
 from crow.store._pg_schema import describe, password_of, prepare, redact
 from crow.store.base import UPDATABLE, SessionRecord
 
@@ -48,17 +48,11 @@ T = TypeVar("T")
 Conn = psycopg.AsyncConnection[Any]
 
 
-def session_key(session_id: str) -> int:
-    """The advisory lock key of a session: a stable signed 64-bit hash of its id."""
-    return int.from_bytes(hashlib.blake2b(session_id.encode(), digest_size=8).digest(), "big", signed=True)
-
-
 class PostgresStore:
     """`async with PostgresStore("postgresql://…") as store:`. `home` (CROW_HOME) is unused
     by the store itself (its files stay where they are); kept for `store_for`'s signature."""
 
     wait = 5.0  # seconds a call waits for a connection while the database is away
-    keep_every = 5.0  # seconds between checks of the lock connection while a lock is held
     max_size = 10
 
     def __init__(self, url: str, *, home: str | os.PathLike[str] | None = None) -> None:
@@ -68,16 +62,15 @@ class PostgresStore:
         self._password = password_of(url)
         self._state = "new"  # -> "open" -> "closed"
         self._pool: AsyncConnectionPool[Conn] | None = None
-        self._lock_conn: Conn | None = None
-        self._lock_mutex = asyncio.Lock()
-        # This store's name in session_locks: unique per store, readable in a busy error.
-        self._holder = f"pid {os.getpid()} on {socket.gethostname()} #{os.urandom(3).hex()}"
-        self._held: set[str] = set()
+        # Per session, the lock generation its in-memory state reflects (None: reload).
         self._generations: dict[str, int | None] = {}
+        # This store's name in session_locks: unique per store, readable in a busy error.
+        holder = f"pid {os.getpid()} on {socket.gethostname()} #{os.urandom(3).hex()}"
+        self._holder = holder
+        self._locks = SessionLocks(self._connect, self._error, holder, self._generations)
         # Operations whose caller was cancelled: they still land, and later calls wait for
         # them (a cancelled append is in the transcript before the next load reads it).
         self._orphans: set[asyncio.Future[Any]] = set()
-        self._keeper: asyncio.Task[None] | None = None
 
     # lifecycle
     async def open(self) -> PostgresStore:
@@ -85,9 +78,9 @@ class PostgresStore:
             raise StoreError(f"store {self._state}" if self._state == "closed" else "store open")
         self._state = "open"
         try:
-            self._lock_conn = await self._connect()
+            conn = self._locks.conn = await self._connect()
             try:
-                await prepare(self._lock_conn, self._where)
+                await prepare(conn, self._where)
             except psycopg.Error as exc:
                 raise self._error("open", exc) from exc
             self._pool = AsyncConnectionPool(
@@ -106,23 +99,19 @@ class PostgresStore:
     async def aclose(self) -> None:
         """Close after every operation already issued; locks still held are released (by
         closing their connection, and in session_locks)."""
-        if self._keeper is not None:
-            self._keeper.cancel()
         was, self._state = self._state, "closed"
         if was != "open":
             return
         if self._orphans:
             await asyncio.gather(*self._orphans, return_exceptions=True)
-        if self._held and self._pool is not None:
+        if self._locks.held and self._pool is not None:
             with suppress(StoreError, SessionBusy):
                 await self._transact(_release_all, self._holder)
-        self._held.clear()
+        self._locks.held.clear()
         if self._pool is not None:
             with suppress(Exception):
                 await self._pool.close()
-        if self._lock_conn is not None:
-            with suppress(Exception):
-                await self._lock_conn.close()
+        await self._locks.close()
 
     async def __aenter__(self) -> PostgresStore:
         return await self.open()
@@ -231,7 +220,7 @@ class PostgresStore:
     async def lock_session(self, session_id: str) -> bool:
         """Take `session_id` for a turn (see the module docstring). Returns True when the
         session may have changed since this store last read or wrote it: reload."""
-        if session_id in self._held:
+        if session_id in self._locks.held:
             raise SessionBusy(
                 f"busy: session {session_id} is running a turn in this crow process (a subagent's,"
                 " say); try again when it ends",
@@ -247,155 +236,41 @@ class PostgresStore:
             raise
 
     async def unlock_session(self, session_id: str) -> None:
-        self._held.discard(session_id)
+        self._locks.held.discard(session_id)
         self._check_open()
-        generation = await self._shielded(self._release, session_id)
+        generation = await self._shielded(self._locks.release, session_id)
         if generation is not None:  # else it was taken over meanwhile: the next lock reloads
             self._generations[session_id] = generation
 
     async def _take(self, session_id: str) -> bool:
-        key = session_key(session_id)
-        async with self._lock_mutex:
-            conn = await self._lock_connection()
-            got, holder, pid, exists = await self._on_lock_conn(
-                conn,
-                "SELECT pg_try_advisory_lock(%s), l.holder, l.pid,"
-                " EXISTS (SELECT 1 FROM sessions WHERE id = %s)"
-                " FROM (SELECT 1) AS one LEFT JOIN session_locks l ON l.session_id = %s",
-                (key, session_id, session_id),
-            )
-            if not got:
-                raise _busy(session_id, holder, pid)
-            try:
-                if not exists:
-                    raise StoreError(f"unknown session {session_id!r}")
-                (generation,) = await self._on_lock_conn(
-                    conn,
-                    "INSERT INTO session_locks AS l VALUES (%s, %s, %s, 1) ON CONFLICT (session_id) DO UPDATE"
-                    " SET holder = excluded.holder, pid = excluded.pid, generation = l.generation + 1"
-                    " RETURNING generation - 1",
-                    (session_id, self._holder, os.getpid()),
-                )
-            except BaseException:
-                with suppress(psycopg.Error, StoreError):
-                    await conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
-                raise
+        generation, holder = await self._locks.take(session_id)
         took_over = holder is not None and holder != self._holder  # its turn may be half written
         if took_over:
             log.warning("session %s: took over from %s, whose connection is gone", session_id, holder)
         stale = took_over or self._generations.get(session_id) != generation
         self._generations[session_id] = generation + 1
-        self._held.add(session_id)
-        if self._keeper is None or self._keeper.done():
-            self._keeper = asyncio.get_running_loop().create_task(self._keep(), name="crow.store.keeper")
         return stale
-
-    async def _release(self, session_id: str) -> int | None:
-        async with self._lock_mutex:
-            conn = await self._lock_connection()
-            row = await self._on_lock_conn(
-                conn,
-                "UPDATE session_locks SET holder = NULL, pid = NULL, generation = generation + 1"
-                " WHERE session_id = %s AND holder = %s RETURNING generation",
-                (session_id, self._holder),
-                need_row=False,
-            )
-            # After the row: the next holder reads it released, not taken over.
-            await self._on_lock_conn(conn, "SELECT pg_advisory_unlock(%s)", (session_key(session_id),))
-        return row[0] if row else None
 
     async def _release_after(self, task: asyncio.Future[bool], session_id: str) -> None:
         with suppress(BaseException):
             await task
-            self._held.discard(session_id)
-            await self._release(session_id)
+            await self._locks.release(session_id)
             self._generations[session_id] = None  # the lock moved: reload before the next turn
 
     async def _delete(self, session_id: str) -> list[str]:
         gone = await self._transact(q.under, session_id)
-        if running := next((sid for sid in gone if sid in self._held), None):  # a subagent's, say
+        if running := next((sid for sid in gone if sid in self._locks.held), None):  # a subagent's
             raise SessionBusy(
                 f"busy: session {running} is running a turn in this crow process; try again when it ends",
                 pid=os.getpid(),
             )
         # Not while another process runs a turn in one of them: hold their locks meanwhile.
-        taken: list[int] = []
+        keys = await self._locks.hold(gone)
         try:
-            async with self._lock_mutex:
-                conn = await self._lock_connection()
-                for sid in gone:
-                    got, holder, pid = await self._on_lock_conn(
-                        conn,
-                        "SELECT pg_try_advisory_lock(%s), l.holder, l.pid FROM (SELECT 1) AS one"
-                        " LEFT JOIN session_locks l ON l.session_id = %s",
-                        (session_key(sid), sid),
-                    )
-                    if not got:
-                        raise _busy(sid, holder, pid)
-                    taken.append(session_key(sid))
             await self._transact(q.delete, session_id)
         finally:
-            async with self._lock_mutex:
-                for key in taken:
-                    with suppress(psycopg.Error, StoreError):
-                        conn = await self._lock_connection()
-                        await self._on_lock_conn(conn, "SELECT pg_advisory_unlock(%s)", (key,))
+            await self._locks.let_go(keys)
         return gone
-
-    # the lock connection
-    async def _lock_connection(self) -> Conn:
-        """The store's own connection (held under `_lock_mutex`), reconnected when it broke,
-        taking again the locks it held."""
-        conn = self._lock_conn
-        if conn is not None and not conn.closed and not conn.broken:
-            return conn
-        self._lock_conn = None
-        if conn is not None:
-            with suppress(Exception):
-                await conn.close()
-        conn = await self._connect()
-        self._lock_conn = conn
-        for sid in sorted(self._held):
-            got, holder = await self._on_lock_conn(
-                conn,
-                "SELECT pg_try_advisory_lock(%s), (SELECT holder FROM session_locks WHERE session_id = %s)",
-                (session_key(sid), sid),
-            )
-            if not got or holder != self._holder:
-                log.warning(
-                    "session %s: its lock went with the connection to the PostgreSQL store, and %s"
-                    " since; it is reloaded before its next turn",
-                    sid, f"{holder} holds it" if not got else f"{holder or 'another process'} held it",
-                )  # fmt: skip
-                self._generations[sid] = None
-            if got and holder != self._holder:
-                await self._on_lock_conn(
-                    conn, "UPDATE session_locks SET holder = %s, pid = %s WHERE session_id = %s",
-                    (self._holder, os.getpid(), sid), need_row=False,
-                )  # fmt: skip
-        return conn
-
-    async def _on_lock_conn(
-        self, conn: Conn, sql: str, params: Sequence[Any], *, need_row: bool = True
-    ) -> Any:
-        try:
-            cur = await conn.execute(sql, params)
-            return await cur.fetchone() if need_row or cur.description else None
-        except psycopg.Error as exc:
-            raise self._error("lock", exc) from exc
-
-    async def _keep(self) -> None:
-        """While locks are held, check the lock connection now and then: one that dropped is
-        reconnected and its locks taken again before another process can take them for long."""
-        while self._held and self._state == "open":
-            await asyncio.sleep(self.keep_every)
-            if not self._held or self._state != "open":
-                break
-            try:
-                async with self._lock_mutex:
-                    await self._on_lock_conn(await self._lock_connection(), "SELECT 1", ())
-            except StoreError as exc:
-                log.warning("session locks: %s (retrying)", exc)
 
     # running operations
     def _check_open(self) -> None:
@@ -471,15 +346,6 @@ class PostgresStore:
         if isinstance(exc, psycopg.OperationalError):  # the server went away, mostly
             return self._unreachable(exc)
         return StoreError(f"{operation} failed: {redact(str(exc).strip(), self._password)}")
-
-
-def _busy(session_id: str, holder: str | None, pid: int | None) -> SessionBusy:
-    who = holder or "another crow process"
-    return SessionBusy(
-        f"busy: session {session_id} is running a turn in another crow process ({who});"
-        " try again when it ends",
-        pid=pid,
-    )
 
 
 async def _release_all(c: Conn, holder: str) -> None:
