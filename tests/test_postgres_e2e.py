@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import RecordingClient, crow_env, spawn_crow
 from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
+from tests.test_e2e_sessions import open_session
 
 pytestmark = pytest.mark.anyio
 
@@ -60,8 +61,7 @@ async def test_a_session_written_by_one_process_is_listed_and_replayed_by_anothe
         Reply(text="It says alpha."),
     )
     async with spawn_crow(pg_env(llm, one, pg_url)) as (conn, _proc, _client):
-        await conn.initialize(protocol_version=1)
-        sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+        sid = await open_session(conn, workspace)
         await conn.prompt(session_id=sid, prompt=[acp.text_block("what is in a.txt?")])
         # The writer still runs: another process sees the session and its whole turn.
         async with spawn_crow(pg_env(llm, two, pg_url)) as (conn2, _proc2, client2):
@@ -89,8 +89,7 @@ async def test_two_processes_racing_one_session_one_is_told_busy(
     one, two = homes(tmp_path, "one", "two")
     llm.push(Reply(text="first"))
     async with spawn_crow(pg_env(llm, one, pg_url)) as (conn, _proc, client):
-        await conn.initialize(protocol_version=1)
-        sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+        sid = await open_session(conn, workspace)
         await conn.prompt(session_id=sid, prompt=[acp.text_block("hello")])
         async with spawn_crow(pg_env(llm, two, pg_url)) as (conn2, proc2, _client2):
             await conn2.initialize(protocol_version=1)
@@ -131,8 +130,7 @@ async def test_execute_does_not_show_the_store_url(
     url = pg_url.replace("postgresql://postgres@", "postgresql://postgres:hunter2-pg@")
     llm.push(Reply(tool_calls=[ToolCallSpec(name="execute", arguments={"command": "env"})]), Reply(text="ok"))
     async with spawn_crow(pg_env(llm, home, url, CROW_MODE="yolo")) as (conn, _proc, _client):
-        await conn.initialize(protocol_version=1)
-        sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+        sid = await open_session(conn, workspace)
         await conn.prompt(session_id=sid, prompt=[acp.text_block("env")])
     [shown] = [m["content"] for m in llm.requests[1].messages if m["role"] == "tool"]
     assert "PATH=" in shown and "CROW_HOME=" in shown
@@ -144,8 +142,7 @@ async def test_an_unreachable_database_at_start_is_a_clear_error(
 ) -> None:
     url = f"postgresql://crow:s3cret-pw@/crow?host={tmp_path / 'nowhere'}&port=5"
     async with spawn_crow(pg_env(llm, home, url)) as (conn, proc, _client):
-        await conn.initialize(protocol_version=1)
-        sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id  # not stored yet
+        sid = await open_session(conn, workspace)  # not stored yet
         with pytest.raises(acp.RequestError) as failed:  # the first request that needs the store
             await conn.prompt(session_id=sid, prompt=[acp.text_block("hello")])
         said = str(failed.value)
@@ -173,8 +170,7 @@ async def test_the_database_restarted_mid_turn_fails_that_turn_and_crow_carries_
 ) -> None:
     llm.push(Reply(text="first answer"))
     async with spawn_crow(pg_env(llm, home, pg_url)) as (conn, proc, client):
-        await conn.initialize(protocol_version=1)
-        sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+        sid = await open_session(conn, workspace)
         assert (await conn.prompt(session_id=sid, prompt=[acp.text_block("one")])).stop_reason == "end_turn"
         llm.push(Reply(text="slow " * 300, chunk_delay=0.01))
         client.updates.clear()

@@ -147,17 +147,15 @@ async def test_sqlite_file_has_the_schema_version_and_wal(tmp_path: Path) -> Non
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
-async def test_survives_sigkill_right_after_append(tmp_path: Path) -> None:
-    db = tmp_path / "crow.db"
-    async with SQLiteStore(db) as s:
+async def test_survives_sigkill_right_after_append(new_store) -> None:
+    async with new_store() as s:
         await s.create_session(id="k", cwd="/p")
     child = textwrap.dedent(f"""
         import asyncio, os, signal
         from crow.messages import ai, human
-        from crow.store import SQLiteStore
 
         async def main():
-            store = SQLiteStore({str(db)!r})
+            store = {new_store.code}
             await store.open()
             for i in range(3):
                 await store.append("k", [human(f"q{{i}}"), ai(f"a{{i}}")])
@@ -167,7 +165,7 @@ async def test_survives_sigkill_right_after_append(tmp_path: Path) -> None:
     """)
     proc = await anyio.run_process([sys.executable, "-c", child], check=False)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
-    async with SQLiteStore(db) as s:
+    async with new_store() as s:
         texts = [m.content for m in await s.load_transcript("k")]
         assert texts == ["q0", "a0", "q1", "a1", "q2", "a2"]
 
@@ -540,3 +538,19 @@ async def test_a_large_append_is_written_off_the_event_loop(sqlite_store: SQLite
     assert writers[0] == loop_thread, "a small write stays inline (no hop)"
     assert loop_thread not in writers[1:], writers
     assert [m.content[:5] for m in await sqlite_store.load_context("s1")] == ["small", "look", "xxxxx"]
+
+
+async def test_prefix_lookups(new_store) -> None:
+    """match_ids and short_ids order ids as SQLite does (by code point), whatever the
+    database's collation."""
+    async with new_store() as s:
+        for sid in ("abc", "abcd", "abce", "b" * 32, "zz\U0010ffff", "ab_x", "AB"):
+            await s.create_session(id=sid, cwd="/p", title=sid)
+        assert await s.match_ids("abc") == [("abc", "abc")], "an exact id wins over the ids it starts"
+        assert await s.match_ids("ab") == [("ab_x", "ab_x"), ("abc", "abc"), ("abcd", "abcd"), ("abce", "abce")]
+        assert await s.match_ids("ab", 2) == [("ab_x", "ab_x"), ("abc", "abc")]
+        assert await s.match_ids("") == [] and await s.match_ids("c") == [] and await s.match_ids("%") == []
+        assert await s.match_ids("a_") == [] and await s.match_ids("zz") == [("zz\U0010ffff", "zz\U0010ffff")]
+        short = await s.short_ids(["abcd", "b" * 32, "abc", "AB"], minimum=2)
+        assert short == {"abcd": "abcd", "b" * 32: "bb", "abc": "abc", "AB": "AB"}
+        assert await s.short_ids(["b" * 32]) == {"b" * 32: "b" * 8}

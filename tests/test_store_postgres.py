@@ -95,28 +95,6 @@ async def test_a_lock_of_a_process_that_died_is_freed_and_the_taker_reloads(pg_u
         assert [m.content for m in await store.load_context("s")] == ["half a turn"]
 
 
-async def test_a_message_acknowledged_survives_a_sigkill(pg_url: str) -> None:
-    async with PostgresStore(pg_url) as store:
-        await store.create_session(id="k", cwd="/p")
-    child = textwrap.dedent(f"""
-        import asyncio, os, signal
-        from crow.messages import ai, human
-        from crow.store.postgres import PostgresStore
-
-        async def main():
-            store = await PostgresStore({pg_url!r}).open()
-            for i in range(3):
-                await store.append("k", [human(f"q{{i}}"), ai(f"a{{i}}")])
-            os.kill(os.getpid(), signal.SIGKILL)
-
-        asyncio.run(main())
-    """)
-    proc = await anyio.run_process([sys.executable, "-c", child], check=False)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
-    async with PostgresStore(pg_url) as store:
-        assert [m.content for m in await store.load_transcript("k")] == ["q0", "a0", "q1", "a1", "q2", "a2"]
-
-
 async def test_the_lock_connection_dropping_mid_turn_is_reconnected_and_the_lock_held_again(
     pg_url: str,
 ) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from crow.errors import StoreError
-from crow.store._codec import encode_cursor, from_iso, iso, load, to_json, unknown
+from crow.store._codec import encode_cursor, from_iso, iso, load, shortest_prefix, to_json, unknown
 from crow.store.record import SessionRecord
 
 if TYPE_CHECKING:
@@ -152,19 +152,14 @@ async def match_ids(c: Conn, prefix: str, limit: int) -> list[tuple[str, str]]:
 
 async def short_ids(c: Conn, ids: Sequence[str], minimum: int) -> dict[str, str]:
     short = {}
-    for sid in ids:
-        shared = 0
-        for sql in (
-            'SELECT max(id COLLATE "C") FROM sessions WHERE id COLLATE "C" < %s',
-            'SELECT min(id COLLATE "C") FROM sessions WHERE id COLLATE "C" > %s',
-        ):
-            other = (await one(c, sql, (sid,)) or (None,))[0]
-            if other is not None:
-                same = 0
-                while same < min(len(sid), len(other)) and sid[same] == other[same]:
-                    same += 1
-                shared = max(shared, same)
-        short[sid] = sid[: max(minimum, shared + 1)]
+    for sid in ids:  # its two neighbours in id order, as SQLite orders (bytes)
+        row = await one(
+            c,
+            'SELECT (SELECT max(id COLLATE "C") FROM sessions WHERE id COLLATE "C" < %s),'
+            ' (SELECT min(id COLLATE "C") FROM sessions WHERE id COLLATE "C" > %s)',
+            (sid, sid),
+        )
+        short[sid] = shortest_prefix(sid, row or (), minimum)
     return short
 
 

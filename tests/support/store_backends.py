@@ -16,19 +16,27 @@ from crow.store.base import Store
 BACKENDS = ["sqlite", "postgres"]
 
 
+class StoreFactory:
+    """`factory()`: a new, unopened store on one database; `factory.code`: the Python
+    expression that makes one (for a child process), its import included."""
+
+    def __init__(self, code: str) -> None:
+        self.code = code
+
+    def __call__(self) -> Any:
+        scope: dict[str, Any] = {}
+        exec(f"store = {self.code}", scope)
+        return scope["store"]
+
+
 @pytest.fixture(params=BACKENDS)
 def new_store(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], Any]:
     """`new_store()`: a new, unopened store on this test's database (call it twice for two
     stores, as two processes would have)."""
     if request.param == "sqlite":
-        from crow.store import SQLiteStore
-
-        db = tmp_path / "crow.db"
-        return lambda: SQLiteStore(db)
-    from crow.store.postgres import PostgresStore
-
+        return StoreFactory(f"__import__('crow.store').store.SQLiteStore({str(tmp_path / 'crow.db')!r})")
     url = request.getfixturevalue("pg_url")
-    return lambda: PostgresStore(url)
+    return StoreFactory(f"__import__('crow.store.postgres').store.postgres.PostgresStore({url!r})")
 
 
 def is_postgres(store: Store) -> bool:
