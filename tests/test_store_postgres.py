@@ -257,3 +257,41 @@ async def test_listing_the_sqlite_store_does_not_load_the_config_model(home: Pat
     )
     assert done.stderr.strip().splitlines()[-1] == "False False", done.stderr
     os.remove(home / "config.yaml")
+
+
+async def test_migrate_skips_a_session_running_a_turn_and_the_ones_under_it(
+    pg_url: str, tmp_path: Path
+) -> None:
+    from crow.store.migrate import migrate
+
+    db = tmp_path / "crow.db"
+    async with SQLiteStore(db) as lite:
+        await lite.create_session(id="busy", cwd="/w")
+        await lite.create_session(id="child", cwd="/w", parent_id="busy")
+        await lite.create_session(id="idle", cwd="/w")
+        await lite.append("idle", [human("q"), ai("a")])
+        await lite.lock_session("busy")  # a turn runs there in another crow process
+        said: list[str] = []
+        async with PostgresStore(pg_url) as pg:
+            assert await migrate(str(db), None, pg, said.append) == 1
+            assert said == [
+                f"skipped busy: busy: session busy is running a turn in another crow process (pid {os.getpid()});"
+                " try again when it ends",
+                "skipped child: its parent session busy was skipped",
+            ]
+            assert [m.content for m in await pg.load_transcript("idle")] == ["q", "a"]
+            await lite.unlock_session("busy")
+            said.clear()
+            assert await migrate(str(db), None, pg, said.append) == 2
+            assert said == ["skipped idle: already in the database"]
+            assert [r.id for r in await pg.descendants(["busy"])] == ["child"]
+
+
+async def test_text_that_is_not_unicode_is_a_store_error(pg_url: str) -> None:
+    async with PostgresStore(pg_url) as store:
+        with pytest.raises(StoreError, match="surrogates not allowed"):
+            await store.create_session(id="s", cwd="/w/\udcff")
+        await store.create_session(id="s", cwd="/w")
+        with pytest.raises(StoreError, match="surrogates not allowed"):
+            await store.append("s", [human("\udcff")])
+        assert await store.load_transcript("s") == []

@@ -6,7 +6,8 @@ message text) and its context history in order, so `session/load` from the datab
 what it replayed from the file and a rewind still finds the context before any turn. One
 transaction per session; a session already in the database is skipped (a second run copies
 only what is new). Parents go before the sessions under them. A session running a turn in
-a crow process at that moment is skipped (its lock is taken for the copy) and named.
+a crow process at that moment is skipped (its lock is taken for the copy) and named, and
+so are the sessions under it; run it again once that turn is over.
 """
 
 from __future__ import annotations
@@ -75,15 +76,20 @@ async def migrate(db_path: str, home: str | None, target: PostgresStore, say: Ca
         conn = connect(db_path, home)
     except sqlite3.Error as exc:
         raise StoreError(f"cannot open {db_path}: {exc}") from exc
-    token, copied = locks.process_token(), 0
+    token, copied, skipped = locks.process_token(), 0, set()
     try:
         rows = conn.execute(f"SELECT {_COLUMNS} FROM sessions").fetchall()
         for row in _parents_first(rows):
             sid = row[0]
+            if row[-1] in skipped:  # its parent is not in the database: nor can it be
+                say(f"skipped {sid}: its parent session {row[-1]} was skipped")
+                skipped.add(sid)
+                continue
             try:
                 sq.lock(conn, sid, token, time.time())  # no turn runs in it while it is copied
             except SessionBusy as exc:
                 say(f"skipped {sid}: {exc}")
+                skipped.add(sid)
                 continue
             try:
                 fresh = conn.execute(f"SELECT {_COLUMNS} FROM sessions WHERE id = ?", (sid,)).fetchone()
