@@ -242,3 +242,22 @@ async def test_a_turn_cancelled_while_taking_the_lock_leaves_the_session_free(tm
             await a.load_context("s")  # a's queued jobs have run by now
         await b.lock_session("s")  # not SessionBusy
         await b.unlock_session("s")
+
+
+async def test_two_turns_of_one_process_racing_for_a_session_one_is_busy(new_store) -> None:
+    """Two `Session`s of one process (a subagent's session loaded again by its id) asking
+    for its lock at once: one gets it, the other is told busy."""
+    import asyncio
+
+    async with new_store() as store:
+        await store.create_session(id="s", cwd="/w")
+        results = await asyncio.gather(
+            store.lock_session("s"), store.lock_session("s"), return_exceptions=True
+        )
+        assert sorted(type(r).__name__ for r in results) == ["SessionBusy", "bool"], results
+        busy = next(r for r in results if isinstance(r, SessionBusy))
+        assert "running a turn in this crow process" in str(busy)
+        await store.unlock_session("s")
+        async with new_store() as other:
+            await other.lock_session("s")  # released once: nobody holds it
+            await other.unlock_session("s")

@@ -58,6 +58,17 @@ def busy(session_id: str, holder: str | None, pid: int | None) -> SessionBusy:
     )
 
 
+def busy_here(session_id: str) -> SessionBusy:
+    # Another `Session` of this process runs a turn in it (a running subagent's, loaded
+    # again by its id): a second writer of one history. (An advisory lock is reentrant on
+    # its connection: PostgreSQL would not refuse it.)
+    return SessionBusy(
+        f"busy: session {session_id} is running a turn in this crow process (a subagent's,"
+        " say); try again when it ends",
+        pid=os.getpid(),
+    )
+
+
 class SessionLocks:
     """The lock connection of one store. `connect()` opens a connection (raising
     `StoreError`), `error(op, exc)` maps a psycopg error; `generations` is the store's."""
@@ -85,6 +96,8 @@ class SessionLocks:
         key = session_key(session_id)
 
         async def take(conn: Conn) -> tuple[int, str | None]:
+            if session_id in self.held:  # checked again here: two callers may race
+                raise busy_here(session_id)
             got, holder, pid, exists = await self.execute(conn, _TAKE, (key, session_id, session_id))
             if not got:
                 raise busy(session_id, holder, pid)

@@ -39,7 +39,7 @@ from crow.messages import Message
 from crow.store import _pg_queries as q
 from crow.store import _pg_side as side
 from crow.store._codec import decode_cursor, dump
-from crow.store._pg_locks import SessionLocks
+from crow.store._pg_locks import SessionLocks, busy_here
 from crow.store._pg_schema import describe, password_of, prepare, redact
 from crow.store.base import UPDATABLE, SessionRecord
 
@@ -221,11 +221,7 @@ class PostgresStore:
         """Take `session_id` for a turn (see the module docstring). Returns True when the
         session may have changed since this store last read or wrote it: reload."""
         if session_id in self._locks.held:
-            raise SessionBusy(
-                f"busy: session {session_id} is running a turn in this crow process (a subagent's,"
-                " say); try again when it ends",
-                pid=os.getpid(),
-            )
+            raise busy_here(session_id)
         self._check_open()
         task = asyncio.ensure_future(self._take(session_id))
         try:
