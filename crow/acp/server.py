@@ -58,7 +58,7 @@ from crow.roots import editor_cwd
 from crow.session import Session
 
 if TYPE_CHECKING:
-    from crow.acp.wire import StdioWire
+    from crow.acp.wire import Wire
 
 log = logging.getLogger("crow.acp")
 
@@ -66,13 +66,18 @@ log = logging.getLogger("crow.acp")
 
 
 class AcpServer(Extensions):
-    """Runs on crow's own wire (`crow.acp.wire.StdioWire`, set as `wire` before connecting):
-    updates go out through it, and what must follow an answer is run by it."""
+    """One client connection. Runs on crow's own wire (`crow.acp.wire`, set as `wire` before
+    connecting): updates go out through it, and what must follow an answer is run by it.
 
-    def __init__(self, agent: Agent | None = None) -> None:
+    Servers of one agent (one per WebSocket connection, `crow.acp.ws`) share `owners`: each
+    live session is served by the connection that opened it, and is busy for the others
+    until that one closes it or ends (`close_sessions`)."""
+
+    def __init__(self, agent: Agent | None = None, owners: dict[str, AcpServer] | None = None) -> None:
         self.agent = agent if agent is not None else Agent()
+        self.owners: dict[str, AcpServer] = {} if owners is None else owners
         self.conn: Any = None
-        self.wire: StdioWire | None = None
+        self.wire: Wire | None = None
         self.client_capabilities: ClientCapabilities | None = None
         self.features = ClientFeatures()  # what the client handles beyond the SDK's types
         self.subagents = acp_subagents.SubagentView(self.features)
@@ -126,6 +131,7 @@ class AcpServer(Extensions):
             raise acp_sessions.session_error(exc) from exc
         except CrowError as exc:
             raise RequestError.invalid_params({"cwd": str(exc)}) from exc
+        self._claim(session.id)
         self._bind(session)
         self._advertise_commands(session.id)
         return NewSessionResponse(
@@ -160,25 +166,26 @@ class AcpServer(Extensions):
     async def _resume(
         self, session_id: str, cwd: str | None, mcp_servers: list[Any] | None, dirs: list[str] | None
     ) -> Session:
-        try:
-            session = await self.agent.resume_session(
-                session_id, acp_convert.server_specs(mcp_servers), cwd, self._bind, dirs
-            )
-        except CrowError as exc:
-            raise acp_sessions.session_error(exc) from exc
-        return session
+        with self._claimed(session_id):
+            try:
+                return await self.agent.resume_session(
+                    session_id, acp_convert.server_specs(mcp_servers), cwd, self._bind, dirs
+                )
+            except CrowError as exc:
+                raise acp_sessions.session_error(exc) from exc
 
     async def load_session(
         self, cwd: str, session_id: str, mcp_servers: list[Any] | None = None,
         additional_directories: list[str] | None = None, **kwargs: Any,
     ) -> LoadSessionResponse:  # fmt: skip
         specs = acp_convert.server_specs(mcp_servers)
-        try:
-            session, transcript = await self.agent.load_session(
-                session_id, specs, cwd, self._bind, acp_sessions.roots(additional_directories)
-            )
-        except CrowError as exc:
-            raise acp_sessions.session_error(exc) from exc
+        with self._claimed(session_id):
+            try:
+                session, transcript = await self.agent.load_session(
+                    session_id, specs, cwd, self._bind, acp_sessions.roots(additional_directories)
+                )
+            except CrowError as exc:
+                raise acp_sessions.session_error(exc) from exc
         shown = acp_reports.replayable(transcript, self.features)
         await self._notify_many(session_id, acp_view.replay(list(shown), editor_cwd(session), session_id))
         if session.todos:
@@ -219,8 +226,12 @@ class AcpServer(Extensions):
         )
 
     async def close_session(self, session_id: str, **kwargs: Any) -> CloseSessionResponse:
+        self._claim(session_id)
         await self.cancel(session_id)
-        await self.agent.close_session(session_id)
+        try:
+            await self.agent.close_session(session_id)
+        finally:
+            self._release(session_id)
         return CloseSessionResponse()
 
     async def delete_session(self, session_id: str, **kwargs: Any) -> DeleteSessionResponse:
@@ -232,6 +243,8 @@ class AcpServer(Extensions):
         with contextlib.suppress(CrowError):  # an unknown id, a failing store: the delete says
             await self.agent.ready()
             ids += [r.id for r in await self.agent.store.descendants([session_id])]
+        for sid in ids:
+            self._check_owner(sid)
         while running := [sid for sid in ids if sid in self._running]:
             settled = self._settled.get(running[0])
             if settled is None:  # another delete holds it
@@ -251,6 +264,8 @@ class AcpServer(Extensions):
         finally:
             for sid in ids:
                 del self._running[sid]
+                if sid not in self.agent.sessions:
+                    self._release(sid)
         return DeleteSessionResponse()
 
     async def list_sessions(
@@ -310,9 +325,52 @@ class AcpServer(Extensions):
 
     def _session(self, session_id: str) -> Session:
         try:
-            return self.agent.get(session_id)
+            session = self.agent.get(session_id)
         except SessionError as exc:
             raise acp_sessions.session_error(exc) from exc
+        self._claim(session_id)
+        return session
+
+    # ------------------------------------------------------------ connections
+    def _check_owner(self, session_id: str) -> None:
+        owner = self.owners.get(session_id)
+        if owner is not None and owner is not self:
+            raise RequestError(
+                BUSY,
+                f"busy: session {session_id} is open in another connection to this crow;"
+                " try again when that connection closes it or ends",
+            )
+
+    def _claim(self, session_id: str) -> None:
+        """This connection serves the session from now on (busy if another one does)."""
+        self._check_owner(session_id)
+        self.owners[session_id] = self
+
+    def _release(self, session_id: str) -> None:
+        if self.owners.get(session_id) is self:
+            del self.owners[session_id]
+
+    @contextmanager
+    def _claimed(self, session_id: str) -> Iterator[None]:
+        """Claimed before a load or resume awaits anything (two connections loading one
+        session race here); released again if the session did not become live."""
+        self._claim(session_id)
+        try:
+            yield
+        finally:
+            if session_id not in self.agent.sessions:
+                self._release(session_id)
+
+    async def close_sessions(self) -> None:
+        """The connection has ended (its requests, running turns included, were cancelled
+        with it): its sessions are closed and free for another connection."""
+        for session_id in [sid for sid, owner in self.owners.items() if owner is self]:
+            try:
+                await self.agent.close_session(session_id)
+            except Exception:  # the others are still closed; the agent closes the rest at exit
+                log.exception("closing session %s failed", session_id)
+            finally:
+                self._release(session_id)
 
     # ------------------------------------------------------------ prompts
     async def prompt(self, session_id: str, prompt: list[Any], **kwargs: Any) -> PromptResponse:
@@ -407,34 +465,38 @@ class AcpServer(Extensions):
             log.debug("session/update to %s failed", session_id, exc_info=True)
 
 
-async def _until_hang_up_or_sigterm(listen: Awaitable[None]) -> None:
-    """Serve until stdin ends, or SIGTERM (an editor stopping crow, `kill`): then crow
-    closes as when the client hangs up, so what its sessions opened (containers) goes too."""
+async def _until_hang_up_or_sigterm(listen: Awaitable[None], signals: tuple[int, ...] = ()) -> None:
+    """Serve until stdin ends, or SIGTERM (an editor stopping crow, `kill`) or one of
+    `signals`: then crow closes as when the client hangs up, so what its sessions opened
+    (containers) goes too."""
     import signal
 
     listening = asyncio.ensure_future(listen)
     terminated = False
 
-    def on_sigterm() -> None:
+    def on_signal() -> None:
         nonlocal terminated
         terminated = True
         listening.cancel()
 
     loop = asyncio.get_running_loop()
-    try:
-        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
-    except (NotImplementedError, RuntimeError):  # no signal handlers here (Windows, not main thread)
-        pass
+    handled = dict.fromkeys((signal.SIGTERM, *signals))
+    for signum in handled:
+        try:
+            loop.add_signal_handler(signum, on_signal)
+        except (NotImplementedError, RuntimeError):  # no signal handlers here (Windows, not main thread)
+            pass
     try:
         await listening
     except asyncio.CancelledError:
         if not terminated:
             raise
-        log.info("SIGTERM: closing")
+        log.info("signalled: closing")
     finally:
         listening.cancel()
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.remove_signal_handler(signal.SIGTERM)
+        for signum in handled:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(signum)
 
 
 async def serve(agent: Agent | None = None) -> None:
