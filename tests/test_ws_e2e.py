@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import struct
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import acp
 import pytest
 
-from tests.conftest import crow_env, initialize_125
+from tests.conftest import CROW, crow_env, initialize_125
 from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
 from tests.support.ws import TOKEN, ws_client, ws_crow
 
@@ -196,3 +199,138 @@ async def test_a_client_gone_while_the_model_streams_cancels_the_model_call(
             shown = client_b.text(sid)
             assert shown.startswith("w0") and shown.endswith("[interrupted by the user]"), shown
             assert "w399" not in shown
+
+
+def run_crow(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CROW, "serve", *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("args", "variables", "says"),
+    [
+        (["--listen", "ws://127.0.0.1:0"], {}, "--listen needs a token for clients to send"),
+        (["--listen", "http://127.0.0.1:0"], {"CROW_SERVER_TOKEN": TOKEN}, "only ws:// and wss:// are served"),
+        (["--listen", "wss://127.0.0.1:0"], {"CROW_SERVER_TOKEN": TOKEN}, "wss:// needs --tls-cert FILE and --tls-key FILE"),
+        (["--listen", "ws://127.0.0.1"], {"CROW_SERVER_TOKEN": TOKEN}, "give it as ws://HOST:PORT"),
+        (["--token-file", "x"], {"CROW_SERVER_TOKEN": TOKEN}, "--token-file goes with --listen"),
+    ],
+)
+def test_listen_refuses_to_start_without_what_it_needs(
+    home: Path, args: list[str], variables: dict[str, str], says: str
+) -> None:
+    done = run_crow(crow_env(None, home, **variables), *args)
+    assert done.returncode == 2, done.stderr
+    assert says in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_token_file_must_be_private_and_not_empty(home: Path, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    for mode in (0o640, 0o604, 0o620):
+        token_file.chmod(mode)
+        done = run_crow(crow_env(None, home), "--listen", "ws://127.0.0.1:0", "--token-file", str(token_file))
+        assert done.returncode == 2
+        assert f"permissions {mode:04o} are too open" in done.stderr and "chmod 600" in done.stderr
+    token_file.write_text("\n")
+    token_file.chmod(0o600)
+    done = run_crow(crow_env(None, home), "--listen", "ws://127.0.0.1:0", "--token-file", str(token_file))
+    assert done.returncode == 2 and f"--token-file {token_file} is empty" in done.stderr
+    done = run_crow(crow_env(None, home), "--listen", "ws://127.0.0.1:0", "--token-file", str(tmp_path / "none"))
+    assert done.returncode == 2 and "No such file" in done.stderr
+
+
+async def test_the_token_file_is_the_token_clients_send(home: Path, tmp_path: Path, workspace: Path) -> None:
+    from websockets.exceptions import InvalidStatus
+
+    token_file = tmp_path / "token"
+    token_file.write_text("from-the-file\n")
+    token_file.chmod(0o600)
+    env = env_with_token(None, home)  # the file wins over the variable
+    async with ws_crow(env, "--token-file", str(token_file)) as served:
+        async with ws_client(served.url, "from-the-file") as (conn, _client):
+            await initialize_125(conn)
+        with pytest.raises(InvalidStatus):
+            async with ws_client(served.url, TOKEN):
+                pass
+
+
+@contextlib.asynccontextmanager
+async def raw_socket(url: str, **options: Any) -> Any:
+    """A bare WebSocket with the token: what a hostile or broken client sends."""
+    from websockets.asyncio.client import connect
+
+    async with connect(url, additional_headers={"Authorization": f"Bearer {TOKEN}"}, **options) as socket:
+        yield socket
+
+
+async def raw_handshake(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A WebSocket opened by hand (with the token), to write frames no library would."""
+    host, port = url.removeprefix("ws://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        f"GET / HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+        f"Authorization: Bearer {TOKEN}\r\n\r\n".encode()
+    )
+    assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 101")
+    return reader, writer
+
+
+async def test_an_oversized_frame_closes_that_connection_with_1009_and_nothing_else(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    from websockets.exceptions import ConnectionClosedError
+
+    from crow.acp.ws import MAX_FRAME
+
+    async with ws_crow(env_with_token(llm, home)) as served:
+        async with ws_client(served.url) as (a, client_a):
+            await initialize_125(a)
+            sid = (await a.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+            # One frame whose header says MAX_FRAME + 1 bytes: closed on the header, unread.
+            reader, writer = await raw_handshake(served.url)
+            writer.write(b"\x81\xff" + struct.pack("!Q", MAX_FRAME + 1) + b"mask")
+            head = await reader.readexactly(4)
+            assert head[0] == 0x88 and struct.unpack("!H", head[2:4])[0] == 1009  # a close frame: 1009
+            writer.close()
+            # Deflated small: the limit is on what it inflates to.
+            async with raw_socket(served.url, compression="deflate", max_size=None) as hostile:
+                await hostile.send("x" * (MAX_FRAME + 1))
+                with pytest.raises(ConnectionClosedError):
+                    await hostile.recv()
+                assert hostile.close_code == 1009
+            async with raw_socket(served.url) as fine:  # at the limit: read
+                await fine.send(" " * (MAX_FRAME - 2) + "[]")
+                assert json.loads(await fine.recv())["error"]["code"] == -32600
+            llm.push(Reply(text="still here"))
+            assert (await a.prompt(session_id=sid, prompt=[acp.text_block("hi")])).stop_reason == "end_turn"
+            assert client_a.text(sid) == "still here"
+    assert "Traceback" not in served.log()
+
+
+async def test_garbage_frames_get_json_rpc_errors_and_the_connection_serves_on(home: Path) -> None:
+    async with ws_crow(env_with_token(None, home)) as served:
+        async with raw_socket(served.url) as socket:
+            sent = {
+                "not json": (-32700, None),
+                "[]": (-32600, None),
+                "123": (-32600, None),
+                '"text"': (-32600, None),
+                "null": (-32600, None),
+                "": (-32700, None),
+                json.dumps({"jsonrpc": "2.0", "id": 7, "method": "m" * 100_000}): (-32601, 7),
+                json.dumps({"jsonrpc": "2.0", "id": 8, "method": "no/such"}): (-32601, 8),
+                b'{"jsonrpc":"2.0","id":9,"method":"initialize","params":{}}': (-32600, None),  # binary
+                "[" * 100_000: (-32700, None),
+            }
+            for frame in sent:
+                await socket.send(frame)
+            answers = [json.loads(await socket.recv()) for _ in sent]
+            # (in any order: a request's answer comes from its own task)
+            assert sorted((a["error"]["code"], a["id"] or 0) for a in answers) == sorted(
+                (code, rid or 0) for code, rid in sent.values()
+            )
+            assert "m" * 300 not in json.dumps(answers)  # a huge method is not echoed back
+            await socket.send(json.dumps({"jsonrpc": "2.0", "id": 10, "method": "initialize", "params": {"protocolVersion": 1}}))
+            assert json.loads(await socket.recv())["result"]["protocolVersion"] == 1
+    assert "Traceback" not in served.log()
