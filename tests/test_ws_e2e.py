@@ -334,3 +334,57 @@ async def test_garbage_frames_get_json_rpc_errors_and_the_connection_serves_on(h
             await socket.send(json.dumps({"jsonrpc": "2.0", "id": 10, "method": "initialize", "params": {"protocolVersion": 1}}))
             assert json.loads(await socket.recv())["result"]["protocolVersion"] == 1
     assert "Traceback" not in served.log()
+
+
+def peak_rss_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))) / 1024
+
+
+async def test_a_client_that_never_reads_blocks_its_turn_and_is_dropped(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """The model streams 40 MB while the client reads nothing: crow's writes wait on the
+    socket's buffer (the model's stream with them), its memory does not grow by what the
+    client did not read, and after two ping periods without a byte taken the connection is
+    dropped, the turn cancelled; crow serves on."""
+    llm.push(Reply(text="warm"), Reply(text="x" * 40_000_000, chunk_size=4000))
+    async with ws_crow(env_with_token(llm, home), "--ping-interval", "1") as served:
+        async with raw_socket(served.url, compression=None, max_queue=1) as idle:
+            asked = 0
+
+            async def ask(method: str, params: dict[str, Any], wait: bool = True) -> Any:
+                nonlocal asked
+                asked += 1
+                await idle.send(json.dumps({"jsonrpc": "2.0", "id": asked, "method": method, "params": params}))
+                while wait:
+                    message = json.loads(await idle.recv())
+                    if message.get("id") == asked:
+                        return message["result"]
+
+            await ask("initialize", {"protocolVersion": 1})
+            sid = (await ask("session/new", {"cwd": str(workspace), "mcpServers": []}))["sessionId"]
+            await ask("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "warm up"}]})
+            before = peak_rss_mb(served.proc.pid)
+            await ask("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "flood"}]}, wait=False)
+            await until(lambda: llm.requests and llm.requests[-1].disconnected, "the turn cancelled", 60)
+            grown = peak_rss_mb(served.proc.pid) - before
+            assert grown < 30, f"crow's peak memory grew by {grown:.0f} MB while its client read nothing"
+        assert "read nothing for 2 s: its connection is dropped" in served.log()
+        # resumed, not loaded: the replay of a message this long is a frame over the SDK
+        # client's own limit (1 MiB)
+        async with asyncio.timeout(30):
+            while True:
+                async with ws_client(served.url) as (b, _client_b):
+                    await initialize_125(b)
+                    try:
+                        await b.resume_session(cwd=str(workspace), session_id=sid, mcp_servers=[])
+                    except acp.RequestError as exc:
+                        assert exc.code == BUSY
+                        continue
+                    llm.push(Reply(text="ok"))
+                    assert (await b.prompt(session_id=sid, prompt=[acp.text_block("go on")])).stop_reason == "end_turn"
+                    break
+        taken = llm.requests[-1].messages[-2]["content"]
+        assert taken.startswith("x" * 4000) and taken.endswith("[interrupted by the user]")
+        assert len(taken) < 20_000_000  # what crow had taken from the model when it stopped
