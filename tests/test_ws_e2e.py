@@ -15,7 +15,7 @@ from typing import Any
 import acp
 import pytest
 
-from tests.conftest import CROW, crow_env, initialize_125
+from tests.conftest import CROW, FEATURES_125, crow_env, initialize_125
 from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
 from tests.support.ws import TOKEN, ws_client, ws_crow
 
@@ -388,3 +388,45 @@ async def test_a_client_that_never_reads_blocks_its_turn_and_is_dropped(
         taken = llm.requests[-1].messages[-2]["content"]
         assert taken.startswith("x" * 4000) and taken.endswith("[interrupted by the user]")
         assert len(taken) < 20_000_000  # what crow had taken from the model when it stopped
+
+
+async def test_the_clients_files_are_read_and_written_through_the_socket(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """A client advertising fs.readTextFile/writeTextFile: crow's read_file and write_file go
+    through it (its unsaved buffer wins over the disk), over the WebSocket as over stdio."""
+    (workspace / "a.txt").write_text("on disk\n")
+    llm.push(
+        Reply(tool_calls=[ToolCallSpec("read_file", {"path": "a.txt"}, id="r1")]),
+        Reply(tool_calls=[ToolCallSpec("write_file", {"path": "b.txt", "content": "written\n"}, id="w1")]),
+        Reply(text="done"),
+    )
+    caps = {**FEATURES_125, "fs": {"readTextFile": True, "writeTextFile": True}}
+    async with ws_crow(env_with_token(llm, home)) as served:
+        async with ws_client(served.url) as (conn, client):
+            client.files[str(workspace / "a.txt")] = "in the editor\n"
+            await initialize_125(conn, caps)
+            sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+            await conn.set_session_mode(session_id=sid, mode_id="yolo")
+            assert (await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])).stop_reason == "end_turn"
+            assert client.wire is not None
+            asked = [m["method"] for d, m in client.wire.messages if d == "in" and "method" in m and "id" in m]
+            assert "fs/read_text_file" in asked and "fs/write_text_file" in asked
+    assert "in the editor" in llm.requests[1].messages[-1]["content"]
+    assert client.files[str(workspace / "b.txt")] == "written\n"
+    assert not (workspace / "b.txt").exists()  # the editor wrote it (into its buffer)
+
+
+async def test_the_server_token_never_reaches_the_models_commands(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    llm.push(Reply(tool_calls=[ToolCallSpec("execute", {"command": "env"}, id="e1")]), Reply(text="done"))
+    async with ws_crow(env_with_token(llm, home, CROW_SANDBOX="off", MARKER_FOR_TEST="visible")) as served:
+        async with ws_client(served.url) as (conn, _client):
+            await initialize_125(conn)
+            sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+            await conn.set_session_mode(session_id=sid, mode_id="yolo")
+            await conn.prompt(session_id=sid, prompt=[acp.text_block("show env")])
+    shown = llm.requests[1].messages[-1]["content"]
+    assert "MARKER_FOR_TEST=visible" in shown  # the environment is there: only the token is not
+    assert TOKEN not in shown and "CROW_SERVER_TOKEN" not in shown
