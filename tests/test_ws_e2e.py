@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import struct
 import subprocess
 from pathlib import Path
@@ -430,3 +431,64 @@ async def test_the_server_token_never_reaches_the_models_commands(
     shown = llm.requests[1].messages[-1]["content"]
     assert "MARKER_FOR_TEST=visible" in shown  # the environment is there: only the token is not
     assert TOKEN not in shown and "CROW_SERVER_TOKEN" not in shown
+
+
+async def test_wss_with_a_certificate_the_client_verifies(
+    llm: ScriptedLLM, home: Path, workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    issued = ca.issue_cert("127.0.0.1")
+    cert, key, authority = tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "ca.pem"
+    issued.cert_chain_pems[0].write_to_path(str(cert))
+    issued.private_key_pem.write_to_path(str(key))
+    ca.cert_pem.write_to_path(str(authority))
+    llm.push(Reply(text="private"))
+    args = ("--tls-cert", str(cert), "--tls-key", str(key))
+    async with ws_crow(env_with_token(llm, home), *args, listen="wss://127.0.0.1:0") as served:
+        assert served.url.startswith("wss://127.0.0.1:")
+        with pytest.raises(ssl.SSLCertVerificationError):  # a client that does not trust the CA
+            async with ws_client(served.url):
+                pass
+        monkeypatch.setenv("SSL_CERT_FILE", str(authority))  # what the client's default context trusts
+        async with ws_client(served.url) as (conn, client):
+            await initialize_125(conn)
+            sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+            assert (await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])).stop_reason == "end_turn"
+            assert client.text(sid) == "private"
+    assert "Traceback" not in served.log()
+
+
+def test_wss_with_a_certificate_that_cannot_be_used_exits_2(home: Path, tmp_path: Path) -> None:
+    (tmp_path / "cert.pem").write_text("not a certificate")
+    args = ("--listen", "wss://127.0.0.1:0", "--tls-cert", str(tmp_path / "cert.pem"), "--tls-key", str(tmp_path / "cert.pem"))
+    done = run_crow(crow_env(None, home, CROW_SERVER_TOKEN=TOKEN), *args)
+    assert done.returncode == 2 and "--tls-cert/--tls-key: cannot use" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+async def test_a_signal_ends_the_server_with_its_turns_cancelled(
+    llm: ScriptedLLM, home: Path, workspace: Path, signum: int
+) -> None:
+    llm.push(SLOW)
+    async with ws_crow(env_with_token(llm, home)) as served:
+        async with ws_client(served.url) as (conn, client):
+            await initialize_125(conn)
+            sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+            turn = asyncio.create_task(conn.prompt(session_id=sid, prompt=[acp.text_block("talk")]))
+            await until(lambda: client.text(sid), "the first words")
+            served.proc.send_signal(signum)
+            assert await asyncio.wait_for(served.proc.wait(), 60) == 0, served.log()
+            with pytest.raises(ConnectionError):
+                await turn
+    assert "Traceback" not in served.log()
+    assert llm.requests[0].disconnected  # the model's stream was abandoned, not read to its end
+    async with ws_crow(env_with_token(llm, home)) as served:  # the history was settled first
+        async with ws_client(served.url) as (conn, client):
+            await initialize_125(conn)
+            await conn.load_session(cwd=str(workspace), session_id=sid, mcp_servers=[])
+            assert client.text(sid).endswith("[interrupted by the user]")
