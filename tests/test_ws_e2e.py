@@ -10,6 +10,7 @@ import json
 import signal
 import struct
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,9 @@ async def test_two_connections_at_once_keep_to_their_own_sessions(
             ids = {}
             for name, conn in (("a", a), ("b", b)):
                 for n in range(2):
-                    ids[f"{name}{n}"] = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+                    ids[f"{name}{n}"] = (
+                        await conn.new_session(cwd=str(workspace), mcp_servers=[])
+                    ).session_id
             turns = [
                 (a if key.startswith("a") else b).prompt(session_id=sid, prompt=[acp.text_block(key)])
                 for key, sid in ids.items()
@@ -97,7 +100,7 @@ SLOW = Reply(text=" ".join(f"w{i}" for i in range(400)), chunk_delay=0.05)  # ~2
 async def until(check: Any, what: str, timeout: float = 30) -> Any:
     """Wait for `check()` to be true (an event seen from outside); its value."""
     async with asyncio.timeout(timeout):
-        while not (value := check()):
+        while not (value := check()):  # noqa: ASYNC110 (another process)
             await asyncio.sleep(0.05)
     return value
 
@@ -149,7 +152,9 @@ async def test_a_session_live_in_one_connection_is_busy_for_another_until_that_o
         async with stack:
             assert client_b.text(sid) == "firststill mine"
             llm.push(Reply(text="now B's"))
-            assert (await b.prompt(session_id=sid, prompt=[acp.text_block("three")])).stop_reason == "end_turn"
+            assert (
+                await b.prompt(session_id=sid, prompt=[acp.text_block("three")])
+            ).stop_reason == "end_turn"
 
 
 async def test_a_client_gone_mid_turn_has_its_turn_cancelled_and_the_history_stays_valid(
@@ -173,10 +178,16 @@ async def test_a_client_gone_mid_turn_has_its_turn_cancelled_and_the_history_sta
         stack, b, client_b = await load_when_free(served.url, sid, workspace)
         async with stack:
             assert [u.content.text for u in client_b.of_type("UserMessageChunk", sid)] == ["run it"]
-            calls = [(type(u).__name__, u.status) for _, u in client_b.updates if getattr(u, "tool_call_id", 0) == "c1"]
+            calls = [
+                (type(u).__name__, u.status)
+                for _, u in client_b.updates
+                if getattr(u, "tool_call_id", 0) == "c1"
+            ]
             assert calls == [("ToolCallStart", "failed")]  # replayed as it ended: not left running
             llm.push(Reply(text="again"))
-            assert (await b.prompt(session_id=sid, prompt=[acp.text_block("go on")])).stop_reason == "end_turn"
+            assert (
+                await b.prompt(session_id=sid, prompt=[acp.text_block("go on")])
+            ).stop_reason == "end_turn"
         sent = llm.requests[-1].messages
         assert [m["role"] for m in sent] == ["system", "user", "assistant", "tool", "user"]
         assert sent[3]["tool_call_id"] == "c1"
@@ -210,8 +221,16 @@ def run_crow(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str
     ("args", "variables", "says"),
     [
         (["--listen", "ws://127.0.0.1:0"], {}, "--listen needs a token for clients to send"),
-        (["--listen", "http://127.0.0.1:0"], {"CROW_SERVER_TOKEN": TOKEN}, "only ws:// and wss:// are served"),
-        (["--listen", "wss://127.0.0.1:0"], {"CROW_SERVER_TOKEN": TOKEN}, "wss:// needs --tls-cert FILE and --tls-key FILE"),
+        (
+            ["--listen", "http://127.0.0.1:0"],
+            {"CROW_SERVER_TOKEN": TOKEN},
+            "only ws:// and wss:// are served",
+        ),
+        (
+            ["--listen", "wss://127.0.0.1:0"],
+            {"CROW_SERVER_TOKEN": TOKEN},
+            "wss:// needs --tls-cert FILE and --tls-key FILE",
+        ),
         (["--listen", "ws://127.0.0.1"], {"CROW_SERVER_TOKEN": TOKEN}, "give it as ws://HOST:PORT"),
         (["--token-file", "x"], {"CROW_SERVER_TOKEN": TOKEN}, "--token-file goes with --listen"),
     ],
@@ -236,7 +255,9 @@ def test_a_token_file_must_be_private_and_not_empty(home: Path, tmp_path: Path) 
     token_file.chmod(0o600)
     done = run_crow(crow_env(None, home), "--listen", "ws://127.0.0.1:0", "--token-file", str(token_file))
     assert done.returncode == 2 and f"--token-file {token_file} is empty" in done.stderr
-    done = run_crow(crow_env(None, home), "--listen", "ws://127.0.0.1:0", "--token-file", str(tmp_path / "none"))
+    done = run_crow(
+        crow_env(None, home), "--listen", "ws://127.0.0.1:0", "--token-file", str(tmp_path / "none")
+    )
     assert done.returncode == 2 and "No such file" in done.stderr
 
 
@@ -332,7 +353,11 @@ async def test_garbage_frames_get_json_rpc_errors_and_the_connection_serves_on(h
                 (code, rid or 0) for code, rid in sent.values()
             )
             assert "m" * 300 not in json.dumps(answers)  # a huge method is not echoed back
-            await socket.send(json.dumps({"jsonrpc": "2.0", "id": 10, "method": "initialize", "params": {"protocolVersion": 1}}))
+            await socket.send(
+                json.dumps(
+                    {"jsonrpc": "2.0", "id": 10, "method": "initialize", "params": {"protocolVersion": 1}}
+                )
+            )
             assert json.loads(await socket.recv())["result"]["protocolVersion"] == 1
     assert "Traceback" not in served.log()
 
@@ -357,7 +382,9 @@ async def test_a_client_that_never_reads_blocks_its_turn_and_is_dropped(
             async def ask(method: str, params: dict[str, Any], wait: bool = True) -> Any:
                 nonlocal asked
                 asked += 1
-                await idle.send(json.dumps({"jsonrpc": "2.0", "id": asked, "method": method, "params": params}))
+                await idle.send(
+                    json.dumps({"jsonrpc": "2.0", "id": asked, "method": method, "params": params})
+                )
                 while wait:
                     message = json.loads(await idle.recv())
                     if message.get("id") == asked:
@@ -367,7 +394,11 @@ async def test_a_client_that_never_reads_blocks_its_turn_and_is_dropped(
             sid = (await ask("session/new", {"cwd": str(workspace), "mcpServers": []}))["sessionId"]
             await ask("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "warm up"}]})
             before = peak_rss_mb(served.proc.pid)
-            await ask("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "flood"}]}, wait=False)
+            await ask(
+                "session/prompt",
+                {"sessionId": sid, "prompt": [{"type": "text", "text": "flood"}]},
+                wait=False,
+            )
             await until(lambda: llm.requests and llm.requests[-1].disconnected, "the turn cancelled", 60)
             grown = peak_rss_mb(served.proc.pid) - before
             assert grown < 30, f"crow's peak memory grew by {grown:.0f} MB while its client read nothing"
@@ -384,7 +415,9 @@ async def test_a_client_that_never_reads_blocks_its_turn_and_is_dropped(
                         assert exc.code == BUSY
                         continue
                     llm.push(Reply(text="ok"))
-                    assert (await b.prompt(session_id=sid, prompt=[acp.text_block("go on")])).stop_reason == "end_turn"
+                    assert (
+                        await b.prompt(session_id=sid, prompt=[acp.text_block("go on")])
+                    ).stop_reason == "end_turn"
                     break
         taken = llm.requests[-1].messages[-2]["content"]
         assert taken.startswith("x" * 4000) and taken.endswith("[interrupted by the user]")
@@ -409,9 +442,13 @@ async def test_the_clients_files_are_read_and_written_through_the_socket(
             await initialize_125(conn, caps)
             sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
             await conn.set_session_mode(session_id=sid, mode_id="yolo")
-            assert (await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])).stop_reason == "end_turn"
+            assert (
+                await conn.prompt(session_id=sid, prompt=[acp.text_block("go")])
+            ).stop_reason == "end_turn"
             assert client.wire is not None
-            asked = [m["method"] for d, m in client.wire.messages if d == "in" and "method" in m and "id" in m]
+            asked = [
+                m["method"] for d, m in client.wire.messages if d == "in" and "method" in m and "id" in m
+            ]
             assert "fs/read_text_file" in asked and "fs/write_text_file" in asked
     assert "in the editor" in llm.requests[1].messages[-1]["content"]
     assert client.files[str(workspace / "b.txt")] == "written\n"
@@ -457,14 +494,23 @@ async def test_wss_with_a_certificate_the_client_verifies(
         async with ws_client(served.url) as (conn, client):
             await initialize_125(conn)
             sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
-            assert (await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])).stop_reason == "end_turn"
+            assert (
+                await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
+            ).stop_reason == "end_turn"
             assert client.text(sid) == "private"
     assert "Traceback" not in served.log()
 
 
 def test_wss_with_a_certificate_that_cannot_be_used_exits_2(home: Path, tmp_path: Path) -> None:
     (tmp_path / "cert.pem").write_text("not a certificate")
-    args = ("--listen", "wss://127.0.0.1:0", "--tls-cert", str(tmp_path / "cert.pem"), "--tls-key", str(tmp_path / "cert.pem"))
+    args = (
+        "--listen",
+        "wss://127.0.0.1:0",
+        "--tls-cert",
+        str(tmp_path / "cert.pem"),
+        "--tls-key",
+        str(tmp_path / "cert.pem"),
+    )
     done = run_crow(crow_env(None, home, CROW_SERVER_TOKEN=TOKEN), *args)
     assert done.returncode == 2 and "--tls-cert/--tls-key: cannot use" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
@@ -492,3 +538,30 @@ async def test_a_signal_ends_the_server_with_its_turns_cancelled(
             await initialize_125(conn)
             await conn.load_session(cwd=str(workspace), session_id=sid, mcp_servers=[])
             assert client.text(sid).endswith("[interrupted by the user]")
+
+
+async def test_the_example_client_runs_a_prompt_and_continues_the_session(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    script = Path(__file__).resolve().parent.parent / "examples" / "ws_client.py"
+
+    async def run(*args: str, token: str = TOKEN) -> tuple[int, str, str]:
+        env = {**crow_env(None, home), "CROW_SERVER_TOKEN": token}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(script), served.url, *args, "--cwd", str(workspace), env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        return proc.returncode or 0, out.decode(), err.decode()
+
+    llm.push(Reply(text="four", chunk_size=1), Reply(text="eight"))
+    async with ws_crow(env_with_token(llm, home)) as served:
+        code, out, err = await run("what is 2+2?")
+        assert (code, out) == (0, "four\n"), err
+        sid = err.split("session ", 1)[1].split()[0]
+        code, out, err = await run("and doubled?", "--session", sid)
+        assert (code, out) == (0, "eight\n"), err
+        users = [m["content"] for m in llm.requests[-1].messages if m["role"] == "user"]
+        assert users == ["what is 2+2?", "and doubled?"]
+        code, _out, err = await run("hi", token="wrong")
+        assert code == 1 and "refused the connection" in err and "401" in err
