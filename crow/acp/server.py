@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -49,6 +49,7 @@ from crow.acp import subagents as acp_subagents
 from crow.acp import view as acp_view
 from crow.acp.client import AcpSessionClient
 from crow.acp.extensions import Extensions
+from crow.acp.owners import Owners
 from crow.acp.protocol import ClientFeatures
 from crow.acp.sessions import BUSY, FAILED
 from crow.agent import Agent
@@ -73,9 +74,9 @@ class AcpServer(Extensions):
     live session is served by the connection that opened it, and is busy for the others
     until that one closes it or ends (`close_sessions`)."""
 
-    def __init__(self, agent: Agent | None = None, owners: dict[str, AcpServer] | None = None) -> None:
+    def __init__(self, agent: Agent | None = None, owners: Owners | None = None) -> None:
         self.agent = agent if agent is not None else Agent()
-        self.owners: dict[str, AcpServer] = {} if owners is None else owners
+        self.owners = Owners() if owners is None else owners
         self.conn: Any = None
         self.wire: Wire | None = None
         self.client_capabilities: ClientCapabilities | None = None
@@ -131,7 +132,7 @@ class AcpServer(Extensions):
             raise acp_sessions.session_error(exc) from exc
         except CrowError as exc:
             raise RequestError.invalid_params({"cwd": str(exc)}) from exc
-        self._claim(session.id)
+        self.owners.claim(session.id, self)
         self._bind(session)
         self._advertise_commands(session.id)
         return NewSessionResponse(
@@ -226,12 +227,12 @@ class AcpServer(Extensions):
         )
 
     async def close_session(self, session_id: str, **kwargs: Any) -> CloseSessionResponse:
-        self._claim(session_id)
+        self.owners.claim(session_id, self)
         await self.cancel(session_id)
         try:
             await self.agent.close_session(session_id)
         finally:
-            self._release(session_id)
+            self.owners.release(session_id, self)
         return CloseSessionResponse()
 
     async def delete_session(self, session_id: str, **kwargs: Any) -> DeleteSessionResponse:
@@ -244,7 +245,7 @@ class AcpServer(Extensions):
             await self.agent.ready()
             ids += [r.id for r in await self.agent.store.descendants([session_id])]
         for sid in ids:
-            self._check_owner(sid)
+            self.owners.check(sid, self)
         while running := [sid for sid in ids if sid in self._running]:
             settled = self._settled.get(running[0])
             if settled is None:  # another delete holds it
@@ -265,7 +266,7 @@ class AcpServer(Extensions):
             for sid in ids:
                 del self._running[sid]
                 if sid not in self.agent.sessions:
-                    self._release(sid)
+                    self.owners.release(sid, self)
         return DeleteSessionResponse()
 
     async def list_sessions(
@@ -328,49 +329,23 @@ class AcpServer(Extensions):
             session = self.agent.get(session_id)
         except SessionError as exc:
             raise acp_sessions.session_error(exc) from exc
-        self._claim(session_id)
+        self.owners.claim(session_id, self)
         return session
 
     # ------------------------------------------------------------ connections
-    def _check_owner(self, session_id: str) -> None:
-        owner = self.owners.get(session_id)
-        if owner is not None and owner is not self:
-            raise RequestError(
-                BUSY,
-                f"busy: session {session_id} is open in another connection to this crow;"
-                " try again when that connection closes it or ends",
-            )
-
-    def _claim(self, session_id: str) -> None:
-        """This connection serves the session from now on (busy if another one does)."""
-        self._check_owner(session_id)
-        self.owners[session_id] = self
-
-    def _release(self, session_id: str) -> None:
-        if self.owners.get(session_id) is self:
-            del self.owners[session_id]
-
-    @contextmanager
-    def _claimed(self, session_id: str) -> Iterator[None]:
-        """Claimed before a load or resume awaits anything (two connections loading one
-        session race here); released again if the session did not become live."""
-        self._claim(session_id)
-        try:
-            yield
-        finally:
-            if session_id not in self.agent.sessions:
-                self._release(session_id)
+    def _claimed(self, session_id: str) -> AbstractContextManager[None]:
+        return self.owners.claimed(session_id, self, lambda sid: sid in self.agent.sessions)
 
     async def close_sessions(self) -> None:
         """The connection has ended (its requests, running turns included, were cancelled
         with it): its sessions are closed and free for another connection."""
-        for session_id in [sid for sid, owner in self.owners.items() if owner is self]:
+        for session_id in self.owners.held_by(self):
             try:
                 await self.agent.close_session(session_id)
             except Exception:  # the others are still closed; the agent closes the rest at exit
                 log.exception("closing session %s failed", session_id)
             finally:
-                self._release(session_id)
+                self.owners.release(session_id, self)
 
     # ------------------------------------------------------------ prompts
     async def prompt(self, session_id: str, prompt: list[Any], **kwargs: Any) -> PromptResponse:

@@ -35,6 +35,7 @@ from websockets.asyncio.server import Request, Response, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 
+from crow.acp.owners import Owners
 from crow.acp.server import AcpServer, _until_hang_up_or_sigterm
 from crow.acp.wire import MAX_MESSAGE, NOT_AN_OBJECT, Wire, connect
 from crow.agent import Agent
@@ -221,7 +222,7 @@ class WsWire(Wire):
                 return message
 
 
-async def _serve_connection(agent: Agent, owners: dict[str, AcpServer], socket: ServerConnection) -> None:
+async def _serve_connection(agent: Agent, owners: Owners, socket: ServerConnection) -> None:
     server = AcpServer(agent, owners)
     server.wire = wire = WsWire(socket)
     conn = connect(server, wire)
@@ -244,7 +245,7 @@ async def serve_websocket(
     """Serve ACP on `listen` until SIGTERM or SIGINT; then every connection is closed as if
     its client had gone, and the agent after them."""
     tls = listen.tls()
-    owners: dict[str, AcpServer] = {}
+    owners = Owners()
 
     async def handler(socket: ServerConnection) -> None:
         await _serve_connection(agent, owners, socket)
