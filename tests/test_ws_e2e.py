@@ -40,6 +40,14 @@ async def test_a_client_with_the_token_runs_sessions_and_loads_them(
             assert done.stop_reason == "end_turn"
             assert client.text(sid) == "hello over the socket"
             assert len(client.of_type("AgentMessageChunk", sid)) > 3  # streamed, chunk by chunk
+            # what follows session/new (its commands) follows its answer on the wire
+            assert client.wire is not None
+            crow_wrote = [m for d, m in client.wire.messages if d == "in"]
+            answer = next(
+                i for i, m in enumerate(crow_wrote) if (m.get("result") or {}).get("sessionId") == sid
+            )
+            assert all(m.get("method") != "session/update" for m in crow_wrote[:answer])
+            assert any(m.get("method") == "session/update" for m in crow_wrote[answer:])
         async with ws_client(served.url) as (conn, client):
             await initialize_125(conn)
             await conn.load_session(cwd=str(workspace), session_id=sid, mcp_servers=[])
@@ -191,6 +199,7 @@ async def test_a_client_gone_mid_turn_has_its_turn_cancelled_and_the_history_sta
         sent = llm.requests[-1].messages
         assert [m["role"] for m in sent] == ["system", "user", "assistant", "tool", "user"]
         assert sent[3]["tool_call_id"] == "c1"
+    assert "Traceback" not in served.log()
 
 
 async def test_a_client_gone_while_the_model_streams_cancels_the_model_call(
