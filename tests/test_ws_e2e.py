@@ -148,6 +148,10 @@ async def test_a_session_live_in_one_connection_is_busy_for_another_until_that_o
                     b.prompt(session_id=sid, prompt=[acp.text_block("mine now")]),
                     b.set_session_mode(session_id=sid, mode_id="yolo"),
                     b.close_session(session_id=sid),
+                    b.ext_method("crow.compact", {"sessionId": sid}),
+                    b.ext_method(
+                        "session/steering", {"sessionId": sid, "prompt": [{"type": "text", "text": "x"}]}
+                    ),
                 ):
                     with pytest.raises(acp.RequestError) as busy:
                         await ask
