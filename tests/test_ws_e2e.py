@@ -113,6 +113,15 @@ async def until(check: Any, what: str, timeout: float = 30) -> Any:
     return value
 
 
+async def talking(conn: Any, client: Any, workspace: Path) -> tuple[str, asyncio.Task[Any]]:
+    """A new session with a turn running (the model talking, `SLOW`): its id and the prompt."""
+    await initialize_125(conn)
+    sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+    turn = asyncio.create_task(conn.prompt(session_id=sid, prompt=[acp.text_block("talk")]))
+    await until(lambda: client.text(sid), "the first words")
+    return sid, turn
+
+
 async def load_when_free(url: str, sid: str, workspace: Path) -> Any:
     """`session/load` in a new connection, again while it answers busy (the connection that
     had the session is still closing it); the open connection and its client."""
@@ -212,10 +221,7 @@ async def test_a_client_gone_while_the_model_streams_cancels_the_model_call(
     llm.push(SLOW)
     async with ws_crow(env_with_token(llm, home)) as served:
         async with ws_client(served.url) as (a, client_a):
-            await initialize_125(a)
-            sid = (await a.new_session(cwd=str(workspace), mcp_servers=[])).session_id
-            turn = asyncio.create_task(a.prompt(session_id=sid, prompt=[acp.text_block("talk")]))
-            await until(lambda: client_a.text(sid), "the first words")
+            sid, turn = await talking(a, client_a, workspace)
         with pytest.raises(ConnectionError):
             await turn
         await until(lambda: llm.requests[0].disconnected, "crow abandoned the model's stream")
@@ -536,10 +542,7 @@ async def test_a_signal_ends_the_server_with_its_turns_cancelled(
     llm.push(SLOW)
     async with ws_crow(env_with_token(llm, home)) as served:
         async with ws_client(served.url) as (conn, client):
-            await initialize_125(conn)
-            sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
-            turn = asyncio.create_task(conn.prompt(session_id=sid, prompt=[acp.text_block("talk")]))
-            await until(lambda: client.text(sid), "the first words")
+            sid, turn = await talking(conn, client, workspace)
             served.proc.send_signal(signum)
             assert await asyncio.wait_for(served.proc.wait(), 60) == 0, served.log()
             with pytest.raises(ConnectionError):
