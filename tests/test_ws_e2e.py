@@ -581,3 +581,26 @@ async def test_the_example_client_runs_a_prompt_and_continues_the_session(
         assert users == ["what is 2+2?", "and doubled?"]
         code, _out, err = await run("hi", token="wrong")
         assert code == 1 and "refused the connection" in err and "401" in err
+
+
+async def test_two_connections_loading_one_session_at_once_one_gets_it(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    llm.push(Reply(text="stored"))
+    async with ws_crow(env_with_token(llm, home)) as served:
+        async with ws_client(served.url) as (a, _client):
+            await initialize_125(a)
+            sid = (await a.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+            await a.prompt(session_id=sid, prompt=[acp.text_block("one")])
+        stack, _conn, _client = await load_when_free(served.url, sid, workspace)  # A has ended
+        await stack.aclose()
+        async with ws_client(served.url) as (b, client_b), ws_client(served.url) as (c, client_c):
+            await initialize_125(b)
+            await initialize_125(c)
+            loads = [conn.load_session(cwd=str(workspace), session_id=sid, mcp_servers=[]) for conn in (b, c)]
+            results = await asyncio.gather(*loads, return_exceptions=True)
+            refused = [r for r in results if isinstance(r, acp.RequestError)]
+            assert len(refused) == 1 and refused[0].code == BUSY, results
+            winner = client_b if results[0] is not refused[0] else client_c
+            loser = client_c if winner is client_b else client_b
+            assert winner.text(sid) == "stored" and loser.updates == []
