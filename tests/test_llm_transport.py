@@ -87,3 +87,32 @@ async def test_a_body_over_the_hold_limit_is_sent_whole_without_a_joined_copy(ll
     assert llm.requests[0].last_user_text == big
     head, body = counting.writes  # the head held, then the body as httpx gave it
     assert head < 1024 < transport_mod.HOLD_LIMIT * 3 < body
+
+
+async def test_a_kept_connection_the_server_closed_is_not_reused() -> None:
+    """The pool asks an idle connection whether it is readable (EOF: the server closed it)
+    before reusing it; the transport answers that from the raw socket. Answered wrongly,
+    the second request goes out on the dead connection and fails."""
+    import anyio
+
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
+    connections = 0
+
+    async def serve(stream: anyio.abc.SocketStream) -> None:
+        nonlocal connections
+        connections += 1
+        async with stream:
+            await stream.receive()  # one whole small request
+            await stream.send(answer)  # keep-alive as far as the client knows; then closed
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, serve)
+        async with httpx2.AsyncClient(transport=model_transport(False)) as http:
+            for _ in range(2):
+                response = await http.post(f"http://127.0.0.1:{port}/", content=b"hi")
+                assert response.text == "ok"
+                await anyio.sleep(0.05)  # let the server's close arrive
+        tg.cancel_scope.cancel()
+    assert connections == 2
