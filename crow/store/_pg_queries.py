@@ -32,6 +32,13 @@ COLUMNS = (
 _JSON_FIELDS = frozenset({"todos", "files", "config", "additional_directories"})
 
 
+def text(value: Any) -> Any:
+    """A plain text column's value: PostgreSQL text refuses U+0000 (SQLite keeps it), and a
+    title (the first prompt's line) or a rule (a command the model ran) may hold one: it is
+    stored as U+FFFD rather than failing the turn. Message JSON escapes it (kept as is)."""
+    return value.replace("\x00", "\ufffd") if isinstance(value, str) else value
+
+
 async def one(c: Conn, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
     cur = await c.execute(sql, params)
     return await cur.fetchone()
@@ -65,8 +72,8 @@ async def create(c: Conn, r: SessionRecord) -> SessionRecord:
         " additional_directories, cost, thought_level, parent_id)"
         " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
         f" ON CONFLICT (id) DO NOTHING RETURNING {COLUMNS}",
-        (r.id, r.cwd, r.title, created, updated, r.model, r.mode,
-         *map(to_json, (r.todos, r.files, r.config, r.additional_directories)), r.cost, r.thought_level,
+        (r.id, *map(text, (r.cwd, r.title)), created, updated, *map(text, (r.model, r.mode)),
+         *map(to_json, (r.todos, r.files, r.config, r.additional_directories)), r.cost, text(r.thought_level),
          r.parent_id),
     )  # fmt: skip
     if row is None:
@@ -75,13 +82,15 @@ async def create(c: Conn, r: SessionRecord) -> SessionRecord:
 
 
 async def get(c: Conn, session_id: str) -> SessionRecord | None:
+    if "\x00" in session_id:  # no id holds one (PostgreSQL would refuse the query)
+        return None
     row = await one(c, f"SELECT {COLUMNS} FROM sessions WHERE id = %s", (session_id,))
     return None if row is None else to_record(row)
 
 
 async def update(c: Conn, session_id: str, fields: dict[str, Any]) -> SessionRecord:
     names = sorted(fields)
-    values = [to_json(fields[n]) if n in _JSON_FIELDS else fields[n] for n in names]
+    values = [to_json(fields[n]) if n in _JSON_FIELDS else text(fields[n]) for n in names]
     assignments = "".join(f"{n} = %s, " for n in names)
     row = await one(
         c,
@@ -139,6 +148,8 @@ async def list_page(
 
 
 async def match_ids(c: Conn, prefix: str, limit: int) -> list[tuple[str, str]]:
+    if "\x00" in prefix:  # no id holds one (PostgreSQL would refuse the query)
+        return []
     row = await one(c, "SELECT id, title FROM sessions WHERE id = %s", (prefix,))
     if row is not None or not prefix:
         return [] if row is None else [(row[0], row[1] or "")]
