@@ -167,13 +167,20 @@ class PostgresStore:
 
     # messages
     async def append(self, session_id: str, messages: Sequence[Message], *, in_context: bool = True) -> None:
-        await self._run(q.append, session_id, [dump(m) for m in messages], in_context, tx=len(messages) == 0)
+        texts = [dump(m) for m in messages]
+        await self._run(q.append, session_id, texts, in_context, self._fenced(session_id), tx=not texts)
 
     async def set_context(self, session_id: str, messages: Sequence[Message]) -> None:
-        await self._run(q.set_context, session_id, [dump(m) for m in messages])
+        await self._run(q.set_context, session_id, [dump(m) for m in messages], self._fenced(session_id))
 
     async def rewind_context(self, session_id: str, messages: Sequence[Message], marker: Message) -> None:
-        await self._run(q.rewind, session_id, [dump(m) for m in messages], dump(marker))
+        texts, fenced = [dump(m) for m in messages], self._fenced(session_id)
+        await self._run(q.rewind, session_id, texts, dump(marker), fenced)
+
+    def _fenced(self, session_id: str) -> str | None:
+        """This store's holder name while it holds the session's lock (a turn's writes): the
+        write checks the lock is still its own (crow/store/_pg_queries.py `_APPEND`)."""
+        return self._holder if session_id in self._locks.held else None
 
     async def context_at(self, session_id: str, seq: int) -> list[Message]:
         return await self._run(q.context_at, session_id, seq, read=True)
