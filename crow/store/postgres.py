@@ -89,7 +89,9 @@ class PostgresStore:
             )  # fmt: skip
             try:
                 await self._pool.open(wait=True, timeout=self.wait)
-            except (PoolTimeout, psycopg.Error) as exc:
+            except PoolTimeout as exc:
+                raise await self._no_connection(exc) from exc
+            except psycopg.Error as exc:
                 raise self._unreachable(exc) from exc
         except BaseException:
             await self.aclose()
@@ -317,7 +319,7 @@ class PostgresStore:
                         await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                     return await fn(conn, *args)
         except PoolTimeout as exc:
-            raise self._unreachable(exc) from exc
+            raise await self._no_connection(exc) from exc
         except psycopg.Error as exc:
             raise self._error(fn.__name__, exc) from exc
         except UnicodeEncodeError as exc:  # text that is not valid Unicode
@@ -338,10 +340,24 @@ class PostgresStore:
                 options["connect_timeout"] = max(1, round(self.wait))
         return options
 
-    def _unreachable(self, exc: BaseException) -> StoreError:
+    async def _no_connection(self, timeout: PoolTimeout) -> StoreError:
+        """The pool gave no connection in time: say why, as the server does to one more
+        connection (refused, "too many connections", a password refused, ...); the pool
+        itself only logs it. One that succeeds means this process's connections are busy."""
+        try:
+            probe = await psycopg.AsyncConnection.connect(self._url, **self._options())
+        except psycopg.Error as exc:
+            return self._unreachable(timeout, exc)
+        with suppress(psycopg.Error):
+            await probe.close()
+        return self._unreachable(timeout)
+
+    def _unreachable(self, exc: BaseException, cause: BaseException | None = None) -> StoreError:
         why = " ".join(str(exc).split()) or type(exc).__name__  # libpq's lines, as one
         if isinstance(exc, PoolTimeout):
             why = f"no connection within {self.wait:g} s"
+            if cause is not None:
+                why += ": " + (" ".join(str(cause).split()) or type(cause).__name__)
         why = redact(why, self._password)
         return StoreError(f"cannot reach the PostgreSQL store at {self._where}: {why}")
 
