@@ -344,10 +344,12 @@ class PostgresStore:
         """The pool gave no connection in time: say why, as the server does to one more
         connection (refused, "too many connections", a password refused, ...); the pool
         itself only logs it. One that succeeds means this process's connections are busy."""
-        try:
-            probe = await psycopg.AsyncConnection.connect(self._url, **self._options())
+        try:  # briefly: the call already waited `wait` seconds
+            probe = await asyncio.wait_for(psycopg.AsyncConnection.connect(self._url, **self._options()), 2)
         except psycopg.Error as exc:
             return self._unreachable(timeout, exc)
+        except TimeoutError:
+            return self._unreachable(timeout)
         with suppress(psycopg.Error):
             await probe.close()
         return self._unreachable(timeout)
