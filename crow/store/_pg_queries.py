@@ -184,6 +184,10 @@ async def fork(c: Conn, source_id: str, new_id: str) -> SessionRecord:
     now = time.time()
     if await one(c, "SELECT 1 FROM sessions WHERE id = %s", (new_id,)):
         raise StoreError(f"session {new_id!r} already exists")
+    # The source row locked first: each statement below reads anew (READ COMMITTED), and an
+    # append landing between them would leave the copy's count short of its entries.
+    if not await one(c, "SELECT 1 FROM sessions WHERE id = %s FOR SHARE", (source_id,)):
+        raise unknown(source_id)
     copied = await c.execute(
         f"INSERT INTO sessions (id, created_at, updated_at, {_COPIED}) SELECT %s, %s, %s, {_COPIED}"
         " FROM sessions WHERE id = %s ON CONFLICT (id) DO NOTHING",
