@@ -49,3 +49,19 @@ async def test_nul_in_plain_text_is_stored_not_refused(pg_url: str) -> None:
         assert await store.project_rules("/p\x00") == ["execute(a\ufffdb)"]
         assert await store.get_session("s\x00") is None
         assert await store.match_ids("s\x00") == []
+
+
+async def test_a_sqlite_session_with_nul_in_its_title_is_migrated(pg_url: str, tmp_path: Path) -> None:
+    from crow.store import SQLiteStore
+    from crow.store.migrate import migrate
+
+    db = tmp_path / "crow.db"
+    async with SQLiteStore(db) as lite:  # SQLite keeps U+0000: a first prompt's line with one
+        await lite.create_session(id="a", cwd="/w", title="nul\x00title")
+        await lite.append("a", [human("nul\x00here")])
+        await lite.create_session(id="b", cwd="/w", title="plain")
+    async with PostgresStore(pg_url) as pg:
+        assert await migrate(str(db), None, pg, print) == 2
+        got = await pg.get_session("a")
+        assert got is not None and got.title == "nul\ufffdtitle"
+        assert [m.content for m in await pg.load_transcript("a")] == ["nul\x00here"]
