@@ -71,6 +71,7 @@ class PostgresStore:
         # Operations whose caller was cancelled: they still land, and later calls wait for
         # them (a cancelled append is in the transcript before the next load reads it).
         self._orphans: set[asyncio.Future[Any]] = set()
+        self._probing = False  # a connection attempt saying why the pool gave none (_no_connection)
 
     # lifecycle
     async def open(self) -> PostgresStore:
@@ -343,13 +344,19 @@ class PostgresStore:
     async def _no_connection(self, timeout: PoolTimeout) -> StoreError:
         """The pool gave no connection in time: say why, as the server does to one more
         connection (refused, "too many connections", a password refused, ...); the pool
-        itself only logs it. One that succeeds means this process's connections are busy."""
+        itself only logs it. One that succeeds means this process's connections are busy.
+        One probe at a time: hundreds of calls timing out together must not open as many."""
+        if self._probing:
+            return self._unreachable(timeout)
+        self._probing = True
         try:  # briefly: the call already waited `wait` seconds
             probe = await asyncio.wait_for(psycopg.AsyncConnection.connect(self._url, **self._options()), 2)
         except psycopg.Error as exc:
             return self._unreachable(timeout, exc)
         except TimeoutError:
             return self._unreachable(timeout)
+        finally:
+            self._probing = False
         with suppress(psycopg.Error):
             await probe.close()
         return self._unreachable(timeout)
