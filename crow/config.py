@@ -439,7 +439,12 @@ def validate_config(data: Mapping[str, Any], where: str) -> Config:
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"invalid configuration{where}: {exc}") from exc
+        said = str(exc)
+        if isinstance(store := data.get("store"), str) and store:
+            # pydantic quotes the input, and a store URL may carry the database's password
+            # (CROW_STORE is a secret): only its scheme is shown.
+            said = said.replace(store, store.partition("://")[0] + "://…" if "://" in store else "…")
+        raise ConfigError(f"invalid configuration{where}: {said}") from exc
     return config  # hooks.disable is checked where hooks are found (crow.plugins)
 
 

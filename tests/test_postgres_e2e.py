@@ -204,10 +204,9 @@ async def test_the_database_restarted_mid_turn_fails_that_turn_and_crow_carries_
             postgres.start()
         where = pg_url.split("?host=")[1].replace("&port=", ":")
         db = pg_url.split("@/")[1].split("?")[0]
-        assert (
-            str(failed.value)
-            == f"cannot reach the PostgreSQL store at {where}/{db}: no connection within 5 s"
-        )
+        assert str(failed.value).startswith(
+            f"cannot reach the PostgreSQL store at {where}/{db}: no connection within 5 s: connection"
+        )  # and libpq's reason (the socket is gone)
         assert proc.returncode is None, "crow keeps serving"
         llm.push(Reply(text="third answer"))
         after = await conn.prompt(session_id=sid, prompt=[acp.text_block("three")])

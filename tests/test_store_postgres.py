@@ -103,7 +103,7 @@ async def test_the_lock_connection_dropping_mid_turn_is_reconnected_and_the_lock
         await a.create_session(id="s", cwd="/w")
         await a.lock_session("s")
         dropped = a._locks.conn.info.backend_pid  # type: ignore[union-attr]
-        sql(pg_url, "SELECT pg_terminate_backend(%s)", (dropped,))
+        sql(pg_url, "SELECT pg_terminate_backend(%s, 30000)", (dropped,))  # gone, its locks too
         for _ in range(3000):  # the keeper notices and reconnects
             if a._locks.conn is not None and a._locks.conn.info.backend_pid != dropped:
                 break
@@ -122,7 +122,7 @@ async def test_a_session_taken_while_the_lock_connection_was_down_is_logged_and_
         await a.create_session(id="s", cwd="/w")
         await a.create_session(id="t", cwd="/w")
         await a.lock_session("s")
-        sql(pg_url, "SELECT pg_terminate_backend(%s)", (a._locks.conn.info.backend_pid,))  # type: ignore[union-attr]
+        sql(pg_url, "SELECT pg_terminate_backend(%s, 30000)", (a._locks.conn.info.backend_pid,))  # type: ignore[union-attr]
         assert await b.lock_session("s") is True  # before a noticed: b runs a turn there
         with caplog.at_level(logging.WARNING, logger="crow.store"):
             await a.lock_session("t")  # a reconnects, and cannot take s again: b has it

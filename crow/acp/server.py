@@ -273,10 +273,17 @@ class AcpServer(Extensions):
         self, cwd: str | None = None, cursor: str | None = None, **kwargs: Any
     ) -> ListSessionsResponse:
         await self._ready()
+        if cursor is not None:  # the client's error; the store's failing is not (below)
+            from crow.store._codec import decode_cursor
+
+            try:
+                decode_cursor(cursor)
+            except CrowError as exc:
+                raise RequestError.invalid_params({"cursor": str(exc)}) from exc
         try:
             records, next_cursor = await self.agent.store.list_sessions(cwd=cwd, cursor=cursor)
-        except CrowError as exc:
-            raise RequestError.invalid_params({"cursor": str(exc)}) from exc
+        except CrowError as exc:  # a database gone away, say
+            raise RequestError(FAILED, str(exc)) from exc
         return ListSessionsResponse(
             sessions=[acp_sessions.session_info(r) for r in records], next_cursor=next_cursor
         )

@@ -32,6 +32,13 @@ COLUMNS = (
 _JSON_FIELDS = frozenset({"todos", "files", "config", "additional_directories"})
 
 
+def text(value: Any) -> Any:
+    """A plain text column's value: PostgreSQL text refuses U+0000 (SQLite keeps it), and a
+    title (the first prompt's line) or a rule (a command the model ran) may hold one: it is
+    stored as U+FFFD rather than failing the turn. Message JSON escapes it (kept as is)."""
+    return value.replace("\x00", "\ufffd") if isinstance(value, str) else value
+
+
 async def one(c: Conn, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
     cur = await c.execute(sql, params)
     return await cur.fetchone()
@@ -65,8 +72,8 @@ async def create(c: Conn, r: SessionRecord) -> SessionRecord:
         " additional_directories, cost, thought_level, parent_id)"
         " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
         f" ON CONFLICT (id) DO NOTHING RETURNING {COLUMNS}",
-        (r.id, r.cwd, r.title, created, updated, r.model, r.mode,
-         *map(to_json, (r.todos, r.files, r.config, r.additional_directories)), r.cost, r.thought_level,
+        (r.id, *map(text, (r.cwd, r.title)), created, updated, *map(text, (r.model, r.mode)),
+         *map(to_json, (r.todos, r.files, r.config, r.additional_directories)), r.cost, text(r.thought_level),
          r.parent_id),
     )  # fmt: skip
     if row is None:
@@ -75,13 +82,15 @@ async def create(c: Conn, r: SessionRecord) -> SessionRecord:
 
 
 async def get(c: Conn, session_id: str) -> SessionRecord | None:
+    if "\x00" in session_id:  # no id holds one (PostgreSQL would refuse the query)
+        return None
     row = await one(c, f"SELECT {COLUMNS} FROM sessions WHERE id = %s", (session_id,))
     return None if row is None else to_record(row)
 
 
 async def update(c: Conn, session_id: str, fields: dict[str, Any]) -> SessionRecord:
     names = sorted(fields)
-    values = [to_json(fields[n]) if n in _JSON_FIELDS else fields[n] for n in names]
+    values = [to_json(fields[n]) if n in _JSON_FIELDS else text(fields[n]) for n in names]
     assignments = "".join(f"{n} = %s, " for n in names)
     row = await one(
         c,
@@ -139,6 +148,8 @@ async def list_page(
 
 
 async def match_ids(c: Conn, prefix: str, limit: int) -> list[tuple[str, str]]:
+    if "\x00" in prefix:  # no id holds one (PostgreSQL would refuse the query)
+        return []
     row = await one(c, "SELECT id, title FROM sessions WHERE id = %s", (prefix,))
     if row is not None or not prefix:
         return [] if row is None else [(row[0], row[1] or "")]
@@ -173,6 +184,10 @@ async def fork(c: Conn, source_id: str, new_id: str) -> SessionRecord:
     now = time.time()
     if await one(c, "SELECT 1 FROM sessions WHERE id = %s", (new_id,)):
         raise StoreError(f"session {new_id!r} already exists")
+    # The source row locked first: each statement below reads anew (READ COMMITTED), and an
+    # append landing between them would leave the copy's count short of its entries.
+    if not await one(c, "SELECT 1 FROM sessions WHERE id = %s FOR SHARE", (source_id,)):
+        raise unknown(source_id)
     copied = await c.execute(
         f"INSERT INTO sessions (id, created_at, updated_at, {_COPIED}) SELECT %s, %s, %s, {_COPIED}"
         " FROM sessions WHERE id = %s ON CONFLICT (id) DO NOTHING",
@@ -196,28 +211,54 @@ async def fork(c: Conn, source_id: str, new_id: str) -> SessionRecord:
 
 
 # One statement: the UPDATE reserves the seqs (its RETURNING is the count after), the INSERT
-# numbers the messages from there. No row inserted means no such session.
+# numbers the messages from there. No row inserted means no such session, or (with a
+# `holder`: a turn's write) that its lock went with the lock connection and another process
+# took it since (its row names that one): fenced, or two turns would write one history. FOR
+# SHARE: a taker's mark waits for this write, whose turn it then reads.
 _APPEND = (
     "WITH reserved AS (UPDATE sessions SET message_count = message_count + %(n)s, updated_at = %(now)s"
-    " WHERE id = %(id)s RETURNING message_count)"
+    " WHERE id = %(id)s AND (%(holder)s::text IS NULL OR EXISTS (SELECT FROM session_locks"
+    " WHERE session_id = %(id)s AND holder = %(holder)s FOR SHARE)) RETURNING message_count)"
     " INSERT INTO entries (session_id, seq, message, in_context)"
     " SELECT %(id)s, reserved.message_count - %(n)s + m.i - 1, m.message, %(flag)s"
     " FROM reserved, unnest(%(texts)s::text[]) WITH ORDINALITY AS m (message, i)"
 )
 
 
-async def append(c: Conn, session_id: str, texts: list[str], in_context: bool) -> None:
+async def refused(c: Conn, session_id: str) -> StoreError:
+    """Why a fenced write wrote nothing: no such session, or its lock taken over."""
+    await get_row(c, "1", session_id)  # an unknown session says so
+    row = await one(c, "SELECT holder FROM session_locks WHERE session_id = %s", (session_id,))
+    other = row[0] if row and row[0] else "another crow process"
+    return StoreError(
+        f"session {session_id}: its lock was lost; {other} runs a turn in it now"
+        " (this turn's writes there are refused)"
+    )
+
+
+async def fence(c: Conn, session_id: str, holder: str | None) -> None:
+    """In a turn's write transaction (`holder` set): its lock is still this store's."""
+    if holder is not None and not await one(
+        c, "SELECT FROM session_locks WHERE session_id = %s AND holder = %s FOR SHARE", (session_id, holder)
+    ):
+        raise await refused(c, session_id)
+
+
+async def append(
+    c: Conn, session_id: str, texts: list[str], in_context: bool, holder: str | None = None
+) -> None:
     if not texts:
         await get_row(c, "1", session_id)
         await c.execute("UPDATE sessions SET updated_at = %s WHERE id = %s", (time.time(), session_id))
         return
     params = {"n": len(texts), "now": time.time(), "id": session_id, "flag": in_context, "texts": texts}
-    if (await c.execute(_APPEND, params)).rowcount == 0:
-        raise unknown(session_id)
+    if (await c.execute(_APPEND, {**params, "holder": holder})).rowcount == 0:
+        raise await refused(c, session_id)
 
 
-async def set_context(c: Conn, session_id: str, wanted: list[str]) -> None:
+async def set_context(c: Conn, session_id: str, wanted: list[str], holder: str | None = None) -> None:
     start, count = await get_row(c, "context_from, message_count", session_id, "FOR UPDATE")
+    await fence(c, session_id, holder)
     await c.execute(  # the context replaced, in force for the entries before `count`
         "INSERT INTO context_history (session_id, until_seq, context_head, context_from)"
         " SELECT id, message_count, context_head, context_from FROM sessions WHERE id = %s",
@@ -241,9 +282,9 @@ async def set_context(c: Conn, session_id: str, wanted: list[str]) -> None:
     )
 
 
-async def rewind(c: Conn, session_id: str, wanted: list[str], marker: str) -> None:
-    await set_context(c, session_id, wanted)
-    await append(c, session_id, [marker], False)
+async def rewind(c: Conn, session_id: str, wanted: list[str], marker: str, holder: str | None) -> None:
+    await set_context(c, session_id, wanted, holder)
+    await append(c, session_id, [marker], False, holder)
 
 
 async def context_at(c: Conn, session_id: str, seq: int) -> list[Message]:

@@ -108,8 +108,12 @@ def password_of(url: str) -> str | None:
 
     try:
         return str(conninfo_to_dict(url).get("password") or "") or None
-    except Exception:
-        return None
+    except Exception:  # unreadable (libpq's error may quote it: "invalid percent-encoded
+        pass  # token" of a password holding a bare %): as written in the URL
+    userinfo = url.partition("://")[2].rpartition("@")[0]
+    query = url.partition("?")[2]
+    found = [v for k, _, v in (p.partition("=") for p in query.split("&")) if k == "password"]
+    return (found[-1] if found else userinfo.partition(":")[2]) or None
 
 
 def redact(text: str, password: str | None) -> str:

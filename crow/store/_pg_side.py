@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from crow.store._pg_queries import one, rows
+from crow.store._pg_queries import one, rows, text
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 async def project_rules(c: Conn, project: str) -> list[str]:
-    found = await rows(c, "SELECT rule FROM project_rules WHERE project = %s ORDER BY n", (project,))
+    found = await rows(c, "SELECT rule FROM project_rules WHERE project = %s ORDER BY n", (text(project),))
     return [r for (r,) in found]
 
 
@@ -24,7 +24,7 @@ async def add_project_rules(c: Conn, project: str, rules: Sequence[str]) -> None
     await c.execute(
         "INSERT INTO project_rules (project, rule) SELECT %s, r.rule"
         " FROM unnest(%s::text[]) WITH ORDINALITY AS r (rule, i) ORDER BY r.i ON CONFLICT DO NOTHING",
-        (project, list(dict.fromkeys(rules))),
+        (text(project), list(dict.fromkeys(map(text, rules)))),
     )
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from crow.errors import SessionBusy, StoreError
+from crow.store import _pg_queries as pq
 from crow.store import _queries as sq
 from crow.store import locks
 from crow.store._schema import connect
@@ -51,6 +52,7 @@ async def _copy(
     entries: list[tuple[Any, ...]],
     history: list[tuple[Any, ...]],
 ) -> bool:
+    row = tuple(map(pq.text, row))  # U+0000, which SQLite keeps in a title, as PostgresStore stores it
     marks = ", ".join(["%s"] * len(row))
     cur = await c.execute(
         f"INSERT INTO sessions ({_COLUMNS}) VALUES ({marks}) ON CONFLICT (id) DO NOTHING", row

@@ -71,6 +71,7 @@ class PostgresStore:
         # Operations whose caller was cancelled: they still land, and later calls wait for
         # them (a cancelled append is in the transcript before the next load reads it).
         self._orphans: set[asyncio.Future[Any]] = set()
+        self._probing = False  # a connection attempt saying why the pool gave none (_no_connection)
 
     # lifecycle
     async def open(self) -> PostgresStore:
@@ -89,7 +90,9 @@ class PostgresStore:
             )  # fmt: skip
             try:
                 await self._pool.open(wait=True, timeout=self.wait)
-            except (PoolTimeout, psycopg.Error) as exc:
+            except PoolTimeout as exc:
+                raise await self._no_connection(exc) from exc
+            except psycopg.Error as exc:
                 raise self._unreachable(exc) from exc
         except BaseException:
             await self.aclose()
@@ -167,13 +170,20 @@ class PostgresStore:
 
     # messages
     async def append(self, session_id: str, messages: Sequence[Message], *, in_context: bool = True) -> None:
-        await self._run(q.append, session_id, [dump(m) for m in messages], in_context, tx=len(messages) == 0)
+        texts = [dump(m) for m in messages]
+        await self._run(q.append, session_id, texts, in_context, self._fenced(session_id), tx=not texts)
 
     async def set_context(self, session_id: str, messages: Sequence[Message]) -> None:
-        await self._run(q.set_context, session_id, [dump(m) for m in messages])
+        await self._run(q.set_context, session_id, [dump(m) for m in messages], self._fenced(session_id))
 
     async def rewind_context(self, session_id: str, messages: Sequence[Message], marker: Message) -> None:
-        await self._run(q.rewind, session_id, [dump(m) for m in messages], dump(marker))
+        texts, fenced = [dump(m) for m in messages], self._fenced(session_id)
+        await self._run(q.rewind, session_id, texts, dump(marker), fenced)
+
+    def _fenced(self, session_id: str) -> str | None:
+        """This store's holder name while it holds the session's lock (a turn's writes): the
+        write checks the lock is still its own (crow/store/_pg_queries.py `_APPEND`)."""
+        return self._holder if session_id in self._locks.held else None
 
     async def context_at(self, session_id: str, seq: int) -> list[Message]:
         return await self._run(q.context_at, session_id, seq, read=True)
@@ -310,7 +320,7 @@ class PostgresStore:
                         await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                     return await fn(conn, *args)
         except PoolTimeout as exc:
-            raise self._unreachable(exc) from exc
+            raise await self._no_connection(exc) from exc
         except psycopg.Error as exc:
             raise self._error(fn.__name__, exc) from exc
         except UnicodeEncodeError as exc:  # text that is not valid Unicode
@@ -331,10 +341,32 @@ class PostgresStore:
                 options["connect_timeout"] = max(1, round(self.wait))
         return options
 
-    def _unreachable(self, exc: BaseException) -> StoreError:
+    async def _no_connection(self, timeout: PoolTimeout) -> StoreError:
+        """The pool gave no connection in time: say why, as the server does to one more
+        connection (refused, "too many connections", a password refused, ...); the pool
+        itself only logs it. One that succeeds means this process's connections are busy.
+        One probe at a time: hundreds of calls timing out together must not open as many."""
+        if self._probing:
+            return self._unreachable(timeout)
+        self._probing = True
+        try:  # briefly: the call already waited `wait` seconds
+            probe = await asyncio.wait_for(psycopg.AsyncConnection.connect(self._url, **self._options()), 2)
+        except psycopg.Error as exc:
+            return self._unreachable(timeout, exc)
+        except TimeoutError:
+            return self._unreachable(timeout)
+        finally:
+            self._probing = False
+        with suppress(psycopg.Error):
+            await probe.close()
+        return self._unreachable(timeout)
+
+    def _unreachable(self, exc: BaseException, cause: BaseException | None = None) -> StoreError:
         why = " ".join(str(exc).split()) or type(exc).__name__  # libpq's lines, as one
         if isinstance(exc, PoolTimeout):
             why = f"no connection within {self.wait:g} s"
+            if cause is not None:
+                why += ": " + (" ".join(str(cause).split()) or type(cause).__name__)
         why = redact(why, self._password)
         return StoreError(f"cannot reach the PostgreSQL store at {self._where}: {why}")
 

@@ -1,0 +1,71 @@
+"""A PostgreSQL store whose session lock went with its connection, and was taken meanwhile
+by another process: its turn there must not write into the new holder's (two writers of one
+history)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from crow.errors import StoreError
+from crow.messages import ai, human
+from crow.store.postgres import PostgresStore
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def sql(url: str, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        cur = conn.execute(statement, params)
+        return cur.fetchall() if cur.description else []
+
+
+def drop_lock_connection(url: str, store: PostgresStore) -> None:
+    """Terminate the store's lock connection, and wait until its backend is gone (with it
+    the advisory locks): pg_terminate_backend's timeout waits for that."""
+    pid = store._locks.conn.info.backend_pid  # type: ignore[union-attr]
+    assert sql(url, "SELECT pg_terminate_backend(%s, 30000)", (pid,)) == [(True,)]
+
+
+async def test_a_turn_whose_lock_was_taken_over_cannot_write_into_the_new_holders(pg_url: str) -> None:
+    async with PostgresStore(pg_url) as a, PostgresStore(pg_url) as b:
+        await a.create_session(id="s", cwd="/w")
+        await a.lock_session("s")
+        await a.append("s", [human("a's prompt")])
+        drop_lock_connection(pg_url, a)
+        assert await b.lock_session("s") is True  # a's lock went with its connection
+        await b.load_context("s")
+        with pytest.raises(
+            StoreError, match=r"session s: its lock was lost; pid \d+ on .* runs a turn in it now"
+        ):
+            await a.append("s", [ai("a's late answer")])
+        with pytest.raises(StoreError, match="its lock was lost"):
+            await a.set_context("s", [human("a's compaction")])
+        with pytest.raises(StoreError, match="its lock was lost"):
+            await a.rewind_context("s", [], human("a's rewind"))
+        await b.append("s", [ai("b's answer")])
+        assert [m.content for m in await b.load_transcript("s")] == ["a's prompt", "b's answer"]
+        assert [m.content for m in await b.load_context("s")] == ["a's prompt", "b's answer"]
+        await a.unlock_session("s")  # a's turn ends: b's lock and writes stay
+        await b.append("s", [ai("b's still")])
+        await b.unlock_session("s")
+        assert await a.lock_session("s") is True
+        await a.append("s", [human("a again")])  # its own lock again: it writes
+
+
+async def test_writes_without_the_lock_are_not_fenced(pg_url: str) -> None:
+    async with PostgresStore(pg_url) as a, PostgresStore(pg_url) as b:
+        await a.create_session(id="s", cwd="/w")
+        await a.lock_session("s")
+        await b.append("s", [human("b holds no lock: as on SQLite")])
+        await a.unlock_session("s")
+        assert await b.lock_session("s") is True
+        await a.append("s", [human("nor a")])
+        assert len(await a.load_transcript("s")) == 2
