@@ -11,7 +11,7 @@ import acp
 import pytest
 
 from tests.conftest import spawn_crow
-from tests.llm_server import ScriptedLLM
+from tests.llm_server import Reply, ScriptedLLM
 from tests.test_e2e_sessions import open_session
 from tests.test_postgres_e2e import pg_env
 
@@ -23,6 +23,8 @@ async def test_listing_while_the_database_is_away_says_so(
 ) -> None:
     async with spawn_crow(pg_env(llm, home, pg_url)) as (conn, _proc, _client):
         sid = await open_session(conn, workspace)
+        llm.push(Reply(text="ok"))  # a prompt waits for the session's setup, which stores it
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
         with pytest.raises(acp.RequestError) as bad:
             await conn.list_sessions(cursor="not a cursor")
         assert bad.value.code == -32602 and "invalid cursor" in str(bad.value.data)
