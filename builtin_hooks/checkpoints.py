@@ -89,7 +89,7 @@ class CheckpointsHook(Hook):
         try:
             recorded = await record.before(root, target, expected)
         except checkpoints.CheckpointError as exc:
-            log.warning("checkpoint of %s not saved: %s", target, exc)
+            log.warning("checkpoint of %s not saved: %s", target, exc.strerror)
             return ToolResult(call.id, call.name, error=f"{path} was not changed: {exc.strerror}")
         try:
             return await call_next(call)
@@ -100,7 +100,7 @@ class CheckpointsHook(Hook):
                         await record.after([str(target)])
                 except checkpoints.CheckpointError as exc:  # the change landed: the tool's
                     # answer stands; the saved checkpoint (no "after") makes an undo leave it
-                    log.warning("what the turn left in %s not recorded: %s", target, exc)
+                    log.warning("what the turn left in %s not recorded: %s", target, exc.strerror)
 
     async def _snapshot_before(self, ctx: HookContext) -> None:
         record = self._record(ctx)

@@ -34,8 +34,10 @@ class CheckpointRecords(Protocol):
     async def load_checkpoint(self, session_id: str, turn_id: str) -> str | None: ...
     async def checkpoint_turns(self, session_id: str) -> list[str]:
         """The session's turns with a record, oldest first."""
+
     async def forget_checkpoints(self, session_id: str, turn_ids: Sequence[str] | None = None) -> None:
         """Forget these turns' records (None: all of the session's)."""
+
     async def copy_checkpoints(self, source_id: str, new_id: str) -> None: ...
 
 

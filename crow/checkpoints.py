@@ -118,9 +118,14 @@ class TurnRecord:
         checkpoint cannot be saved."""
         key = str(path)
         if key in self.files:
-            if self.files[key]["after"] != expected:
-                self.files[key]["after"] = expected
-                await self.save()
+            known = self.files[key]
+            if known["after"] != expected:
+                known["after"], was = expected, known["after"]
+                try:
+                    await self.save()
+                except CheckpointError:  # refused: the file keeps what the record says
+                    known["after"] = was
+                    raise
             return True
         from mcp_servers.filesystem.localfs import open_regular
 
@@ -156,7 +161,11 @@ class TurnRecord:
                 os.close(fd)
             entry = {"root": str(root), "before": before, "after": expected, "at": time.time_ns()}
         self.files[key] = entry
-        await self.save()
+        try:
+            await self.save()
+        except CheckpointError:  # refused, so not recorded: the next call on it tries again
+            del self.files[key]
+            raise
         return True
 
     async def after(self, paths: Sequence[str] | None = None) -> None:
