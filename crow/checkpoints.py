@@ -40,7 +40,6 @@ from crow.checkpoint_records import (
     CheckpointRecords,
     here,
     is_safe_id,
-    made_elsewhere,
     make_dirs,
     records_for,
     session_dir,
@@ -388,15 +387,15 @@ async def fork_checkpoints(source_id: str, new_id: str, home: Path, store: objec
                 except OSError:  # another filesystem, or no hard links: a copy
                     shutil.copy2(blob, dst / "blobs" / blob.name)
         for turn in await records.checkpoint_turns(new_id):
-            record = await _load(records, dst, turn)
-            git = (record or {}).get("git") or {}
-            if record is None or made_elsewhere(record, home) is not None:
-                continue  # its trees are in another CROW_HOME
+            git = ((await _load(records, dst, turn)) or {}).get("git") or {}
             for side in ("before", "after"):
                 if git.get("workspace") and isinstance(git.get(side), str):
                     ref = f"refs/crow/{new_id}/{turn}/{side}"
                     refs.setdefault(git["workspace"], {})[ref] = git[side]
-        for workspace, trees in refs.items():
-            await ShadowGit(home, Path(workspace)).keep(trees)
-    except Exception as exc:  # OSError, StoreError, SnapshotError, a timeout of git
+    except Exception as exc:  # OSError, StoreError
         log.warning("checkpoints of %s not all copied to its fork %s: %s", source_id, new_id, exc)
+    for workspace, trees in refs.items():
+        try:  # trees another CROW_HOME took are not in this one's shadow git: refused
+            await ShadowGit(home, Path(workspace)).keep(trees)
+        except Exception as exc:  # SnapshotError, OSError, a timeout of git
+            log.warning("snapshots of %s not all kept for its fork %s: %s", source_id, new_id, exc)

@@ -62,15 +62,15 @@ async def restore(records: list[dict[str, Any]], roots: list[Path], home: Path, 
         here: dict[str, _Plan] = {}
         git = record.get("git") or {}
         elsewhere = made_elsewhere(record, home)
-        if git.get("before") and elsewhere is not None:
-            why = f"the workspace snapshots of its commands are in {elsewhere}, where the turn ran, not here"
-            skipped.append(("(commands' changes)", why))
-        elif git.get("before") and git.get("after"):
+        if git.get("before") and git.get("after"):
             shadow = ShadowGit(home, Path(git["workspace"]))
             try:
                 changes = await shadow.changes(git["before"], git["after"])
             except (SnapshotError, OSError) as exc:
-                skipped.append(("(commands' changes)", f"the workspace snapshot cannot be read: {exc}"))
+                why = f"the workspace snapshot cannot be read: {exc}"
+                if elsewhere is not None:  # another machine's (or CROW_HOME's) shadow git
+                    why = _not_here("the snapshots of its commands are", elsewhere)
+                skipped.append(("(commands' changes)", why))
                 changes = []
             for c in changes:
                 path = str(shadow.work_tree / c.path)
@@ -183,7 +183,7 @@ async def _content(plan: _Plan, before: dict[str, Any], path: Path) -> tuple[byt
         except OSError:
             why = "its checkpoint copy is missing"
             if plan.elsewhere is not None:
-                why = f"its copy from before the turn is in {plan.elsewhere}, where the turn ran, not here"
+                why = _not_here("its copy from before the turn is", plan.elsewhere)
             return None, None, why
         if hashlib.sha256(data).hexdigest() != before["sha256"]:
             return None, None, "its checkpoint copy is damaged"
@@ -195,6 +195,10 @@ async def _content(plan: _Plan, before: dict[str, Any], path: Path) -> tuple[byt
     if data is None or git_blob_id(data) != before["git"]:
         return None, None, "its snapshot copy is missing or damaged"
     return data, _mode_for(path, git_mode), ""
+
+
+def _not_here(what: str, elsewhere: str) -> str:
+    return f"{what} in {elsewhere}, where the turn ran, not here"
 
 
 def _mode_as_before(path: Path, before: dict[str, Any] | None) -> bool:

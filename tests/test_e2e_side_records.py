@@ -123,7 +123,7 @@ async def test_an_undo_where_the_blobs_are_not_names_what_it_cannot_put_back(
     assert result["skipped"] == [
         {
             "path": "(commands' changes)",
-            "reason": f"the workspace snapshots of its commands are in {where}, where the turn ran, not here",
+            "reason": f"the snapshots of its commands are in {where}, where the turn ran, not here",
         },
         {
             "path": "old.txt",
