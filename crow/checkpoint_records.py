@@ -142,3 +142,17 @@ class CheckpointFiles:
         make_dirs(dst)
         for manifest in src.glob("*.json"):
             shutil.copy2(manifest, dst / manifest.name)  # its mtime too: prune keeps the newest
+
+
+async def copy_files_to(records: CheckpointRecords, home: Path, session_id: str) -> int:
+    """Copy a session's record files into `records` (a store's), oldest first: what `crow
+    sessions migrate` does for each session it copies (the blobs stay where they are, in
+    this CROW_HOME). The number copied."""
+    files = CheckpointFiles(home)
+    copied = 0
+    for turn in await files.checkpoint_turns(session_id):
+        text = await files.load_checkpoint(session_id, turn)
+        if text is not None:
+            await records.save_checkpoint(session_id, turn, text)
+            copied += 1
+    return copied

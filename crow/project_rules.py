@@ -97,3 +97,12 @@ class RulesFile:
             projects = self._read()
             projects[project] = list(dict.fromkeys([*projects.get(project, []), *rules]))
             write_private(self.path, json.dumps({"version": 1, "projects": projects}, indent=2) + "\n")
+
+
+async def copy_file_to(book: RuleBook, home: Path) -> int:
+    """Add every project's rules of `home`'s rules.json to `book` (a store's): what `crow
+    sessions migrate` does. The number of projects."""
+    projects = RulesFile(home)._read()
+    for project, rules in projects.items():
+        await book.add_project_rules(project, rules)
+    return len(projects)
