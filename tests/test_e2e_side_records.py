@@ -18,28 +18,16 @@ from crow.checkpoints import sha256
 from tests.conftest import crow_env, initialize_125, spawn_crow
 from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
 from tests.test_checkpoints_postgres import database, files_in, turns_in_db
+from tests.test_e2e_checkpoints import turn_replies
 from tests.test_e2e_compaction_updates import sent
 from tests.test_e2e_permissions import ScriptedAnswers, results
 
 pytestmark = pytest.mark.anyio
 
 
-def a_turn_that_changes_files() -> list[Reply]:
-    return [
-        Reply(
-            tool_calls=[
-                ToolCallSpec("write_file", {"path": "new.txt", "content": "made\n"}, id="w"),
-                ToolCallSpec("edit_file", {"path": "old.txt", "old_text": "one", "new_text": "two"}, id="e"),
-            ]
-        ),
-        Reply(tool_calls=[ToolCallSpec("execute", {"command": "echo ran > cmd.txt"}, id="x")]),
-        Reply(text="done"),
-    ]
-
-
 async def work(llm: ScriptedLLM, env: dict[str, str], workspace: Path) -> str:
     """A session in a fresh crow whose one turn changes files; its id."""
-    llm.push(*a_turn_that_changes_files())
+    llm.push(*turn_replies())  # writes new.txt, edits old.txt, runs a command
     async with spawn_crow(env) as (conn, _proc, _client):
         await initialize_125(conn)
         sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
