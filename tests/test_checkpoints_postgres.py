@@ -190,3 +190,45 @@ async def test_a_fork_carries_the_records_and_a_delete_forgets_them(
     assert postgres.psql("SELECT count(*) FROM checkpoints", database(pg_url)).strip() == "0"
     assert [p.name for p in (home / "checkpoints").iterdir() if p.name != "git"] == []
     assert [p for p in (home / "checkpoints" / "git").iterdir() if p.is_dir()] == [], "no snapshot ref left"
+
+
+async def test_crow_sessions_migrate_brings_the_checkpoints_and_project_rules_along(
+    tmp_path: Path, ws: Path, llm: ScriptedLLM, monkeypatch: pytest.MonkeyPatch, postgres: Any, pg_url: str
+) -> None:
+    """A turn checkpointed on the SQLite store, and a project rule in rules.json, hold once
+    `crow sessions migrate` copied the store into PostgreSQL: the records go to the database
+    (the blobs stay in CROW_HOME, where they were), the rules too."""
+    import sys
+
+    import anyio
+
+    from crow import ProjectRules
+    from crow.messages import human
+    from tests.conftest import crow_env
+
+    async def ignore(event: Any) -> None:
+        pass
+
+    monkeypatch.setenv("OPENAI_BASE_URL", llm.base_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    home = tmp_path / "home"
+    config = Config(model="openai:scripted", home=home, mode="yolo", sandbox="off")
+    (ws / "f.txt").write_text("v0\n")
+    async with Agent(config) as on_sqlite:
+        session = on_sqlite.create_session(str(ws))
+        llm.push(writes(("f.txt", "v1\n")), Reply(text="done"))
+        await on_sqlite.run_turn(session, human("go"), ignore)
+        pid = [m for m in session.messages if m.role == "user"][-1].id
+    assert await ProjectRules(home).add(ws, ["execute(echo *)"])
+
+    migrate = [sys.executable, "-m", "crow", "sessions", "migrate", "--to", pg_url]
+    done = await anyio.run_process(migrate, env=crow_env(None, home), check=False)
+    assert done.returncode == 0, done.stderr
+    assert turns_in_db(postgres, pg_url, session.id) == [pid]
+    assert postgres.psql("SELECT rule FROM project_rules", database(pg_url)).strip() == "execute(echo *)"
+
+    async with Agent(config.model_copy(update={"store": pg_url})) as on_postgres:
+        moved = await on_postgres.resume_session(session.id, cwd=str(ws))
+        assert await ProjectRules(home, on_postgres.store).allowed(ws) == ["execute(echo *)"]
+        assert await restore_turns(moved, [pid], home) == Restored(restored=("f.txt",))
+    assert (ws / "f.txt").read_text() == "v0\n"
