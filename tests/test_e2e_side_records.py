@@ -123,3 +123,24 @@ async def test_an_undo_where_the_blobs_are_not_names_what_it_cannot_put_back(
     assert (workspace / "cmd.txt").read_text() == "ran\n"
     assert not (workspace / "new.txt").exists()
     assert turns_in_db(postgres, pg_url, sid) == []
+
+
+async def test_crow_sessions_delete_on_postgresql_forgets_the_records_too(
+    llm: ScriptedLLM, home: Path, workspace: Path, postgres: Any, pg_url: str
+) -> None:
+    """`crow sessions delete` on a PostgreSQL store removes the session's checkpoint records
+    from the database, with its blobs and snapshot refs from CROW_HOME."""
+    import sys
+
+    import anyio
+
+    (workspace / "old.txt").write_text("one\n")
+    env = crow_env(llm, home, CROW_SANDBOX="off", CROW_STORE=pg_url)
+    sid = await work(llm, env, workspace)
+    assert len(turns_in_db(postgres, pg_url, sid)) == 1
+    delete = [sys.executable, "-m", "crow", "sessions", "delete", sid]
+    done = await anyio.run_process(delete, env=env, cwd=workspace, check=False)
+    assert done.returncode == 0, done.stderr
+    assert turns_in_db(postgres, pg_url, sid) == []
+    assert not (home / "checkpoints" / sid).exists()
+    assert [p for p in (home / "checkpoints" / "git").iterdir() if p.is_dir()] == [], "no snapshot ref left"
