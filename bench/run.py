@@ -34,6 +34,7 @@ from bench.common import Ctx, Figure, describe, not_measured  # noqa: E402
 GROUPS = [
     "startup", "roundtrip", "streaming", "loop", "memory", "tools", "rules", "store", "concurrency",
     "safety", "images", "commands", "checkpoints", "render", "chat", "subagents", "container", "container_sync", "peers",
+    "store_pg",
 ]  # fmt: skip
 
 

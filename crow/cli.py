@@ -2,10 +2,11 @@
 
     crow                      on a terminal: chat (below); piped: serve ACP over stdio
     crow serve                serve ACP over stdio, always (what an editor launches)
+    crow serve --listen ws://HOST:PORT   ACP over WebSocket, for many clients (crow.acp.ws)
     crow chat                 the interactive front end in the terminal (crow.tui)
     crow run "PROMPT" | -     one prompt for scripts: the answer on stdout (crow.cli_run)
     crow mcp filesystem|todos run a builtin MCP server over stdio
-    crow sessions ...         list / show / delete / export / rewind stored sessions
+    crow sessions ...         list / show / delete / export / rewind / migrate stored sessions
     crow compact SESSION_ID   compact a stored session
     crow trust [DIR]          apply DIR's crow.yaml (as it is now) to sessions there
     crow untrust [DIR]        stop applying it; `crow trust --list` shows what is trusted
@@ -53,7 +54,24 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log-file", help="write logs here instead of stderr")
     p.add_argument("--version", action="version", version=f"crow {_version()}")
     sub = p.add_subparsers(dest="command")
-    sub.add_parser("serve", help="serve ACP over stdio (the default when stdio is not a terminal)")
+    serve = sub.add_parser("serve", help="serve ACP over stdio (the default when stdio is not a terminal)")
+    serve.add_argument(
+        "--listen",
+        metavar="URL",
+        help="serve ACP over WebSocket instead, to any number of clients: ws://HOST:PORT, or wss://HOST:PORT"
+        " with --tls-cert/--tls-key (PORT 0: any free port; crow prints the one it took on stderr)."
+        " Clients send Authorization: Bearer TOKEN, the token from CROW_SERVER_TOKEN or --token-file",
+    )
+    serve.add_argument("--token-file", metavar="PATH", help="the clients' token (a file only you may read)")
+    serve.add_argument("--tls-cert", metavar="FILE", help="wss://: the server's certificate chain (PEM)")
+    serve.add_argument("--tls-key", metavar="FILE", help="wss://: its private key (PEM)")
+    serve.add_argument(
+        "--ping-interval",
+        metavar="SECONDS",
+        type=float,
+        help="WebSocket keepalive: ping each client this often, and drop one that does not answer"
+        " (or read) within it (default 20)",
+    )
     chat = sub.add_parser("chat", help="talk to crow in the terminal (the default on a terminal)")
     _session_flags(chat)
     run = sub.add_parser(
@@ -76,10 +94,11 @@ def _parser() -> argparse.ArgumentParser:
     mcp.add_argument("server", choices=["filesystem", "todos"])
     mcp.add_argument("rest", nargs=argparse.REMAINDER)
     sessions = sub.add_parser("sessions", help="manage stored sessions")
-    sessions.add_argument("action", choices=["list", "show", "delete", "export", "rewind"])
+    sessions.add_argument("action", choices=["list", "show", "delete", "export", "rewind", "migrate"])
     sessions.add_argument("session_id", nargs="?")
     sessions.add_argument("turns", nargs="?", help="rewind: how many turns to take back (default 1)")
     sessions.add_argument("--cwd", help="only sessions of this workspace (list)")
+    sessions.add_argument("--to", metavar="URL", help="migrate: the postgresql:// database to copy into")
     compact = sub.add_parser("compact", help="compact a stored session")
     compact.add_argument("session_id")
     compact.add_argument("instructions", nargs="*")
@@ -185,7 +204,7 @@ def _command(argv: list[str] | None) -> None:
 
     try:
         if command == "serve":
-            asyncio.run(_serve(args.config))
+            asyncio.run(_serve(args))
         elif command == "run":
             from crow import cli_run
 
@@ -225,15 +244,31 @@ def _on_a_terminal() -> bool:
         return False
 
 
-async def _serve(config_path: str | None) -> None:
+async def _serve(args: argparse.Namespace) -> None:
     from crow.acp.server import serve
     from crow.agent import Agent
     from crow.config import load_config
+    from crow.errors import ConfigError
     from crow.startup import imports_done
 
-    agent = Agent(load_config(config_path))
+    listen = getattr(args, "listen", None)  # None for a bare `crow` (no serve flags)
+    flags = ("token_file", "tls_cert", "tls_key", "ping_interval")
+    if listen is None and (given := [f for f in flags if getattr(args, f, None) is not None]):
+        raise ConfigError(f"--{given[0].replace('_', '-')} goes with --listen")
+    if listen is not None:
+        from crow.acp import ws
+
+        where = ws.listen_address(listen, args.tls_cert, args.tls_key)  # before anything starts
+        token = ws.server_token(args.token_file)
+        interval = ws.PING_INTERVAL if args.ping_interval is None else args.ping_interval
+        if not interval > 0:
+            raise ConfigError("--ping-interval must be a positive number of seconds")
+    agent = Agent(load_config(args.config))
     agent.on_ready(imports_done)  # a broken plugin or store must not leave the GC paused either
-    await serve(agent)
+    if listen is None:
+        await serve(agent)
+    else:
+        await ws.serve_websocket(agent, where, token, interval)
 
 
 def _trust(args: argparse.Namespace) -> int:

@@ -1,7 +1,10 @@
-"""`crow sessions list|show|delete|export|rewind` and `crow compact SESSION_ID`.
+"""`crow sessions list|show|delete|export|rewind|migrate` and `crow compact SESSION_ID`.
 
 `crow sessions` opens the store alone (`DirectStore`: no event loop, Agent, config model,
-MCP or provider), so listing costs about what `crow --help` does. `crow compact` needs a
+MCP or provider), so listing costs about what `crow --help` does. With a PostgreSQL store
+configured (CROW_STORE, or `store:` in the config file: only then is the config model
+loaded) the same commands run on `PostgresStore` (`BlockingStore`: one event loop).
+`crow sessions migrate --to URL` copies the SQLite file into a PostgreSQL database. `crow compact` needs a
 model, so it runs an Agent, and holds the session's cross-process lock while it rewrites
 the context. `crow sessions rewind ID [N]` needs no model: it runs `crow.rewind` on the
 store (`SQLiteStore`) with no Agent, holding that lock too.
@@ -12,7 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from crow.errors import ConfigError, SessionError
 from crow.session_lookup import MATCHES, chosen_id
@@ -30,14 +33,66 @@ def main(args: argparse.Namespace) -> int:
     from crow.store.direct import DirectStore
 
     home = home_dir()
+    if args.action == "migrate":
+        return _migrate(home, args.to)
+    url = _configured_store(getattr(args, "config", None))
     if args.action == "rewind":
         import asyncio
 
-        return asyncio.run(_rewind(home, args.session_id, args.turns))
+        return asyncio.run(_rewind(home, args.session_id, args.turns, url))
     if args.turns is not None:
         raise ConfigError(f"crow sessions {args.action} takes one SESSION_ID, got {args.turns!r} too")
+    if url is not None:
+        from crow.store.blocking import BlockingStore
+        from crow.store.postgres import PostgresStore
+
+        with BlockingStore(PostgresStore(url, home=home)) as pg:
+            return _sessions(pg, args.action, args.session_id, args.cwd, home)  # type: ignore[arg-type]
     with DirectStore(os.path.join(home, DB_FILE), home=home) as store:
         return _sessions(store, args.action, args.session_id, args.cwd, home)
+
+
+def _configured_store(config_path: str | None) -> str | None:
+    """The postgresql:// URL configured (CROW_STORE, else `store:` in the config file), or
+    None for the SQLite file. The config model is loaded only when one of them says so:
+    listing the SQLite store stays as cheap as `crow --help`."""
+    from crow.private import home_dir
+
+    if not os.environ.get("CROW_STORE"):
+        path = config_path or os.path.join(home_dir(), "config.yaml")
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                if not any(line.startswith("store:") or line.startswith("store :") for line in f):
+                    return None
+        except OSError:
+            return None
+    from crow.config import load_config
+
+    return load_config(config_path).store
+
+
+def _migrate(home: str, url: str | None) -> int:
+    """Copy the SQLite store in `home` into the PostgreSQL database `url` (crow.store.migrate)."""
+    import asyncio
+
+    from crow.private import DB_FILE
+    from crow.store._pg_schema import describe
+    from crow.store.migrate import migrate
+    from crow.store.postgres import PostgresStore
+
+    if not url or not url.startswith(("postgresql://", "postgres://")):
+        raise ConfigError("crow sessions migrate needs --to postgresql://…, the database to copy into")
+    db = os.path.join(home, DB_FILE)
+    if not os.path.exists(db):
+        raise ConfigError(f"no SQLite store to migrate: {db} does not exist")
+
+    async def run() -> int:
+        async with PostgresStore(url, home=home) as target:
+            return await migrate(db, home, target, lambda line: print(line, file=sys.stderr))
+
+    copied = asyncio.run(run())
+    print(f"copied {copied} session{'s' * (copied != 1)} to {describe(url)}", file=sys.stderr)
+    return 0
 
 
 def _forget_checkpoints(home: str, session_ids: list[str]) -> None:
@@ -112,7 +167,7 @@ def _private_stdout() -> None:
         pass
 
 
-async def _rewind(home: str, session_id: str | None, turns: str | None) -> int:
+async def _rewind(home: str, session_id: str | None, turns: str | None, url: str | None) -> int:
     """Take back the last `turns` turns of a stored session, files included, as `/undo` does
     (`crow.rewind`). Refused (`SessionBusy`, exit 2) while a crow process runs a turn in it;
     fewer turns than asked: exit 1, nothing changed."""
@@ -130,7 +185,13 @@ async def _rewind(home: str, session_id: str | None, turns: str | None) -> int:
         count = rewind.turns_in(turns or "")
     except ValueError as exc:
         raise ConfigError(f"crow sessions rewind: {exc}, got {turns!r}") from exc
-    async with SQLiteStore(os.path.join(home, DB_FILE), home=home) as store:
+    if url is not None:
+        from crow.store.postgres import PostgresStore
+
+        store: Any = PostgresStore(url, home=home)
+    else:
+        store = SQLiteStore(os.path.join(home, DB_FILE), home=home)
+    async with store:
         session_id = chosen_id(session_id, await store.match_ids(session_id, MATCHES))
         record = await store.get_session(session_id)
         if record is None:

@@ -11,10 +11,12 @@
 
 in this order: start from `inherit` (`core` is `CORE_VARIABLES`), drop every secret, drop
 `exclude`, keep only `include_only`, then apply `set`. A secret is a name containing one of
-`SECRET_MARKERS` (case-insensitive) or a provider key variable crow knows (the builtin
-providers' and each configured `api_key_env`). `include_only` can never re-admit a secret: a
-glob such as `*` must not undo the protection. `set` is explicit, so it may set any name,
-secret-looking or not — that is the one way to hand a process a credential on purpose.
+`SECRET_MARKERS` (case-insensitive), one of crow's own that may hold a credential
+(`CROW_SECRETS`: CROW_STORE's URL may carry a database password), or a provider key variable
+crow knows (the builtin providers' and each configured `api_key_env`). `include_only` can
+never re-admit a secret: a glob such as `*` must not undo the protection. `set` is explicit,
+so it may set any name, secret-looking or not — that is the one way to hand a process a
+credential on purpose.
 Keys stored by `crow login` (`crow.credentials`) never enter an environment at all: crow
 reads them from its file into the provider, so no child can inherit them.
 
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CORE_VARIABLES",
+    "CROW_SECRETS",
     "SECRET_MARKERS",
     "child_environment",
     "compute_environment",
@@ -42,6 +45,8 @@ __all__ = [
 ]
 
 SECRET_MARKERS = ("KEY", "SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "PRIVATE")
+# crow's variables that may hold a credential with no marker in their name.
+CROW_SECRETS = frozenset({"CROW_STORE"})
 
 # What `inherit: core` keeps: enough for a shell, a locale and a terminal.
 CORE_VARIABLES = (
@@ -75,7 +80,7 @@ def provider_key_variables(config: Config | None = None) -> frozenset[str]:
 
 def is_secret(name: str, known: Iterable[str] = ()) -> bool:
     upper = name.upper()
-    return name in known or any(marker in upper for marker in SECRET_MARKERS)
+    return name in known or name in CROW_SECRETS or any(marker in upper for marker in SECRET_MARKERS)
 
 
 def _matches(name: str, globs: Iterable[str]) -> bool:

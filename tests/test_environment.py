@@ -163,3 +163,10 @@ def test_an_invalid_set_is_a_clear_configuration_error(tmp_path, bad: dict[str, 
     path.write_text(yaml.safe_dump({"environment": {"set": bad}}))
     with pytest.raises(ConfigError, match=r"environment\.set"):
         load_config(str(path), env={"CROW_HOME": str(tmp_path)})
+
+
+def test_the_store_url_is_a_secret_it_may_hold_a_database_password() -> None:
+    assert is_secret("CROW_STORE")
+    parent = {**PARENT, "CROW_STORE": "postgresql://crow:hunter2@db/crow", "CROW_HOME": "/h"}
+    env = compute_environment(policy(include_only=["CROW_*"]), parent)
+    assert env == {"CROW_HOME": "/h"}

@@ -24,6 +24,9 @@ from crow.llm.base import ModelRequest, ModelResponse, ScriptedProvider
 from crow.messages import Message, ToolCall, ai, human, validate
 from crow.session import Session
 from crow.store import SCHEMA_VERSION, SQLiteStore
+from tests.support.store_backends import is_postgres, new_store
+
+__all__ = ["new_store"]
 
 pytestmark = pytest.mark.anyio
 
@@ -293,8 +296,8 @@ def test_a_damaged_marker_hides_nothing() -> None:
 # ------------------------------------------------------------------ the store's context history
 
 
-async def test_the_store_knows_the_context_before_any_entry(tmp_path: Path) -> None:
-    async with SQLiteStore(tmp_path / "crow.db") as store:
+async def test_the_store_knows_the_context_before_any_entry(new_store) -> None:
+    async with new_store() as store:
         await store.create_session(id="s", cwd="/w")
         await store.append("s", [human("q0"), ai("a0"), human("q1"), ai("a1")])  # seqs 0-3
         await store.set_context("s", [human("summary"), ai("a1")])  # keeps a1's entry
@@ -312,8 +315,14 @@ async def test_the_store_knows_the_context_before_any_entry(tmp_path: Path) -> N
         with pytest.raises(StoreError, match="unknown session"):
             await store.context_at("s", 0)
         assert [m.content for m in await store.context_at("copy", 3)] == ["q0", "a0", "q1"]
-    with closing(sqlite3.connect(tmp_path / "crow.db")) as raw:
-        owners = raw.execute("SELECT DISTINCT session_id FROM context_history").fetchall()
+    if is_postgres(store):
+        import psycopg
+
+        with psycopg.connect(store._url) as pg:
+            owners = pg.execute("SELECT DISTINCT session_id FROM context_history").fetchall()
+    else:
+        with closing(sqlite3.connect(store._path)) as raw:
+            owners = raw.execute("SELECT DISTINCT session_id FROM context_history").fetchall()
     assert owners == [("copy",)], "the deleted session's history went with it"
 
 

@@ -20,7 +20,10 @@ from crow.store import SQLiteStore
 from crow.store.direct import DirectStore
 from tests.conftest import crow_env, initialize_125, raw_request, spawn_crow
 from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
+from tests.support.store_backends import is_postgres, new_store
 from tests.test_cli_sessions import _ago, _cli
+
+__all__ = ["new_store"]
 
 pytestmark = pytest.mark.anyio
 
@@ -28,9 +31,10 @@ P, Q = "a" * 32, "b" * 32  # two top-level sessions
 C1, C2, G = "c1" + "0" * 30, "c2" + "0" * 30, "d" * 32  # P's children; C1's child
 
 
-async def _tree(db: Path, cwd: str = "/w") -> None:
-    """P (updated 1 min ago) with children C1 (older) and C2, C1 with child G; Q (newer)."""
-    async with SQLiteStore(db) as s:
+async def _tree(db: Path | Any, cwd: str = "/w") -> None:
+    """P (updated 1 min ago) with children C1 (older) and C2, C1 with child G; Q (newer).
+    `db`: a SQLite file, or a factory of stores (`new_store`)."""
+    async with SQLiteStore(db) if isinstance(db, Path) else db() as s:
         await s.create_session(id=P, cwd=cwd, title="parent", updated_at=_ago(60))
         await s.create_session(id=Q, cwd=cwd, title="other", updated_at=_ago(5))
         await s.create_session(
@@ -54,10 +58,9 @@ async def test_both_stores_list_top_level_sessions_and_find_the_ones_under_them(
         assert [r.id for r in d.descendants([P])] == [C1, C2, G]
 
 
-async def test_deleting_a_parent_deletes_the_sessions_under_it_unless_one_is_busy(tmp_path: Path) -> None:
-    db = tmp_path / "crow.db"
-    await _tree(db)
-    async with SQLiteStore(db) as a, SQLiteStore(db) as b:
+async def test_deleting_a_parent_deletes_the_sessions_under_it_unless_one_is_busy(new_store) -> None:
+    await _tree(new_store)
+    async with new_store() as a, new_store() as b:
         await a.append(G, [Message("user", "the grandchild's")])
         await a.lock_session(G)  # a turn runs in the grandchild (another process, say)
         with pytest.raises(SessionBusy, match=f"session {G} is running a turn"):
@@ -68,10 +71,15 @@ async def test_deleting_a_parent_deletes_the_sessions_under_it_unless_one_is_bus
         for sid in (P, C1, C2, G):
             assert await b.get_session(sid) is None
         assert [r.id for r in (await b.list_sessions())[0]] == [Q]
-    with sqlite3.connect(db) as raw:
-        left = {
-            t: raw.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("entries", "session_locks")
-        }
+        probe = a
+    if is_postgres(probe):
+        import psycopg
+
+        with psycopg.connect(probe._url) as raw:
+            left = {t: raw.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("entries", "session_locks")}
+    else:
+        with sqlite3.connect(probe._path) as raw:
+            left = {t: raw.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("entries", "session_locks")}
     assert left == {"entries": 0, "session_locks": 0}
 
 

@@ -27,6 +27,10 @@ from crow.messages import (
     validate,
 )
 from crow.store import SCHEMA_VERSION, SessionRecord, SQLiteStore, Store
+from tests.support.store_backends import new_store
+
+# The contract tests run on both backends (`new_store`); the rest are SQLite's own.
+__all__ = ["new_store"]
 
 pytestmark = pytest.mark.anyio
 
@@ -37,7 +41,14 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture
-async def store():
+async def store(new_store):
+    async with new_store() as s:
+        await s.create_session(id="s1", cwd="/proj")
+        yield s
+
+
+@pytest.fixture
+async def sqlite_store():
     async with SQLiteStore(":memory:") as s:
         await s.create_session(id="s1", cwd="/proj")
         yield s
@@ -82,7 +93,7 @@ def conversation(n: int, size: int = 500) -> list[Message]:
     return out[:n]
 
 
-async def test_round_trip_every_field(store: SQLiteStore) -> None:
+async def test_round_trip_every_field(store: Store) -> None:
     msgs = rich_messages()
     await store.append("s1", msgs)
     assert await store.load_transcript("s1") == msgs
@@ -94,13 +105,12 @@ async def test_round_trip_every_field(store: SQLiteStore) -> None:
     assert (await store.get_session("s1")).message_count == len(msgs)
 
 
-async def test_satisfies_protocol(store: SQLiteStore) -> None:
+async def test_satisfies_protocol(store: Store) -> None:
     assert isinstance(store, Store)
 
 
-async def test_durable_across_reopen(tmp_path: Path) -> None:
-    db = tmp_path / "nested" / "dir" / "crow.db"
-    async with SQLiteStore(db) as s:
+async def test_durable_across_reopen(new_store, tmp_path: Path) -> None:
+    async with new_store() as s:
         await s.create_session(
             id="a",
             cwd="/p",
@@ -112,7 +122,7 @@ async def test_durable_across_reopen(tmp_path: Path) -> None:
         )
         await s.append("a", rich_messages())
         await s.append("a", [ai("note")], in_context=False)
-    async with SQLiteStore(db) as s:
+    async with new_store() as s:
         rec = await s.get_session("a")
         assert rec is not None
         assert (rec.title, rec.model, rec.todos, rec.files, rec.config) == (
@@ -126,22 +136,26 @@ async def test_durable_across_reopen(tmp_path: Path) -> None:
         assert rec.created_at.endswith("+00:00")
         assert await s.load_transcript("a") == [*rich_messages(), ai("note")]
         assert await s.load_context("a") == rich_messages()
+
+
+async def test_sqlite_file_has_the_schema_version_and_wal(tmp_path: Path) -> None:
+    db = tmp_path / "nested" / "dir" / "crow.db"
+    async with SQLiteStore(db):
+        pass
     with closing(sqlite3.connect(db)) as raw:
         assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
-async def test_survives_sigkill_right_after_append(tmp_path: Path) -> None:
-    db = tmp_path / "crow.db"
-    async with SQLiteStore(db) as s:
+async def test_survives_sigkill_right_after_append(new_store) -> None:
+    async with new_store() as s:
         await s.create_session(id="k", cwd="/p")
     child = textwrap.dedent(f"""
         import asyncio, os, signal
         from crow.messages import ai, human
-        from crow.store import SQLiteStore
 
         async def main():
-            store = SQLiteStore({str(db)!r})
+            store = {new_store.code}
             await store.open()
             for i in range(3):
                 await store.append("k", [human(f"q{{i}}"), ai(f"a{{i}}")])
@@ -151,12 +165,12 @@ async def test_survives_sigkill_right_after_append(tmp_path: Path) -> None:
     """)
     proc = await anyio.run_process([sys.executable, "-c", child], check=False)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
-    async with SQLiteStore(db) as s:
+    async with new_store() as s:
         texts = [m.content for m in await s.load_transcript("k")]
         assert texts == ["q0", "a0", "q1", "a1", "q2", "a2"]
 
 
-async def test_compaction_keeps_transcript(store: SQLiteStore) -> None:
+async def test_compaction_keeps_transcript(store: Store) -> None:
     convo = conversation(12, size=20)
     await store.append("s1", convo)
     summary = human("summary of turns 1-8")
@@ -184,7 +198,7 @@ async def test_compaction_keeps_transcript(store: SQLiteStore) -> None:
     assert len(await store.load_transcript("s1")) == 17
 
 
-async def test_set_context_unchanged_is_a_no_op(store: SQLiteStore) -> None:
+async def test_set_context_unchanged_is_a_no_op(store: Store) -> None:
     convo = conversation(6, size=10)
     await store.append("s1", convo)
     await store.set_context("s1", convo)
@@ -193,7 +207,7 @@ async def test_set_context_unchanged_is_a_no_op(store: SQLiteStore) -> None:
     assert await store.load_context("s1") == [*convo, ai("x")]
 
 
-async def test_transcript_only_entries_stay_out_of_context(store: SQLiteStore) -> None:
+async def test_transcript_only_entries_stay_out_of_context(store: Store) -> None:
     await store.append("s1", [human("hi"), ai("hello")])
     await store.append("s1", [Message("assistant", "[compacted]", meta={"notice": True})], in_context=False)
     await store.append("s1", [human("again")])
@@ -204,7 +218,7 @@ async def test_transcript_only_entries_stay_out_of_context(store: SQLiteStore) -
     assert [m.content for m in await store.load_context("s1")] == ["sum", "again"]
 
 
-async def test_crash_mid_turn_context_can_be_repaired(store: SQLiteStore) -> None:
+async def test_crash_mid_turn_context_can_be_repaired(store: Store) -> None:
     call = ToolCall("t1", "bash", {"cmd": "make"})
     await store.append("s1", [human("build it"), ai("", call)])  # killed before the result
     context = await store.load_context("s1")
@@ -215,8 +229,8 @@ async def test_crash_mid_turn_context_can_be_repaired(store: SQLiteStore) -> Non
     assert repaired[-1].tool_call_id == "t1" and repaired[-1].is_error
 
 
-async def test_list_filters_and_paginates_while_inserting() -> None:
-    async with SQLiteStore(":memory:") as s:
+async def test_list_filters_and_paginates_while_inserting(new_store) -> None:
+    async with new_store() as s:
         for i in range(25):
             await s.create_session(id=f"s{i:02}", cwd="/a" if i % 2 else "/b")
         await s.create_session(id="same-time", cwd="/a", updated_at=(await s.get_session("s05")).updated_at)
@@ -247,7 +261,7 @@ async def test_list_filters_and_paginates_while_inserting() -> None:
             await s.list_sessions(cursor="garbage!")
 
 
-async def test_update_session(store: SQLiteStore) -> None:
+async def test_update_session(store: Store) -> None:
     before = await store.get_session("s1")
     await anyio.sleep(0.002)
     rec = await store.update_session(
@@ -268,7 +282,7 @@ async def test_update_session(store: SQLiteStore) -> None:
         await store.update_session("nope", title="x")
 
 
-async def test_fork_is_independent(store: SQLiteStore) -> None:
+async def test_fork_is_independent(store: Store) -> None:
     convo = conversation(8, size=10)
     await store.append("s1", convo)
     await store.set_context("s1", [human("sum"), *convo[4:]])
@@ -287,7 +301,7 @@ async def test_fork_is_independent(store: SQLiteStore) -> None:
         await store.fork_session("ghost", "f2")
 
 
-async def test_delete(store: SQLiteStore) -> None:
+async def test_delete(store: Store) -> None:
     await store.append("s1", [human("x")])
     await store.create_session(SessionRecord(id="keep", cwd="/p"))
     await store.delete_session("s1")
@@ -303,7 +317,7 @@ async def test_delete(store: SQLiteStore) -> None:
     assert await store.get_session("keep") is not None
 
 
-async def test_errors_are_store_errors(store: SQLiteStore) -> None:
+async def test_errors_are_store_errors(store: Store) -> None:
     with pytest.raises(StoreError, match="already exists"):
         await store.create_session(id="s1", cwd="/x")
     with pytest.raises(StoreError, match="JSON"):
@@ -311,8 +325,8 @@ async def test_errors_are_store_errors(store: SQLiteStore) -> None:
     assert await store.load_transcript("s1") == []
 
 
-async def test_use_after_close_and_leak_warning(tmp_path: Path) -> None:
-    s = SQLiteStore(tmp_path / "c.db")
+async def test_use_after_close_and_leak_warning(new_store) -> None:
+    s = new_store()
     with pytest.raises(StoreError, match="not open"):
         await s.get_session("x")
     await s.open()
@@ -323,7 +337,7 @@ async def test_use_after_close_and_leak_warning(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="store closed"):
         await s.open()
 
-    leaked = SQLiteStore(tmp_path / "leak.db")
+    leaked = new_store()
     await leaked.open()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -340,9 +354,8 @@ async def test_newer_schema_is_refused(tmp_path: Path) -> None:
         await SQLiteStore(db).open()
 
 
-async def test_two_stores_share_a_file(tmp_path: Path) -> None:
-    db = tmp_path / "shared.db"
-    async with SQLiteStore(db) as a, SQLiteStore(db) as b:
+async def test_two_stores_share_a_file(new_store) -> None:
+    async with new_store() as a, new_store() as b:
         await a.create_session(id="x", cwd="/p")
         await b.append("x", [human("from b")])
         await a.append("x", [ai("from a")])
@@ -384,14 +397,14 @@ async def test_append_cost_is_flat(tmp_path: Path) -> None:
         assert len(await s.load_transcript("big")) == 5008
 
 
-async def test_cancelled_append_still_lands(store: SQLiteStore) -> None:
+async def test_cancelled_append_still_lands(store: Store) -> None:
     with anyio.move_on_after(0):
         await store.append("s1", [human("queued before the cancel")])
     assert [m.content for m in await store.load_transcript("s1")] == ["queued before the cancel"]
 
 
-async def test_ties_in_updated_at_paginate_by_id() -> None:
-    async with SQLiteStore(":memory:") as s:
+async def test_ties_in_updated_at_paginate_by_id(new_store) -> None:
+    async with new_store() as s:
         for i in range(5):
             await s.create_session(id=f"t{i}", cwd="/p", updated_at="2024-01-01T00:00:00Z")
         ids, cursor = [], None
@@ -506,7 +519,7 @@ async def test_small_writes_on_the_loop_still_checkpoint_the_wal(tmp_path: Path)
     assert wal < 12_000_000, f"WAL is {wal} bytes"
 
 
-async def test_a_large_append_is_written_off_the_event_loop(store: SQLiteStore) -> None:
+async def test_a_large_append_is_written_off_the_event_loop(sqlite_store: SQLiteStore) -> None:
     """A message with an image (megabytes of JSON) is encoded and written on the worker
     thread; a small one inline. Inline, a 1.4 MB row held the event loop 20-40 ms."""
     import threading
@@ -517,11 +530,27 @@ async def test_a_large_append_is_written_off_the_event_loop(store: SQLiteStore) 
         if statement.startswith("INSERT INTO entries"):
             writers.append(threading.current_thread().name)
 
-    await store._run(lambda conn: conn.set_trace_callback(trace))
+    await sqlite_store._run(lambda conn: conn.set_trace_callback(trace))
     loop_thread = threading.current_thread().name
-    await store.append("s1", [human("small")])
-    await store.append("s1", [human("look", Image("image/png", "A" * 200_000))])
-    await store.append("s1", [human("x" * 100_000)])
+    await sqlite_store.append("s1", [human("small")])
+    await sqlite_store.append("s1", [human("look", Image("image/png", "A" * 200_000))])
+    await sqlite_store.append("s1", [human("x" * 100_000)])
     assert writers[0] == loop_thread, "a small write stays inline (no hop)"
     assert loop_thread not in writers[1:], writers
-    assert [m.content[:5] for m in await store.load_context("s1")] == ["small", "look", "xxxxx"]
+    assert [m.content[:5] for m in await sqlite_store.load_context("s1")] == ["small", "look", "xxxxx"]
+
+
+async def test_prefix_lookups(new_store) -> None:
+    """match_ids and short_ids order ids as SQLite does (by code point), whatever the
+    database's collation."""
+    async with new_store() as s:
+        for sid in ("abc", "abcd", "abce", "b" * 32, "zz\U0010ffff", "ab_x", "AB"):
+            await s.create_session(id=sid, cwd="/p", title=sid)
+        assert await s.match_ids("abc") == [("abc", "abc")], "an exact id wins over the ids it starts"
+        assert await s.match_ids("ab") == [("ab_x", "ab_x"), ("abc", "abc"), ("abcd", "abcd"), ("abce", "abce")]
+        assert await s.match_ids("ab", 2) == [("ab_x", "ab_x"), ("abc", "abc")]
+        assert await s.match_ids("") == [] and await s.match_ids("c") == [] and await s.match_ids("%") == []
+        assert await s.match_ids("a_") == [] and await s.match_ids("zz") == [("zz\U0010ffff", "zz\U0010ffff")]
+        short = await s.short_ids(["abcd", "b" * 32, "abc", "AB"], minimum=2)
+        assert short == {"abcd": "abcd", "b" * 32: "bb", "abc": "abc", "AB": "AB"}
+        assert await s.short_ids(["b" * 32]) == {"b" * 32: "b" * 8}

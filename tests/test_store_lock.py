@@ -19,6 +19,9 @@ from crow.messages import Message
 from crow.session import Session
 from crow.store import SQLiteStore
 from crow.store.locks import LEASE, holder_alive, process_token, start_time
+from tests.support.store_backends import new_store
+
+__all__ = ["new_store"]  # the protocol's tests run on both backends
 
 pytestmark = pytest.mark.anyio
 
@@ -35,9 +38,8 @@ def dead_pid() -> int:
     return proc.pid
 
 
-async def test_a_second_store_is_told_busy_then_takes_over_after_release(tmp_path: Path) -> None:
-    db = tmp_path / "crow.db"
-    async with SQLiteStore(db) as a, SQLiteStore(db) as b:
+async def test_a_second_store_is_told_busy_then_takes_over_after_release(new_store) -> None:
+    async with new_store() as a, new_store() as b:
         await a.create_session(id="s", cwd="/w")
         await b.load_context("s")
         assert await a.lock_session("s") is False, "a created it: nothing to reload"
@@ -54,11 +56,10 @@ async def test_a_second_store_is_told_busy_then_takes_over_after_release(tmp_pat
         assert await a.lock_session("s") is False, "nobody else held it"
 
 
-async def test_a_session_running_a_turn_elsewhere_cannot_be_deleted(tmp_path: Path) -> None:
+async def test_a_session_running_a_turn_elsewhere_cannot_be_deleted(new_store) -> None:
     # `crow sessions delete` beside a crow process mid-turn: that turn, and every later
     # prompt there, would fail on a session that no longer exists.
-    db = tmp_path / "crow.db"
-    async with SQLiteStore(db) as a, SQLiteStore(db) as b:
+    async with new_store() as a, new_store() as b:
         await a.create_session(id="s", cwd="/w")
         await a.lock_session("s")
         with pytest.raises(SessionBusy, match=f"pid {os.getpid()}"):
@@ -98,9 +99,8 @@ def test_liveness_rules() -> None:
     assert not holder_alive(elsewhere, now - LEASE - 1, now, mine)
 
 
-async def test_exclusive_reloads_what_another_process_wrote(tmp_path: Path) -> None:
-    db = tmp_path / "crow.db"
-    async with SQLiteStore(db) as a, SQLiteStore(db) as b:
+async def test_exclusive_reloads_what_another_process_wrote(new_store) -> None:
+    async with new_store() as a, new_store() as b:
         await a.create_session(id="s", cwd="/w")
         ours = Session(id="s", cwd=Path("/w"), store=b, messages=await b.load_context("s"))
         theirs = Session(id="s", cwd=Path("/w"), store=a)
@@ -123,10 +123,9 @@ async def test_exclusive_reloads_what_another_process_wrote(tmp_path: Path) -> N
         ]
 
 
-async def test_closing_the_store_releases_its_locks(tmp_path: Path) -> None:
-    db = tmp_path / "crow.db"
-    async with SQLiteStore(db) as b:
-        async with SQLiteStore(db) as a:
+async def test_closing_the_store_releases_its_locks(new_store) -> None:
+    async with new_store() as b:
+        async with new_store() as a:
             await a.create_session(id="s", cwd="/w")
             await a.lock_session("s")
         assert await b.lock_session("s") is True
@@ -243,3 +242,22 @@ async def test_a_turn_cancelled_while_taking_the_lock_leaves_the_session_free(tm
             await a.load_context("s")  # a's queued jobs have run by now
         await b.lock_session("s")  # not SessionBusy
         await b.unlock_session("s")
+
+
+async def test_two_turns_of_one_process_racing_for_a_session_one_is_busy(new_store) -> None:
+    """Two `Session`s of one process (a subagent's session loaded again by its id) asking
+    for its lock at once: one gets it, the other is told busy."""
+    import asyncio
+
+    async with new_store() as store:
+        await store.create_session(id="s", cwd="/w")
+        results = await asyncio.gather(
+            store.lock_session("s"), store.lock_session("s"), return_exceptions=True
+        )
+        assert sorted(type(r).__name__ for r in results) == ["SessionBusy", "bool"], results
+        busy = next(r for r in results if isinstance(r, SessionBusy))
+        assert "running a turn in this crow process" in str(busy)
+        await store.unlock_session("s")
+        async with new_store() as other:
+            await other.lock_session("s")  # released once: nobody holds it
+            await other.unlock_session("s")

@@ -95,6 +95,8 @@ class Extensions:
         """`_session/steering {sessionId, prompt}`: into the running turn (crow.acp.steering)."""
         from crow.acp import steering
 
+        if isinstance(sid := params.get("sessionId"), str):
+            self.owners.check(sid, self)  # not into a turn of another connection's
         return await steering.steer(self.agent, params)
 
     async def ext_notification(self: AcpServer, method: str, params: dict[str, Any]) -> None:

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -49,6 +49,7 @@ from crow.acp import subagents as acp_subagents
 from crow.acp import view as acp_view
 from crow.acp.client import AcpSessionClient
 from crow.acp.extensions import Extensions
+from crow.acp.owners import Owners
 from crow.acp.protocol import ClientFeatures
 from crow.acp.sessions import BUSY, FAILED
 from crow.agent import Agent
@@ -58,7 +59,7 @@ from crow.roots import editor_cwd
 from crow.session import Session
 
 if TYPE_CHECKING:
-    from crow.acp.wire import StdioWire
+    from crow.acp.wire import Wire
 
 log = logging.getLogger("crow.acp")
 
@@ -66,13 +67,18 @@ log = logging.getLogger("crow.acp")
 
 
 class AcpServer(Extensions):
-    """Runs on crow's own wire (`crow.acp.wire.StdioWire`, set as `wire` before connecting):
-    updates go out through it, and what must follow an answer is run by it."""
+    """One client connection. Runs on crow's own wire (`crow.acp.wire`, set as `wire` before
+    connecting): updates go out through it, and what must follow an answer is run by it.
 
-    def __init__(self, agent: Agent | None = None) -> None:
+    Servers of one agent (one per WebSocket connection, `crow.acp.ws`) share `owners`: each
+    live session is served by the connection that opened it, and is busy for the others
+    until that one closes it or ends (`close_sessions`)."""
+
+    def __init__(self, agent: Agent | None = None, owners: Owners | None = None) -> None:
         self.agent = agent if agent is not None else Agent()
+        self.owners = Owners() if owners is None else owners
         self.conn: Any = None
-        self.wire: StdioWire | None = None
+        self.wire: Wire | None = None
         self.client_capabilities: ClientCapabilities | None = None
         self.features = ClientFeatures()  # what the client handles beyond the SDK's types
         self.subagents = acp_subagents.SubagentView(self.features)
@@ -126,6 +132,7 @@ class AcpServer(Extensions):
             raise acp_sessions.session_error(exc) from exc
         except CrowError as exc:
             raise RequestError.invalid_params({"cwd": str(exc)}) from exc
+        self.owners.claim(session.id, self)
         self._bind(session)
         self._advertise_commands(session.id)
         return NewSessionResponse(
@@ -160,25 +167,26 @@ class AcpServer(Extensions):
     async def _resume(
         self, session_id: str, cwd: str | None, mcp_servers: list[Any] | None, dirs: list[str] | None
     ) -> Session:
-        try:
-            session = await self.agent.resume_session(
-                session_id, acp_convert.server_specs(mcp_servers), cwd, self._bind, dirs
-            )
-        except CrowError as exc:
-            raise acp_sessions.session_error(exc) from exc
-        return session
+        with self._claimed(session_id):
+            try:
+                return await self.agent.resume_session(
+                    session_id, acp_convert.server_specs(mcp_servers), cwd, self._bind, dirs
+                )
+            except CrowError as exc:
+                raise acp_sessions.session_error(exc) from exc
 
     async def load_session(
         self, cwd: str, session_id: str, mcp_servers: list[Any] | None = None,
         additional_directories: list[str] | None = None, **kwargs: Any,
     ) -> LoadSessionResponse:  # fmt: skip
         specs = acp_convert.server_specs(mcp_servers)
-        try:
-            session, transcript = await self.agent.load_session(
-                session_id, specs, cwd, self._bind, acp_sessions.roots(additional_directories)
-            )
-        except CrowError as exc:
-            raise acp_sessions.session_error(exc) from exc
+        with self._claimed(session_id):
+            try:
+                session, transcript = await self.agent.load_session(
+                    session_id, specs, cwd, self._bind, acp_sessions.roots(additional_directories)
+                )
+            except CrowError as exc:
+                raise acp_sessions.session_error(exc) from exc
         shown = acp_reports.replayable(transcript, self.features)
         await self._notify_many(session_id, acp_view.replay(list(shown), editor_cwd(session), session_id))
         if session.todos:
@@ -219,8 +227,12 @@ class AcpServer(Extensions):
         )
 
     async def close_session(self, session_id: str, **kwargs: Any) -> CloseSessionResponse:
+        self.owners.claim(session_id, self)
         await self.cancel(session_id)
-        await self.agent.close_session(session_id)
+        try:
+            await self.agent.close_session(session_id)
+        finally:
+            self.owners.release(session_id, self)
         return CloseSessionResponse()
 
     async def delete_session(self, session_id: str, **kwargs: Any) -> DeleteSessionResponse:
@@ -232,6 +244,8 @@ class AcpServer(Extensions):
         with contextlib.suppress(CrowError):  # an unknown id, a failing store: the delete says
             await self.agent.ready()
             ids += [r.id for r in await self.agent.store.descendants([session_id])]
+        for sid in ids:
+            self.owners.check(sid, self)
         while running := [sid for sid in ids if sid in self._running]:
             settled = self._settled.get(running[0])
             if settled is None:  # another delete holds it
@@ -251,6 +265,8 @@ class AcpServer(Extensions):
         finally:
             for sid in ids:
                 del self._running[sid]
+                if sid not in self.agent.sessions:
+                    self.owners.release(sid, self)
         return DeleteSessionResponse()
 
     async def list_sessions(
@@ -310,9 +326,26 @@ class AcpServer(Extensions):
 
     def _session(self, session_id: str) -> Session:
         try:
-            return self.agent.get(session_id)
+            session = self.agent.get(session_id)
         except SessionError as exc:
             raise acp_sessions.session_error(exc) from exc
+        self.owners.claim(session_id, self)
+        return session
+
+    # ------------------------------------------------------------ connections
+    def _claimed(self, session_id: str) -> AbstractContextManager[None]:
+        return self.owners.claimed(session_id, self, lambda sid: sid in self.agent.sessions)
+
+    async def close_sessions(self) -> None:
+        """The connection has ended (its requests, running turns included, were cancelled
+        with it): its sessions are closed and free for another connection."""
+        for session_id in self.owners.held_by(self):
+            try:
+                await self.agent.close_session(session_id)
+            except Exception:  # the others are still closed; the agent closes the rest at exit
+                log.exception("closing session %s failed", session_id)
+            finally:
+                self.owners.release(session_id, self)
 
     # ------------------------------------------------------------ prompts
     async def prompt(self, session_id: str, prompt: list[Any], **kwargs: Any) -> PromptResponse:
@@ -407,34 +440,38 @@ class AcpServer(Extensions):
             log.debug("session/update to %s failed", session_id, exc_info=True)
 
 
-async def _until_hang_up_or_sigterm(listen: Awaitable[None]) -> None:
-    """Serve until stdin ends, or SIGTERM (an editor stopping crow, `kill`): then crow
-    closes as when the client hangs up, so what its sessions opened (containers) goes too."""
+async def _until_hang_up_or_sigterm(listen: Awaitable[None], signals: tuple[int, ...] = ()) -> None:
+    """Serve until stdin ends, or SIGTERM (an editor stopping crow, `kill`) or one of
+    `signals`: then crow closes as when the client hangs up, so what its sessions opened
+    (containers) goes too."""
     import signal
 
     listening = asyncio.ensure_future(listen)
     terminated = False
 
-    def on_sigterm() -> None:
+    def on_signal() -> None:
         nonlocal terminated
         terminated = True
         listening.cancel()
 
     loop = asyncio.get_running_loop()
-    try:
-        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
-    except (NotImplementedError, RuntimeError):  # no signal handlers here (Windows, not main thread)
-        pass
+    handled = dict.fromkeys((signal.SIGTERM, *signals))
+    for signum in handled:
+        try:
+            loop.add_signal_handler(signum, on_signal)
+        except (NotImplementedError, RuntimeError):  # no signal handlers here (Windows, not main thread)
+            pass
     try:
         await listening
     except asyncio.CancelledError:
         if not terminated:
             raise
-        log.info("SIGTERM: closing")
+        log.info("signalled: closing")
     finally:
         listening.cancel()
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.remove_signal_handler(signal.SIGTERM)
+        for signum in handled:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(signum)
 
 
 async def serve(agent: Agent | None = None) -> None:

@@ -1,17 +1,21 @@
-"""crow's stdio wire, and the only module that touches the ACP SDK's internals.
+"""crow's wires (stdio here, WebSocket in `crow.acp.ws`), and the only module that touches
+the ACP SDK's internals.
 
-What it adds to the SDK's newline-delimited JSON transport:
+What `Wire` adds to the SDK's transports (`StdioWire`: newline-delimited JSON on
+stdin/stdout; `crow.acp.ws.WsWire`: one message per WebSocket text frame):
 
-- a line that is valid JSON but not an object gets a JSON-RPC error instead of reaching the
+- a line (a frame) that is valid JSON but not an object gets a JSON-RPC error instead of reaching the
   SDK, whose dispatcher assumes an object and whose receive loop would die on `[]`, `123`
   or `"text"` (and take `null` for the end of input);
-- `notify(method, params)`: many notifications, already serialized, as one write;
+- `notify(method, params)`: many notifications, already serialized, as one write (stdio)
+  or one frame each (WebSocket), in order with everything else;
 - `after_response(callback)`: run once the answer to the request being handled is written.
   Clients drop `session/update`s for a session they have not been told about yet, so what
   follows `session/new` must follow its response on the wire, not merely be sent later;
 - once the wire is closed (the client hung up), `notify` raises `ConnectionError` at once:
-  the SDK's sender never settles a write queued after its close, and a cancelled turn
-  settling its history (shielded, for up to `crow.loop.CANCEL_GRACE`) would wait on it.
+  the SDK's sender never settles a write queued after its close (nor does `websockets`
+  before its close timeout), and a cancelled turn settling its history (shielded, for up
+  to `crow.loop.CANCEL_GRACE`) would wait on it.
 
 SDK internals used (checked against `CHECKED_SDK_VERSION` by tests/test_acp_sdk.py, which
 fails on any other version: re-check each of these, then update the constant):
@@ -64,6 +68,7 @@ NOT_AN_OBJECT = {
     "id": None,
     "error": {"code": -32600, "message": "Invalid Request: expected a JSON object"},
 }
+MAX_MESSAGE = DEFAULT_STDIO_BUFFER_LIMIT_BYTES  # one stdio line, one WebSocket frame
 MAX_METHOD = 256  # no ACP method name comes close
 CANCEL_NOTICE_GRACE = 2.0  # seconds to write a `$/cancel_request` (a closed wire never settles)
 
@@ -77,9 +82,12 @@ def _valid_id(rid: Any) -> Any:
     return rid if isinstance(rid, str | int) and not isinstance(rid, bool) else None
 
 
-class StdioWire(NdjsonTransport):
-    def __init__(self, reader: asyncio.StreamReader, sender: MessageSender) -> None:
-        super().__init__(reader, sender)
+class Wire:
+    """What crow's wires share: the JSON-RPC checks on what comes in, `notify`,
+    `after_response`, requests cancellable by id, and the close semantics. A wire writes one
+    message with `_write` and many notifications with `_write_notifications`."""
+
+    def __init__(self) -> None:
         self._after: dict[str | int, list[AfterResponse]] = {}
         self._closed = False
         self._inflight: dict[str | int, asyncio.Task[Any]] = {}
@@ -134,7 +142,7 @@ class StdioWire(NdjsonTransport):
     async def send(self, message: dict[str, Any]) -> None:
         answered = _valid_id(message.get("id")) if "method" not in message else None
         callbacks = self._after.pop(answered, None) if answered is not None else None
-        await super().send(message)
+        await self._write(message)
         if callbacks and "result" in message:
             for callback in callbacks:
                 try:
@@ -143,20 +151,66 @@ class StdioWire(NdjsonTransport):
                     log.exception("after-response callback failed")
 
     async def notify(self, method: str, params_json: list[bytes]) -> None:
-        """Queue many notifications (params already serialized) as one write, in order with
-        everything else the sender sends: a 5,000-message replay then costs one round trip
-        to the writer, not 5,000."""
+        """Send many notifications (params already serialized) in order with everything else
+        the wire sends, as one write where the wire can: a 5,000-message replay then costs
+        one round trip to the writer, not 5,000."""
         if self._closed:
             raise ConnectionError("the client has hung up")
         head = b'{"jsonrpc":"2.0","method":' + json.dumps(method).encode() + b',"params":'
-        data = b"".join(head + params + b"}\n" for params in params_json)
+        await self._write_notifications([head + params + b"}" for params in params_json])
+
+    async def _write(self, message: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    async def _write_notifications(self, messages: list[bytes]) -> None:
+        raise NotImplementedError
+
+    async def _checked(self, data: str | bytes) -> dict[str, Any] | None:
+        """The message in `data` (one line, one frame), its request id made the context's;
+        None when it was garbage, answered here with a JSON-RPC error."""
+        try:
+            message = json.loads(data)
+        except (ValueError, RecursionError):  # garbage, or nested deeper than json can go
+            log.warning("ignored a message that is not JSON (%d bytes)", len(data))
+            await self.send({**NOT_AN_OBJECT, "error": {"code": -32700, "message": "Parse error"}})
+            return None
+        if not isinstance(message, dict):
+            await self.send(NOT_AN_OBJECT)
+            return None
+        method = message.get("method")
+        if method is not None and (not isinstance(method, str) or len(method) > MAX_METHOD):
+            # Answered here: the SDK would echo a megabyte "method" back in its error.
+            if "id" in message:
+                await self.send(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": _valid_id(message["id"]),
+                        "error": {"code": -32601, "message": "Method not found"},
+                    }
+                )
+            return None
+        _request_id.set(_valid_id(message.get("id")) if method is not None else None)
+        return message
+
+
+class StdioWire(Wire, NdjsonTransport):
+    """Newline-delimited JSON on the process's stdin/stdout, written by the SDK's sender."""
+
+    def __init__(self, reader: asyncio.StreamReader, sender: MessageSender) -> None:
+        NdjsonTransport.__init__(self, reader, sender)
+        Wire.__init__(self)
+
+    async def _write(self, message: dict[str, Any]) -> None:
+        await NdjsonTransport.send(self, message)
+
+    async def _write_notifications(self, messages: list[bytes]) -> None:
         future = asyncio.get_running_loop().create_future()
-        await self._sender._queue.put(_PendingSend(data, future))
+        await self._sender._queue.put(_PendingSend(b"".join(m + b"\n" for m in messages), future))
         await future
 
     async def close(self) -> None:
         self._closed = True  # what was queued before is still written; nothing after
-        await super().close()
+        await NdjsonTransport.close(self)
 
     async def receive(self) -> dict[str, Any] | None:
         while True:
@@ -164,31 +218,8 @@ class StdioWire(NdjsonTransport):
             if not line:
                 return None  # end of input
             line = line.strip()
-            if not line:
-                continue
-            try:
-                message = json.loads(line)
-            except (ValueError, RecursionError):  # garbage, or nested deeper than json can go
-                log.warning("ignored a line that is not JSON (%d bytes)", len(line))
-                await self.send({**NOT_AN_OBJECT, "error": {"code": -32700, "message": "Parse error"}})
-                continue
-            if not isinstance(message, dict):
-                await self.send(NOT_AN_OBJECT)
-                continue
-            method = message.get("method")
-            if method is not None and (not isinstance(method, str) or len(method) > MAX_METHOD):
-                # Answered here: the SDK would echo a megabyte "method" back in its error.
-                if "id" in message:
-                    await self.send(
-                        {
-                            "jsonrpc": "2.0",
-                            "id": _valid_id(message["id"]),
-                            "error": {"code": -32601, "message": "Method not found"},
-                        }
-                    )
-                continue
-            _request_id.set(_valid_id(message.get("id")) if method is not None else None)
-            return message
+            if line and (message := await self._checked(line)) is not None:
+                return message
 
 
 async def request(conn: acp.AgentSideConnection, method: str, params: dict[str, Any]) -> Any:
@@ -213,7 +244,7 @@ async def request(conn: acp.AgentSideConnection, method: str, params: dict[str, 
         raise
 
 
-def connect(server: Any, wire: StdioWire) -> acp.AgentSideConnection:
+def connect(server: Any, wire: Wire) -> acp.AgentSideConnection:
     """An SDK connection serving `server` on `wire`, with the schema-1.25 routes the SDK lacks
     (`crow.acp.protocol.ROUTES`) and requests cancellable by id."""
     conn = acp.AgentSideConnection(server, wire, listening=False, use_unstable_protocol=True)
@@ -229,7 +260,7 @@ def connect(server: Any, wire: StdioWire) -> acp.AgentSideConnection:
 
 async def stdio_transport() -> tuple[StdioWire, TaskSupervisor]:
     """The wire on this process's stdin/stdout, and the supervisor of its writer task."""
-    reader, writer = await stdio_streams(limit=DEFAULT_STDIO_BUFFER_LIMIT_BYTES)
+    reader, writer = await stdio_streams(limit=MAX_MESSAGE)
     return wire_on(reader, writer)
 
 

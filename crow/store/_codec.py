@@ -44,6 +44,19 @@ def load(dicts: Iterable[dict[str, Any]]) -> list[Message]:
         raise StoreError(f"corrupt message in store: {exc!r}") from exc
 
 
+def shortest_prefix(session_id: str, neighbours: Iterable[str | None], minimum: int) -> str:
+    """The shortest prefix of `session_id` (at least `minimum` long) that none of its
+    neighbours in id order starts with (no other id can share a longer one)."""
+    shared = 0
+    for other in neighbours:
+        if other is not None:
+            same = 0
+            while same < min(len(session_id), len(other)) and session_id[same] == other[same]:
+                same += 1
+            shared = max(shared, same)
+    return session_id[: max(minimum, shared + 1)]
+
+
 def iso(ts: float) -> str:
     from datetime import UTC, datetime
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from crow.errors import SessionBusy, StoreError
 from crow.store import locks
-from crow.store._codec import encode_cursor, from_iso, iso, load, to_json, unknown
+from crow.store._codec import encode_cursor, from_iso, iso, load, shortest_prefix, to_json, unknown
 from crow.store._schema import transaction
 from crow.store.record import SessionRecord
 
@@ -179,18 +179,11 @@ def match_ids(c: sqlite3.Connection, prefix: str, limit: int) -> list[tuple[str,
 def short_ids(c: sqlite3.Connection, ids: Sequence[str], minimum: int) -> dict[str, str]:
     """Each id's shortest prefix (at least `minimum` characters) that no other stored id
     starts with: only its two neighbours in id order can share a longer one."""
-    short = {}
-    for sid in ids:
-        shared = 0
-        for sql in ("SELECT max(id) FROM sessions WHERE id < ?", "SELECT min(id) FROM sessions WHERE id > ?"):
-            other = c.execute(sql, (sid,)).fetchone()[0]
-            if other is not None:
-                same = 0
-                while same < min(len(sid), len(other)) and sid[same] == other[same]:
-                    same += 1
-                shared = max(shared, same)
-        short[sid] = sid[: max(minimum, shared + 1)]
-    return short
+    before, after = "SELECT max(id) FROM sessions WHERE id < ?", "SELECT min(id) FROM sessions WHERE id > ?"
+    return {
+        sid: shortest_prefix(sid, (c.execute(sql, (sid,)).fetchone()[0] for sql in (before, after)), minimum)
+        for sid in ids
+    }
 
 
 _COPIED = (

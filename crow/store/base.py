@@ -1,8 +1,9 @@
-"""What crow needs from a session store, whatever the database: `Store`, `SessionRecord`.
+"""What crow needs from a session store, whatever the database: `Store`, `SessionRecord`,
+and the optional `SideRecords` (project rules and checkpoints kept in the database).
 
-`crow.store.sqlite.SQLiteStore` implements it today; a server database (PostgreSQL) would
-be a second module beside it implementing the same protocol, reusing `crow.store._codec`
-for the message and cursor formats.
+`crow.store.sqlite.SQLiteStore` and `crow.store.postgres.PostgresStore` implement `Store`,
+both with `crow.store._codec`'s message and cursor formats; only `PostgresStore` implements
+`SideRecords`.
 """
 
 from __future__ import annotations
@@ -77,3 +78,24 @@ class Store(Protocol):
 
     async def lock_session(self, session_id: str) -> bool: ...
     async def unlock_session(self, session_id: str) -> None: ...
+
+
+@runtime_checkable
+class SideRecords(Protocol):
+    """What a store may keep beside the sessions (`PostgresStore` does; `SQLiteStore` does
+    not: there these stay files in CROW_HOME). Crow uses them when `isinstance(store,
+    SideRecords)`. Errors are `StoreError`, as for `Store`."""
+
+    async def project_rules(self, project: str) -> list[str]:
+        """The allow rules granted for `project` (a project folder), in the order added."""
+    async def add_project_rules(self, project: str, rules: Sequence[str]) -> None:
+        """Add rules to `project`'s (each rule kept once)."""
+    async def save_checkpoint(self, session_id: str, turn_id: str, record: str) -> None:
+        """Keep `record` (JSON text) as the checkpoint of `turn_id`, replacing one saved before."""
+    async def load_checkpoint(self, session_id: str, turn_id: str) -> str | None: ...
+    async def checkpoint_turns(self, session_id: str) -> list[str]:
+        """The turns with a checkpoint, oldest first."""
+    async def forget_checkpoints(self, session_id: str, turn_ids: Sequence[str] | None = None) -> None:
+        """Drop those turns' checkpoints (None: every one of the session's)."""
+    async def copy_checkpoints(self, source_id: str, new_id: str) -> None:
+        """Give `new_id` (a fork) a copy of `source_id`'s checkpoints, in their order."""

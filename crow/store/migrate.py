@@ -1,0 +1,114 @@
+"""`crow sessions migrate --to postgresql://…`: copy the SQLite store into a PostgreSQL one.
+
+Every session as it is stored: its row (title, model, todos, files, config, cost, parent,
+times, `context_head`/`context_from`), its entries (same seq, same in_context flag, the same
+message text) and its context history in order, so `session/load` from the database replays
+what it replayed from the file and a rewind still finds the context before any turn. One
+transaction per session; a session already in the database is skipped (a second run copies
+only what is new). Parents go before the sessions under them. A session running a turn in
+a crow process at that moment is skipped (its lock is taken for the copy) and named, and
+so are the sessions under it; run it again once that turn is over.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from crow.errors import SessionBusy, StoreError
+from crow.store import _queries as sq
+from crow.store import locks
+from crow.store._schema import connect
+
+if TYPE_CHECKING:
+    from psycopg import AsyncConnection
+
+    from crow.store.postgres import PostgresStore
+
+_COLUMNS = (
+    "id, cwd, title, created_at, updated_at, model, mode, todos, files, config, message_count,"
+    " context_from, context_head, additional_directories, cost, thought_level, parent_id"
+)
+
+
+def _parents_first(rows: list[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
+    """Each session after its parent (parent_id is the last column)."""
+    by_parent: dict[str | None, list[tuple[Any, ...]]] = {}
+    for row in rows:
+        by_parent.setdefault(row[-1], []).append(row)
+    pending = list(reversed(by_parent.get(None, [])))
+    while pending:
+        row = pending.pop()
+        yield row
+        pending += reversed(by_parent.get(row[0], []))
+
+
+async def _copy(
+    c: AsyncConnection[Any],
+    row: tuple[Any, ...],
+    entries: list[tuple[Any, ...]],
+    history: list[tuple[Any, ...]],
+) -> bool:
+    marks = ", ".join(["%s"] * len(row))
+    cur = await c.execute(
+        f"INSERT INTO sessions ({_COLUMNS}) VALUES ({marks}) ON CONFLICT (id) DO NOTHING", row
+    )
+    if cur.rowcount == 0:
+        return False
+    async with c.cursor().copy("COPY entries (session_id, seq, message, in_context) FROM STDIN") as copy:
+        for seq, message, in_context in entries:
+            await copy.write_row((row[0], seq, message, bool(in_context)))
+    async with c.cursor() as cur2:
+        await cur2.executemany(
+            "INSERT INTO context_history (session_id, until_seq, context_head, context_from)"
+            " VALUES (%s, %s, %s, %s)",
+            [(row[0], *h) for h in history],
+        )
+    return True
+
+
+async def migrate(db_path: str, home: str | None, target: PostgresStore, say: Callable[[str], None]) -> int:
+    """Copy every session of the SQLite file `db_path` into `target` (open); the number
+    copied. `say` gets one line per session skipped."""
+    try:
+        conn = connect(db_path, home)
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot open {db_path}: {exc}") from exc
+    token, copied, skipped = locks.process_token(), 0, set()
+    try:
+        rows = conn.execute(f"SELECT {_COLUMNS} FROM sessions").fetchall()
+        for row in _parents_first(rows):
+            sid = row[0]
+            if row[-1] in skipped:  # its parent is not in the database: nor can it be
+                say(f"skipped {sid}: its parent session {row[-1]} was skipped")
+                skipped.add(sid)
+                continue
+            try:
+                sq.lock(conn, sid, token, time.time())  # no turn runs in it while it is copied
+            except SessionBusy as exc:
+                say(f"skipped {sid}: {exc}")
+                skipped.add(sid)
+                continue
+            try:
+                fresh = conn.execute(f"SELECT {_COLUMNS} FROM sessions WHERE id = ?", (sid,)).fetchone()
+                entries = conn.execute(
+                    "SELECT seq, message, in_context FROM entries WHERE session_id = ? ORDER BY seq", (sid,)
+                ).fetchall()
+                history = conn.execute(
+                    "SELECT until_seq, context_head, context_from FROM context_history"
+                    " WHERE session_id = ? ORDER BY rowid",
+                    (sid,),
+                ).fetchall()
+                if await target._run(_copy, tuple(fresh), entries, history):
+                    copied += 1
+                else:
+                    say(f"skipped {sid}: already in the database")
+            finally:
+                sq.unlock(conn, sid, token)
+    except sqlite3.Error as exc:
+        raise StoreError(f"reading {db_path} failed: {exc}") from exc
+    finally:
+        conn.close()
+    return copied
