@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from crow.private import DIR_MODE, write_private
+from crow.store.base import SideRecords
 
 log = logging.getLogger("crow.checkpoints")
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -43,12 +44,7 @@ class CheckpointRecords(Protocol):
 
 def records_for(store: object, home: Path) -> CheckpointRecords:
     """Where a session's records go: its store when that keeps side records, else files."""
-    return store if keeps_side_records(store) else CheckpointFiles(home)  # type: ignore[return-value]
-
-
-def keeps_side_records(store: object) -> bool:
-    """Whether `store` keeps project rules and checkpoint records (`SideRecords`)."""
-    return callable(getattr(store, "save_checkpoint", None))
+    return store if isinstance(store, SideRecords) else CheckpointFiles(home)
 
 
 @functools.cache

@@ -17,9 +17,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from crow.checkpoint_records import keeps_side_records
 from crow.errors import StoreError
 from crow.private import locked, write_private
+from crow.store.base import SideRecords
 
 log = logging.getLogger("crow.rules")
 
@@ -46,7 +46,7 @@ class ProjectRules:
     """The rules granted per project, where the session's `store` keeps them (see above)."""
 
     def __init__(self, home: Path, store: object = None) -> None:
-        self.book: RuleBook = store if keeps_side_records(store) else RulesFile(home)  # type: ignore[assignment]
+        self.book: RuleBook = store if isinstance(store, SideRecords) else RulesFile(home)
 
     async def allowed(self, cwd: Path) -> list[str] | None:
         """The allow rules granted for the project holding `cwd`; None when they cannot be
