@@ -8,10 +8,12 @@ where the copies are, writing none of them."""
 from __future__ import annotations
 
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
 import acp
+import anyio
 import pytest
 
 from crow.checkpoints import sha256
@@ -130,10 +132,6 @@ async def test_crow_sessions_delete_on_postgresql_forgets_the_records_too(
 ) -> None:
     """`crow sessions delete` on a PostgreSQL store removes the session's checkpoint records
     from the database, with its blobs and snapshot refs from CROW_HOME."""
-    import sys
-
-    import anyio
-
     (workspace / "old.txt").write_text("one\n")
     env = crow_env(llm, home, CROW_SANDBOX="off", CROW_STORE=pg_url)
     sid = await work(llm, env, workspace)
@@ -144,3 +142,17 @@ async def test_crow_sessions_delete_on_postgresql_forgets_the_records_too(
     assert turns_in_db(postgres, pg_url, sid) == []
     assert not (home / "checkpoints" / sid).exists()
     assert [p for p in (home / "checkpoints" / "git").iterdir() if p.is_dir()] == [], "no snapshot ref left"
+
+
+async def test_crow_sessions_rewind_on_postgresql_puts_the_files_back(
+    llm: ScriptedLLM, home: Path, workspace: Path, postgres: Any, pg_url: str
+) -> None:
+    (workspace / "old.txt").write_text("one\n")
+    env = crow_env(llm, home, CROW_SANDBOX="off", CROW_STORE=pg_url)
+    sid = await work(llm, env, workspace)
+    rewind = [sys.executable, "-m", "crow", "sessions", "rewind", sid]
+    done = await anyio.run_process(rewind, env=env, cwd=workspace, check=False)
+    assert done.returncode == 0, done.stderr
+    assert (workspace / "old.txt").read_text() == "one\n"
+    assert not (workspace / "new.txt").exists() and not (workspace / "cmd.txt").exists()
+    assert turns_in_db(postgres, pg_url, sid) == []
