@@ -3,7 +3,8 @@ Python client with the scripted model: `/undo` puts files back from checkpoint r
 from the database (CROW_HOME holds only the blobs); "always allow in this project" granted
 in one crow holds in another crow on the same database with another CROW_HOME; and an undo
 in a crow whose CROW_HOME lacks the turn's blobs names each file it cannot put back, and
-where the copies are, writing none of them."""
+where the copies are, writing none of them; `crow sessions rewind` and `crow sessions
+delete` on the database act on its records too."""
 
 from __future__ import annotations
 
