@@ -1,5 +1,6 @@
 """Memory: peak RSS (VmHWM) of the agent process after its first prompt, crow vs the echo
-agent; resident memory (VmRSS) with 1 and with 100 idle sessions."""
+agent; resident memory (VmRSS) of one crow process holding 1, then 100, then 200 idle
+sessions (the service target: 200 idle sessions in < 150 MB)."""
 
 from __future__ import annotations
 
@@ -54,15 +55,21 @@ async def _settled_rss(pid: int, quiet: float = 1.0, limit: float = 30.0) -> flo
     return last / 1024
 
 
-async def _idle_sessions(ctx: Ctx, llm: object, n: int) -> float:
+async def _idle_sessions(ctx: Ctx, llm: object, counts: tuple[int, ...]) -> list[float]:
+    """Settled RSS of one crow process as it holds each count of idle sessions in turn."""
     home = ctx.home("idle")
+    rss: list[float] = []
     async with spawn(CROW_CMD, agent_env(home, llm), home) as (conn, proc, _client):
         await initialize(conn)
         first = await conn.new_session(cwd=str(home), mcp_servers=[])
         await prompt_text(conn, first.session_id, "hello")  # everything imported and warm
-        for _ in range(n - 1):
-            await conn.new_session(cwd=str(home), mcp_servers=[])
-        return await _settled_rss(proc.pid)
+        held = 1
+        for n in counts:
+            for _ in range(n - held):
+                await conn.new_session(cwd=str(home), mcp_servers=[])
+            held = n
+            rss.append(await _settled_rss(proc.pid))
+    return rss
 
 
 async def run(ctx: Ctx) -> list[Figure]:
@@ -80,11 +87,14 @@ async def run(ctx: Ctx) -> list[Figure]:
         figures = [Figure(G, "peak RSS after first prompt", median(crow), "MB", baseline=median(echo),
                           baseline_name="echo agent", target="< 80 MB", check=("value", "<", 80),
                           samples=reps)]
-        one = await _idle_sessions(ctx, llm, 1)
-        hundred = await _idle_sessions(ctx, llm, 100)
+        one, hundred, two_hundred = await _idle_sessions(ctx, llm, (1, 100, 200))
     figures += [
         Figure(G, "RSS, 1 idle session", one, "MB"),
         Figure(G, "RSS, 100 idle sessions", hundred, "MB", baseline=one, baseline_name="1 session",
                note=f"{(hundred - one) * 1024 / 99:.0f} KB per extra idle session"),
+        Figure(G, "RSS, 200 idle sessions", two_hundred, "MB", baseline=one, baseline_name="1 session",
+               target="< 150 MB", check=("value", "<", 150),
+               note=f"one process, the same as the 100; {(two_hundred - one) * 1024 / 199:.0f} KB per extra "
+                    "idle session"),
     ]
     return figures

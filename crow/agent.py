@@ -75,6 +75,7 @@ class Agent:
         self._builtin_hooks = builtin_hooks
         self._store = store
         self._store_given = store is not None
+        self._store_lock = anyio.Lock()
         self._tasks = Background(CrowError("the agent is closed"))
         self._warm = Once("crow.warm_up", CrowError("the agent was closed during its warm-up"))
         self._preparing: dict[str, Once] = {}  # each session's tool setup
@@ -135,11 +136,8 @@ class Agent:
                 self._functions.extend((load_object(spec), False) for spec in self.config.tools)
             if self._functions:
                 self._function_server = function_server(self._functions)
-            if self._store is None:
-                from crow.store import store_for
-
-                self._store = store_for(self.config)
-                await self._store.open()
+            with suppress(StoreError):  # a database down now: `ready` tries again (logged)
+                await self._open_store()
         except CrowError as exc:  # a setting or a plugin, named in the text every waiter gets
             log.error("the warm-up failed: %s", exc)
             log.debug("the warm-up failed", exc_info=True)
@@ -151,9 +149,29 @@ class Agent:
             self.provider_for(self.model_ref())  # now, not at that prompt: httpx, a client
 
     async def ready(self) -> None:
-        """Wait for the warm-up (starting it if needed); its failure is raised to each caller."""
+        """Wait for the warm-up (starting it if needed); its failure is raised to each caller.
+        A store that could not be opened (a database server down) is tried again here, so a
+        long-running crow recovers once it is back."""
         self.warm_up()
         await self._warm.wait()
+        if self._store is None:
+            await self._open_store()
+
+    async def _open_store(self) -> None:
+        """Open the configured store once (callers at the same time wait for one attempt);
+        a failure is a `StoreError` naming the store, and the next caller tries again."""
+        async with self._store_lock:
+            if self._store is not None:
+                return
+            from crow.store import store_for
+
+            store = store_for(self.config)
+            try:
+                await store.open()
+            except StoreError as exc:
+                log.error("cannot open the session store: %s", exc)
+                raise
+            self._store = store
 
     @property
     def store(self) -> Any:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpcore
-import httpx
+import httpcore2
+import httpx2
 import pytest
 
 from crow.llm import transport as transport_mod
@@ -17,8 +17,8 @@ from tests.llm_server import Reply, ScriptedLLM
 pytestmark = pytest.mark.anyio
 
 
-class CountingStream(httpcore.AsyncNetworkStream):
-    def __init__(self, stream: httpcore.AsyncNetworkStream, writes: list[int]) -> None:
+class CountingStream(httpcore2.AsyncNetworkStream):
+    def __init__(self, stream: httpcore2.AsyncNetworkStream, writes: list[int]) -> None:
         self._stream, self._writes = stream, writes
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
@@ -35,32 +35,32 @@ class CountingStream(httpcore.AsyncNetworkStream):
         return self._stream.get_extra_info(info)
 
 
-class CountingBackend(httpcore.AsyncNetworkBackend):
+class CountingBackend(httpcore2.AsyncNetworkBackend):
     """The real network backend, each write of its connections recorded (its size)."""
 
     def __init__(self) -> None:
         self.writes: list[int] = []
-        self._backend = httpcore.AnyIOBackend()
+        self._backend = httpcore2.AnyIOBackend()
 
     async def connect_tcp(
         self, host: str, port: int, *args: Any, **kwargs: Any
-    ) -> httpcore.AsyncNetworkStream:
+    ) -> httpcore2.AsyncNetworkStream:
         return CountingStream(await self._backend.connect_tcp(host, port, *args, **kwargs), self.writes)
 
     async def sleep(self, seconds: float) -> None:
         await self._backend.sleep(seconds)
 
 
-def client() -> tuple[httpx.AsyncClient, CountingBackend]:
+def client() -> tuple[httpx2.AsyncClient, CountingBackend]:
     transport = model_transport(False)
     counting = CountingBackend()
     held = transport._pool._network_backend
     assert isinstance(held, transport_mod._Backend), "the transport's connections are not held-write ones"
     held._backend = counting
-    return httpx.AsyncClient(transport=transport), counting
+    return httpx2.AsyncClient(transport=transport), counting
 
 
-async def post(http: httpx.AsyncClient, llm: ScriptedLLM, text: str) -> list[str]:
+async def post(http: httpx2.AsyncClient, llm: ScriptedLLM, text: str) -> list[str]:
     body = {"model": "scripted", "stream": True, "messages": [{"role": "user", "content": text}]}
     async with http.stream("POST", f"{llm.base_url}/chat/completions", json=body) as response:
         assert response.status_code == 200
@@ -87,3 +87,32 @@ async def test_a_body_over_the_hold_limit_is_sent_whole_without_a_joined_copy(ll
     assert llm.requests[0].last_user_text == big
     head, body = counting.writes  # the head held, then the body as httpx gave it
     assert head < 1024 < transport_mod.HOLD_LIMIT * 3 < body
+
+
+async def test_a_kept_connection_the_server_closed_is_not_reused() -> None:
+    """The pool asks an idle connection whether it is readable (EOF: the server closed it)
+    before reusing it; the transport answers that from the raw socket. Answered wrongly,
+    the second request goes out on the dead connection and fails."""
+    import anyio
+
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
+    connections = 0
+
+    async def serve(stream: anyio.abc.SocketStream) -> None:
+        nonlocal connections
+        connections += 1
+        async with stream:
+            await stream.receive()  # one whole small request
+            await stream.send(answer)  # keep-alive as far as the client knows; then closed
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, serve)
+        async with httpx2.AsyncClient(transport=model_transport(False)) as http:
+            for _ in range(2):
+                response = await http.post(f"http://127.0.0.1:{port}/", content=b"hi")
+                assert response.text == "ok"
+                await anyio.sleep(0.05)  # let the server's close arrive
+        tg.cancel_scope.cancel()
+    assert connections == 2

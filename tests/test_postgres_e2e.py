@@ -165,6 +165,26 @@ async def test_an_unreachable_database_at_start_is_a_clear_error(
     assert "s3cret-pw" not in listed.stderr and "Traceback" not in listed.stderr
 
 
+async def test_a_crow_started_while_the_database_is_down_recovers_once_it_is_back(
+    llm: ScriptedLLM, postgres: Any, pg_url: str, home: Path, workspace: Path
+) -> None:
+    postgres.stop("fast")
+    try:
+        async with spawn_crow(pg_env(llm, home, pg_url)) as (conn, proc, _client):
+            sid = await open_session(conn, workspace)
+            with pytest.raises(acp.RequestError, match="cannot reach the PostgreSQL store"):
+                await conn.prompt(session_id=sid, prompt=[acp.text_block("hello")])
+            postgres.start()
+            llm.push(Reply(text="back"))
+            again = await open_session(conn, workspace)  # no restart of crow needed
+            reply = await conn.prompt(session_id=again, prompt=[acp.text_block("hello again")])
+            assert reply.stop_reason == "end_turn"
+            assert proc.returncode is None
+    finally:
+        postgres.start()
+    assert postgres.psql(f"SELECT count(*) FROM entries WHERE session_id = '{again}'", pg_url.split("@/")[1].split("?")[0]).strip() == "2"
+
+
 async def test_the_database_restarted_mid_turn_fails_that_turn_and_crow_carries_on(
     llm: ScriptedLLM, postgres: Any, pg_url: str, home: Path, workspace: Path, tmp_path: Path
 ) -> None:

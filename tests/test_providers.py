@@ -14,7 +14,7 @@ from email.utils import formatdate
 from typing import Any
 
 import anyio
-import httpx
+import httpx2
 import pytest
 
 from crow.errors import (
@@ -327,15 +327,15 @@ async def test_openai_request_conversion() -> None:
     assert tool1 == {"role": "tool", "tool_call_id": "call_1", "content": "file body"}
 
 
-def sse_transport(body: str, seen: list[httpx.Request] | None = None) -> httpx.MockTransport:
-    def handler(request: httpx.Request) -> httpx.Response:
+def sse_transport(body: str, seen: list[httpx2.Request] | None = None) -> httpx2.MockTransport:
+    def handler(request: httpx2.Request) -> httpx2.Response:
         if seen is not None:
             seen.append(request)
-        return httpx.Response(
+        return httpx2.Response(
             200, headers={"content-type": "text/event-stream"}, content=body.encode()
         )
 
-    return httpx.MockTransport(handler)
+    return httpx2.MockTransport(handler)
 
 
 async def test_openai_no_done_no_usage_missing_id_is_accepted() -> None:
@@ -345,7 +345,7 @@ async def test_openai_no_done_no_usage_missing_id_is_accepted() -> None:
         '"function":{"name":"read_file","arguments":"{}"}}]}}]}\n\n'
         'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
     )
-    client = httpx.AsyncClient(transport=sse_transport(body))
+    client = httpx2.AsyncClient(transport=sse_transport(body))
     provider = OpenAIProvider("m", base_url="http://local/v1", api_key="", client=client)
     response = final(await collect(provider, ask()))
     await client.aclose()
@@ -357,8 +357,8 @@ async def test_openai_no_done_no_usage_missing_id_is_accepted() -> None:
 
 async def test_openai_clean_close_without_finish_is_a_cut() -> None:
     body = 'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
-    seen: list[httpx.Request] = []
-    client = httpx.AsyncClient(transport=sse_transport(body, seen))
+    seen: list[httpx2.Request] = []
+    client = httpx2.AsyncClient(transport=sse_transport(body, seen))
     provider = OpenAIProvider("m", base_url="http://local/v1", api_key="", client=client)
     with pytest.raises(StreamCutError) as info:
         await collect(provider, ask())
@@ -440,8 +440,8 @@ async def test_anthropic_in_stream_error_event() -> None:
         'event: error\ndata: {"type":"error","error":{"type":"overloaded_error",'
         '"message":"Overloaded"}}\n\n'
     )
-    seen: list[httpx.Request] = []
-    client = httpx.AsyncClient(transport=sse_transport(body, seen))
+    seen: list[httpx2.Request] = []
+    client = httpx2.AsyncClient(transport=sse_transport(body, seen))
     provider = AnthropicProvider(
         "c",
         base_url="http://local",
@@ -584,8 +584,8 @@ def test_parse_retry_after() -> None:
     assert parse_retry_after({}) is None
 
 
-def test_importing_crow_llm_does_not_import_httpx() -> None:
-    code = "import sys, crow.llm; assert 'httpx' not in sys.modules, 'httpx imported'"
+def test_importing_crow_llm_does_not_import_httpx2() -> None:
+    code = "import sys, crow.llm; assert 'httpx2' not in sys.modules, 'httpx2 imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -626,7 +626,7 @@ async def test_anthropic_several_and_redacted_thinking_blocks_go_back_unmodified
         {"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 9}},
         {"type": "message_stop"},
     )
-    client = httpx.AsyncClient(transport=sse_transport(body))
+    client = httpx2.AsyncClient(transport=sse_transport(body))
     provider = AnthropicProvider("claude-test", base_url="http://local", api_key="k", client=client)
     events = await collect(provider, ask(tools=TOOLS))
     await client.aclose()
@@ -656,7 +656,7 @@ async def test_anthropic_one_signed_thinking_block_keeps_the_plain_fields() -> N
         {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {}},
         {"type": "message_stop"},
     )
-    client = httpx.AsyncClient(transport=sse_transport(body))
+    client = httpx2.AsyncClient(transport=sse_transport(body))
     provider = AnthropicProvider("claude-test", base_url="http://local", api_key="k", client=client)
     m = final(await collect(provider, ask())).message
     await client.aclose()

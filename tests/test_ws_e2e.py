@@ -113,6 +113,14 @@ async def until(check: Any, what: str, timeout: float = 30) -> Any:
     return value
 
 
+async def session_with_a_turn(conn: Any, workspace: Path) -> str:
+    """A new session in which one prompt ("one") has run; its id."""
+    await initialize_125(conn)
+    sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+    await conn.prompt(session_id=sid, prompt=[acp.text_block("one")])
+    return sid
+
+
 async def talking(conn: Any, client: Any, workspace: Path) -> tuple[str, asyncio.Task[Any]]:
     """A new session with a turn running (the model talking, `SLOW`): its id and the prompt."""
     await initialize_125(conn)
@@ -146,9 +154,7 @@ async def test_a_session_live_in_one_connection_is_busy_for_another_until_that_o
     llm.push(Reply(text="first"))
     async with ws_crow(env_with_token(llm, home)) as served:
         async with ws_client(served.url) as (a, _client_a):
-            await initialize_125(a)
-            sid = (await a.new_session(cwd=str(workspace), mcp_servers=[])).session_id
-            await a.prompt(session_id=sid, prompt=[acp.text_block("one")])
+            sid = await session_with_a_turn(a, workspace)
             async with ws_client(served.url) as (b, client_b):
                 await initialize_125(b)
                 for ask in (
@@ -589,9 +595,7 @@ async def test_two_connections_loading_one_session_at_once_one_gets_it(
     llm.push(Reply(text="stored"))
     async with ws_crow(env_with_token(llm, home)) as served:
         async with ws_client(served.url) as (a, _client):
-            await initialize_125(a)
-            sid = (await a.new_session(cwd=str(workspace), mcp_servers=[])).session_id
-            await a.prompt(session_id=sid, prompt=[acp.text_block("one")])
+            sid = await session_with_a_turn(a, workspace)
         stack, _conn, _client = await load_when_free(served.url, sid, workspace)  # A has ended
         await stack.aclose()
         async with ws_client(served.url) as (b, client_b), ws_client(served.url) as (c, client_c):

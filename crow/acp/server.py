@@ -440,7 +440,7 @@ class AcpServer(Extensions):
             log.debug("session/update to %s failed", session_id, exc_info=True)
 
 
-async def _until_hang_up_or_sigterm(listen: Awaitable[None], signals: tuple[int, ...] = ()) -> None:
+async def until_hang_up_or_signal(listen: Awaitable[None], signals: tuple[int, ...] = ()) -> None:
     """Serve until stdin ends, or SIGTERM (an editor stopping crow, `kill`) or one of
     `signals`: then crow closes as when the client hangs up, so what its sessions opened
     (containers) goes too."""
@@ -487,7 +487,7 @@ async def serve(agent: Agent | None = None) -> None:
         server.wire = transport
         conn = connect(server, transport)
         try:
-            await _until_hang_up_or_sigterm(conn.listen())
+            await until_hang_up_or_signal(conn.listen())
         finally:
             await asyncio.shield(conn.close())
             await supervisor.shutdown()

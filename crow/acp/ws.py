@@ -36,7 +36,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 
 from crow.acp.owners import Owners
-from crow.acp.server import AcpServer, _until_hang_up_or_sigterm
+from crow.acp.server import AcpServer, until_hang_up_or_signal
 from crow.acp.wire import MAX_MESSAGE, NOT_AN_OBJECT, Wire, connect
 from crow.agent import Agent
 from crow.errors import ConfigError
@@ -270,7 +270,7 @@ async def serve_websocket(
         try:
             port = next(iter(server.sockets)).getsockname()[1]
             print(f"crow: listening on {listen.url(port)}", file=sys.stderr, flush=True)
-            await _until_hang_up_or_sigterm(asyncio.Event().wait(), (signal.SIGTERM, signal.SIGINT))
+            await until_hang_up_or_signal(asyncio.Event().wait(), (signal.SIGTERM, signal.SIGINT))
         finally:
             server.close()  # each connection closed (1001) and ended as if its client had gone
             await server.wait_closed()

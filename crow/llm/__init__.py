@@ -1,6 +1,6 @@
 """Model providers behind one method: `Provider.stream(request) -> AsyncIterator[ModelEvent]`.
 
-Import-cheap: nothing here imports httpx. `create_provider("openai:gpt-4.1-mini")` loads the
+Import-cheap: nothing here imports httpx2. `create_provider("openai:gpt-4.1-mini")` loads the
 provider module when it is first needed; `OpenAIProvider` / `AnthropicProvider` load lazily
 on attribute access too.
 """

@@ -2,7 +2,7 @@
 
 A stream yields `TextDelta`, `ThoughtDelta` and `ToolCallDelta` while the model talks (and
 `Retrying` when a failed attempt is tried again) and ends with exactly one `ModelResponse`
-holding the whole assistant message, usage and stop reason. The loop never imports httpx;
+holding the whole assistant message, usage and stop reason. The loop never imports httpx2;
 tests can drive it with a `ScriptedProvider`.
 """
 

@@ -1,6 +1,6 @@
 """What both HTTP providers share: error mapping, HTTP-status translation and retries.
 
-`map_http_errors()` is the one place httpx exceptions become crow errors. `error_from_status()`
+`map_http_errors()` is the one place httpx2 exceptions become crow errors. `error_from_status()`
 turns an error response into the most specific `ProviderError`. `stream_with_retries()` runs
 one streaming attempt after another until one succeeds, never replaying output that already
 reached the caller.
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import anyio
-import httpx
+import httpx2
 
 from crow import images
 from crow.errors import (
@@ -138,20 +138,20 @@ def error_from_status(
 
 @contextlib.contextmanager
 def map_http_errors(provider: str, *, base_url: str = "") -> Iterator[None]:
-    """Translate every httpx exception raised inside into a crow `ProviderError`."""
+    """Translate every httpx2 exception raised inside into a crow `ProviderError`."""
     try:
         yield
-    except httpx.TimeoutException as exc:
+    except httpx2.TimeoutException as exc:
         phase = type(exc).__name__.removesuffix("Timeout").lower() or "request"
         raise ProviderError(f"{provider}: {phase} timed out ({base_url})", retryable=True) from exc
-    except httpx.ConnectError as exc:
+    except httpx2.ConnectError as exc:
         raise ProviderError(f"{provider}: cannot connect to {base_url}: {exc}", retryable=True) from exc
-    except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+    except (httpx2.RemoteProtocolError, httpx2.ReadError) as exc:
         # the connection broke while the answer was streaming
         raise StreamCutError(f"{provider}: connection lost mid-response: {exc}", partial=False) from exc
-    except httpx.TransportError as exc:
+    except httpx2.TransportError as exc:
         raise ProviderError(f"{provider}: network error: {exc}", retryable=True) from exc
-    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+    except (httpx2.HTTPError, httpx2.InvalidURL) as exc:
         raise ProviderError(f"{provider}: request failed: {exc}") from exc
 
 
@@ -264,7 +264,7 @@ class HTTPProvider:
         backoff_base: float = 0.5,
         backoff_cap: float = 20.0,
         headers: Mapping[str, str] | None = None,
-        client: httpx.AsyncClient | None = None,
+        client: httpx2.AsyncClient | None = None,
     ) -> None:
         self.model = model
         self.name = name or self.default_name
@@ -280,11 +280,11 @@ class HTTPProvider:
         key = api_key if api_key is not None else os.environ.get(self.api_key_env, "")
         self._api_key = key or None
         self.retry = RetryPolicy(max(1, max_retries), backoff_base, backoff_cap)
-        timeout = httpx.Timeout(read_timeout, connect=connect_timeout)
+        timeout = httpx2.Timeout(read_timeout, connect=connect_timeout)
         self._owns_client = client is None
         if client is None:
             verify = tls_context(self.base_url)
-            client = httpx.AsyncClient(timeout=timeout, verify=verify, transport=model_transport(verify))
+            client = httpx2.AsyncClient(timeout=timeout, verify=verify, transport=model_transport(verify))
         self._client = client
         self._timeout = timeout
 
@@ -320,7 +320,7 @@ class HTTPProvider:
         with map_http_errors(self.name, base_url=self.base_url):
             async with self._post_stream(self._url(), body, self._headers()) as response:
                 # Read to the end of the body even after the last event: leaving early makes
-                # httpx drop the connection instead of keeping it alive for the next call.
+                # httpx2 drop the connection instead of keeping it alive for the next call.
                 async for line in response.aiter_lines():
                     for sse in decoder.decode(line):
                         if stream.ended:
@@ -346,7 +346,7 @@ class HTTPProvider:
     @contextlib.asynccontextmanager
     async def _post_stream(
         self, url: str, body: Mapping[str, Any], headers: Mapping[str, str]
-    ) -> AsyncIterator[httpx.Response]:
+    ) -> AsyncIterator[httpx2.Response]:
         """POST and hand back a streaming 2xx response; error statuses raise mapped errors."""
         async with self._client.stream(
             "POST", url, json=body, headers=dict(headers), timeout=self._timeout

@@ -1,6 +1,6 @@
 """Provider references (`provider:model`) to configured `Provider` objects.
 
-Import-cheap on purpose: the provider modules (and httpx) load only when a provider is
+Import-cheap on purpose: the provider modules (and httpx2) load only when a provider is
 created, so crow can answer ACP `initialize` without them. Providers and models are
 described by the configuration's own models (`crow.config.ProviderSettings`,
 `ModelSettings`): the builtins below are entries like the ones a config file holds.

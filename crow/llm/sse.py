@@ -1,6 +1,6 @@
 """Server-sent events as a pure, incremental decoder (no I/O).
 
-`SSEDecoder.decode(line)` takes one line at a time (httpx's `aiter_lines` already splits on
+`SSEDecoder.decode(line)` takes one line at a time (httpx2's `aiter_lines` already splits on
 LF, CR and CRLF) and returns the events the line completed; `flush()` returns the event
 pending when the stream ends without a trailing blank line. It follows the WHATWG
 event-stream rules: `:` comments are ignored, `data:` lines join with `\n`, one space after
