@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import Ctx, Figure, describe, median, ms, not_measured
+from bench.common import Ctx, Figure, median, ms, not_measured
 
 G = "checkpoints"
 SIZE = 100 * 1024
@@ -130,18 +130,13 @@ async def run(ctx: Ctx) -> list[Figure]:
 
 
 async def _in_postgres(ctx: Ctx) -> list[Figure]:
-    what = "write_file 100 KB, checkpointed (first change of the turn, record in PostgreSQL)"
-    try:
-        from tests.support.postgres import postgres_server
+    from bench.store_pg import on_postgres
 
-        server = postgres_server()
-        pg = server.__enter__()
-    except BaseException as exc:  # no server here (pytest's skip says why)
-        return [not_measured(G, what, f"no PostgreSQL server could start: {describe(exc)}", "adds < 2 ms")]
-    try:
+    async def measure(url: str) -> list[Figure]:
         from crow.store.postgres import PostgresStore
 
-        async with PostgresStore(pg.new_database()) as store:
+        async with PostgresStore(url) as store:
             return [await _write_figure(ctx, store)]
-    finally:
-        server.__exit__(None, None, None)
+
+    what = "write_file 100 KB, checkpointed (first change of the turn, record in PostgreSQL)"
+    return await on_postgres(G, what, "adds < 2 ms", measure)

@@ -28,22 +28,24 @@ from tests.test_e2e_permissions import ScriptedAnswers, results
 pytestmark = pytest.mark.anyio
 
 
-async def work(llm: ScriptedLLM, env: dict[str, str], workspace: Path) -> str:
-    """A session in a fresh crow whose one turn changes files; its id."""
-    llm.push(*turn_replies())  # writes new.txt, edits old.txt, runs a command
+async def work(llm: ScriptedLLM, home: Path, workspace: Path, url: str) -> tuple[str, dict[str, str]]:
+    """A session in a fresh crow on the database `url` whose one turn makes new.txt, edits
+    old.txt ("one" to "two") and runs a command that makes cmd.txt; its id, and the crow's
+    environment."""
+    (workspace / "old.txt").write_text("one\n")
+    env = crow_env(llm, home, CROW_SANDBOX="off", CROW_STORE=url)
+    llm.push(*turn_replies())
     async with spawn_crow(env) as (conn, _proc, _client):
         await initialize_125(conn)
         sid = (await conn.new_session(cwd=str(workspace), mcp_servers=[])).session_id
         assert (await conn.prompt(session_id=sid, prompt=[acp.text_block("work")])).stop_reason == "end_turn"
-    return sid
+    return sid, env
 
 
 async def test_undo_on_postgresql_puts_the_files_back_from_records_in_the_database(
     llm: ScriptedLLM, home: Path, workspace: Path, postgres: Any, pg_url: str
 ) -> None:
-    (workspace / "old.txt").write_text("one\n")
-    env = crow_env(llm, home, CROW_SANDBOX="off", CROW_STORE=pg_url)
-    sid = await work(llm, env, workspace)
+    sid, env = await work(llm, home, workspace, pg_url)
     assert files_in(home / "checkpoints" / sid) == ["blobs/" + sha256(b"one\n")], "no record in CROW_HOME"
     assert len(turns_in_db(postgres, pg_url, sid)) == 1
 
@@ -103,8 +105,7 @@ async def test_an_undo_where_the_blobs_are_not_names_what_it_cannot_put_back(
     home_a, home_b = tmp_path / "home-a", tmp_path / "home-b"
     home_a.mkdir()
     home_b.mkdir()
-    (workspace / "old.txt").write_text("one\n")
-    sid = await work(llm, crow_env(llm, home_a, CROW_SANDBOX="off", CROW_STORE=pg_url), workspace)
+    sid, _ = await work(llm, home_a, workspace, pg_url)
 
     async with spawn_crow(crow_env(llm, home_b, CROW_SANDBOX="off", CROW_STORE=pg_url)) as (conn, _p, _c):
         await initialize_125(conn)
@@ -133,9 +134,7 @@ async def test_crow_sessions_delete_on_postgresql_forgets_the_records_too(
 ) -> None:
     """`crow sessions delete` on a PostgreSQL store removes the session's checkpoint records
     from the database, with its blobs and snapshot refs from CROW_HOME."""
-    (workspace / "old.txt").write_text("one\n")
-    env = crow_env(llm, home, CROW_SANDBOX="off", CROW_STORE=pg_url)
-    sid = await work(llm, env, workspace)
+    sid, env = await work(llm, home, workspace, pg_url)
     assert len(turns_in_db(postgres, pg_url, sid)) == 1
     delete = [sys.executable, "-m", "crow", "sessions", "delete", sid]
     done = await anyio.run_process(delete, env=env, cwd=workspace, check=False)
@@ -148,9 +147,7 @@ async def test_crow_sessions_delete_on_postgresql_forgets_the_records_too(
 async def test_crow_sessions_rewind_on_postgresql_puts_the_files_back(
     llm: ScriptedLLM, home: Path, workspace: Path, postgres: Any, pg_url: str
 ) -> None:
-    (workspace / "old.txt").write_text("one\n")
-    env = crow_env(llm, home, CROW_SANDBOX="off", CROW_STORE=pg_url)
-    sid = await work(llm, env, workspace)
+    sid, env = await work(llm, home, workspace, pg_url)
     rewind = [sys.executable, "-m", "crow", "sessions", "rewind", sid]
     done = await anyio.run_process(rewind, env=env, cwd=workspace, check=False)
     assert done.returncode == 0, done.stderr
