@@ -1,7 +1,8 @@
 """Checkpoints: what the checkpoints hook adds to a `write_file` of a 100 KB file (the same
-call through the ToolHub without the hook, interleaved, is the baseline), and putting back a
-turn that wrote 100 files with `/undo`'s own code (against writing those 100 files
-atomically, the disk work any restore must do)."""
+call through the ToolHub without the hook, interleaved, is the baseline), with the turn's
+record in CROW_HOME and in PostgreSQL (a throwaway cluster on this machine, as store_pg's);
+and putting back a turn that wrote 100 files with `/undo`'s own code (against writing those
+100 files atomically, the disk work any restore must do)."""
 
 from __future__ import annotations
 
@@ -43,10 +44,12 @@ def _ctx(session: Any, turn: str) -> Any:
     return HookContext(session, "bench", None, emit, prompt_id=turn)
 
 
-async def _write_figure(ctx: Ctx) -> Figure:
+async def _write_figure(ctx: Ctx, store: Any = None) -> Figure:
+    """`store`: one keeping side records (PostgreSQL), where the records then go."""
     from crow.messages import ToolCall
 
     hook, session, hub, _ = await _setup(ctx)
+    session.store = store
     n = ctx.reps(200, 40)
     plain: list[float] = []
     checked: list[float] = []
@@ -66,7 +69,8 @@ async def _write_figure(ctx: Ctx) -> Figure:
                 assert not result.is_error, result
     finally:
         await hub.aclose()
-    return Figure(G, "write_file 100 KB, checkpointed (first change of the turn)", ms(median(checked)),
+    where = "" if store is None else ", record in PostgreSQL"
+    return Figure(G, f"write_file 100 KB, checkpointed (first change of the turn{where})", ms(median(checked)),
                   baseline=ms(median(plain)), baseline_name="write_file without the hook",
                   target="adds < 2 ms", check=("diff", "<", 2.0), samples=n,
                   note="the write itself fsyncs twice; the checkpoint is not fsynced (checked by hash)")  # fmt: skip
@@ -122,4 +126,17 @@ async def run(ctx: Ctx) -> list[Figure]:
         import mcp_servers.filesystem  # noqa: F401
     except ImportError as exc:
         return [not_measured(G, "checkpoints", f"mcp_servers.filesystem: {exc}")]
-    return [await _write_figure(ctx), await _undo_figure(ctx)]
+    return [await _write_figure(ctx), *await _in_postgres(ctx), await _undo_figure(ctx)]
+
+
+async def _in_postgres(ctx: Ctx) -> list[Figure]:
+    from bench.store_pg import on_postgres
+
+    async def measure(url: str) -> list[Figure]:
+        from crow.store.postgres import PostgresStore
+
+        async with PostgresStore(url) as store:
+            return [await _write_figure(ctx, store)]
+
+    what = "write_file 100 KB, checkpointed (first change of the turn, record in PostgreSQL)"
+    return await on_postgres(G, what, "adds < 2 ms", measure)

@@ -7,6 +7,7 @@ PostgreSQL server can start."""
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from bench.common import Ctx, Figure, describe, median, ms, not_measured
@@ -71,15 +72,23 @@ async def _measure(ctx: Ctx, url: str, home: Path) -> list[Figure]:
     ]  # fmt: skip
 
 
-async def run(ctx: Ctx) -> list[Figure]:
+async def on_postgres(
+    group: str, what: str, target: str, measure: Callable[[str], Awaitable[list[Figure]]]
+) -> list[Figure]:
+    """`measure(url)` on a fresh database of a throwaway cluster; `what` not measured, with
+    the reason, where no PostgreSQL server can start."""
     try:
         from tests.support.postgres import postgres_server
 
         server = postgres_server()
         pg = server.__enter__()
     except BaseException as exc:  # no server here (pytest's skip says why)
-        return [not_measured(G, APPEND, f"no PostgreSQL server could start: {describe(exc)}", "< 2 ms")]
+        return [not_measured(group, what, f"no PostgreSQL server could start: {describe(exc)}", target)]
     try:
-        return await _measure(ctx, pg.new_database(), ctx.home("store-pg"))
+        return await measure(pg.new_database())
     finally:
         server.__exit__(None, None, None)
+
+
+async def run(ctx: Ctx) -> list[Figure]:
+    return await on_postgres(G, APPEND, "< 2 ms", lambda url: _measure(ctx, url, ctx.home("store-pg")))

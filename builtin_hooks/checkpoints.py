@@ -68,7 +68,8 @@ class CheckpointsHook(Hook):
             folder = checkpoints.session_dir(self.home, session.id)
             if folder is None:
                 return None
-            record = turn_state[_TURN] = checkpoints.TurnRecord(folder, prompt_id)
+            records = checkpoints.records_for(session.store, self.home)  # the store's, or files
+            record = turn_state[_TURN] = checkpoints.TurnRecord(folder, prompt_id, records)
         return record
 
     async def _file_change(self, ctx: HookContext, call: ToolCall, call_next: Any) -> ToolResult:
@@ -86,19 +87,20 @@ class CheckpointsHook(Hook):
         content = call.args.get("content")  # a whole file written: what it will hold is known
         expected = f"sha256:{checkpoints.sha256(content.encode())}" if isinstance(content, str) else None
         try:
-            recorded = record.before(root, target, expected)
+            recorded = await record.before(root, target, expected)
         except checkpoints.CheckpointError as exc:
-            log.warning("checkpoint of %s not saved: %s", target, exc)
+            log.warning("checkpoint of %s not saved: %s", target, exc.strerror)
             return ToolResult(call.id, call.name, error=f"{path} was not changed: {exc.strerror}")
         try:
             return await call_next(call)
         finally:  # even on a cancel: what the file holds now is what the turn left
             if recorded:
                 try:
-                    record.after([str(target)])
+                    with anyio.CancelScope(shield=True):  # a store write may be awaited
+                        await record.after([str(target)])
                 except checkpoints.CheckpointError as exc:  # the change landed: the tool's
                     # answer stands; the saved checkpoint (no "after") makes an undo leave it
-                    log.warning("what the turn left in %s not recorded: %s", target, exc)
+                    log.warning("what the turn left in %s not recorded: %s", target, exc.strerror)
 
     async def _snapshot_before(self, ctx: HookContext) -> None:
         record = self._record(ctx)
@@ -117,7 +119,7 @@ class CheckpointsHook(Hook):
                     at = time.time_ns()
                     tree = await shadow.snapshot(ref)
                     record.git = {"workspace": str(shadow.work_tree), "before": tree, "at": at}
-                    record.save()
+                    await record.save()
             except (snapshots.SnapshotError, OSError, TimeoutError) as exc:
                 why = f"the snapshot failed ({exc})"
             if why is not None:
@@ -140,12 +142,12 @@ class CheckpointsHook(Hook):
                 shadow = snapshots.ShadowGit(self.home, Path(record.git["workspace"]))
                 ref = f"refs/crow/{ctx.session.id}/{record.turn}/after"
                 record.git["after"] = await shadow.snapshot(ref)
-                record.after()  # commands may have changed the files the tools wrote too
+                await record.after()  # commands may have changed the files the tools wrote too
             elif record.files:
-                record.save()
+                await record.save()
         except (snapshots.SnapshotError, OSError, TimeoutError) as exc:
             log.warning("the end-of-turn snapshot failed: %s", exc)
-        await checkpoints.prune(self.home, ctx.session.id, self.keep_turns)
+        await checkpoints.prune(self.home, ctx.session.id, self.keep_turns, ctx.session.store)
 
 
 def _turn(ctx: HookContext) -> tuple[Session, dict[str, Any], str]:

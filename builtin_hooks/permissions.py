@@ -46,6 +46,7 @@ MODES = ("ask", "accept_edits", "yolo", "read_only", "plan")
 CHANGES = frozenset({"edit", "delete", "move", "execute"})  # kinds that always ask (or are refused)
 NEVER_ASK = frozenset({"think", "switch_mode"})  # the plan, and leaving plan mode
 _RULES = "permissions.rules"  # session.state: the session's RuleSet (from "always" answers)
+_PROJECT_READ = "permissions.project_read"  # session.state: its project's rules are in _RULES
 _LOCK = "permissions.lock"  # session.state: one question at a time
 
 
@@ -65,6 +66,7 @@ class PermissionsHook(Hook):
     async def check(self, ctx: HookContext, call: ToolCall) -> str | None:
         """None to run the tool, else the reason the model reads."""
         session = ctx.session
+        await _read_project_rules(session)
         settled = self._settle(session, call)
         if settled != "ask":
             return settled
@@ -148,10 +150,8 @@ class PermissionsHook(Hook):
             for text in choice.rules:
                 granted.add(decision, rules.parse_rule(text, origin="session"))
         if choice.id == "allow_always_project" and config is not None:
-            try:
-                ProjectRules(config.home).add(session.cwd, choice.rules)
-            except OSError as exc:  # it still holds for this session
-                log.warning("cannot store the project rule %s: %s", choice.rules, exc)
+            # kept before the tool runs; one not kept (logged) still holds for this session
+            await ProjectRules(config.home, session.store).add(session.cwd, choice.rules)
         if choice.kind in ("allow_once", "allow_always"):
             return None
         if choice.kind == "reject_always":
@@ -163,19 +163,28 @@ class PermissionsHook(Hook):
 
 
 def _session_rules(session: Any) -> rules.RuleSet:
-    """The session's rules: those granted for its project (read once, at its first call)
-    and its own "always" answers; a subagent's are its root session's."""
-    session = session.root
-    found: rules.RuleSet | None = session.state.get(_RULES)
-    if found is None:
-        found = session.state[_RULES] = rules.RuleSet()
-        if session.config is not None:
-            for text in ProjectRules(session.config.home).allowed(session.cwd):
-                try:
-                    found.add("allow", rules.parse_rule(text, origin="project"))
-                except rules.RuleError as exc:
-                    log.warning("ignoring a stored project rule: %s", exc)
-    return found
+    """The session's rules: those granted for its project (`_read_project_rules`) and its
+    own "always" answers; a subagent's are its root session's."""
+    return session.root.state.setdefault(_RULES, rules.RuleSet())
+
+
+async def _read_project_rules(session: Any) -> None:
+    """Add the rules granted for the session's project to its rules, once, at its first
+    call (again at the next one when the store could not be read)."""
+    root = session.root
+    if root.state.get(_PROJECT_READ):
+        return
+    config = root.config
+    granted = [] if config is None else await ProjectRules(config.home, root.store).allowed(root.cwd)
+    if granted is None or root.state.get(_PROJECT_READ):  # unreadable now, or read meanwhile
+        return
+    found = _session_rules(root)
+    for text in granted:
+        try:
+            found.add("allow", rules.parse_rule(text, origin="project"))
+        except rules.RuleError as exc:
+            log.warning("ignoring a stored project rule: %s", exc)
+    root.state[_PROJECT_READ] = True
 
 
 def _subject(session: Any, call: ToolCall) -> rules.Subject:

@@ -382,7 +382,7 @@ class Agent:
             raise SessionError(str(exc)) from exc
         from crow.checkpoints import fork_checkpoints
 
-        await fork_checkpoints(session_id, new_id, Path(self.config.home))  # its undo needs them
+        await fork_checkpoints(session_id, new_id, Path(self.config.home), self._store)  # its undo needs them
         return new_id
 
     async def compact(
@@ -443,7 +443,7 @@ class Agent:
 
         for sid in gone:
             await self.close_session(sid)
-            await forget_session(sid, Path(self.config.home))
+            await forget_session(sid, Path(self.config.home), self._store)
 
     # ------------------------------------------------------------ project config
     def session_config(self, cwd: Path) -> SessionProject:

@@ -1,16 +1,21 @@
 """Per-turn checkpoints of the files a turn changed, and putting them back (`/undo`, rewind).
 
-What is kept, in CROW_HOME/checkpoints/<session id>/ (0700; files 0600):
-- `<turn id>.json`, one per turn that changed files: for each file `write_file` or
-  `edit_file` changed, its content (a blob id) and mode before the turn's first change to
-  it, or that it did not exist, and the hash of what the turn left; and, when the turn ran
-  `execute`, the shadow git trees of the workspace before and after (crow.snapshots).
-- `blobs/<sha256>`: the content before, by hash (shared by the session's turns). Files
-  over MAX_FILE_BYTES are not copied: named as not restorable.
-The checkpoint is written before the tool changes the file (temp file + rename, no fsync:
-a restore checks every blob against its hash, so a torn one is refused, never written).
-A session keeps its last KEEP_TURNS turns' checkpoints; older ones, and a deleted session's,
-are removed. A turn is keyed by its prompt's stored id (`HookContext.prompt_id`).
+What is kept, per session:
+- one record per turn that changed files: for each file `write_file` or `edit_file`
+  changed, its content (a blob id) and mode before the turn's first change to it, or that
+  it did not exist, and the hash of what the turn left; and, when the turn ran `execute`,
+  the shadow git trees of the workspace before and after (crow.snapshots). Records are kept
+  where crow.checkpoint_records says: in the store when it keeps side records (PostgreSQL),
+  else `<turn id>.json` in CROW_HOME/checkpoints/<session id>/.
+- `blobs/<sha256>` in CROW_HOME/checkpoints/<session id>/ (0700; files 0600), whatever the
+  store: the content before, by hash (shared by the session's turns), on the machine that
+  ran the turn (a record names it). Files over MAX_FILE_BYTES are not copied: named as not
+  restorable.
+The record is saved (awaited) before the tool changes the file; one that cannot be is a
+CheckpointError, and the change is not made. A restore checks every blob against its hash,
+so a torn one is refused, never written. A session keeps its last KEEP_TURNS turns'
+checkpoints; older ones, and a deleted session's, are removed. A turn is keyed by its
+prompt's stored id (`HookContext.prompt_id`).
 """
 
 from __future__ import annotations
@@ -20,7 +25,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import stat
 import time
@@ -29,7 +33,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from crow.private import DIR_MODE, write_private
+import anyio
+
+from crow.checkpoint_records import (
+    CheckpointFiles,
+    CheckpointRecords,
+    here,
+    is_safe_id,
+    make_dirs,
+    records_for,
+    session_dir,
+)
+from crow.errors import StoreError
+from crow.private import write_private
 
 if TYPE_CHECKING:
     from crow.session import Session
@@ -37,7 +53,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("crow.checkpoints")
 MAX_FILE_BYTES = 10 * 1024 * 1024
 KEEP_TURNS = 50
-_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 class CheckpointError(OSError):
@@ -53,22 +68,6 @@ class Restored:
     skipped: tuple[tuple[str, str], ...] = ()  # (path, why) left alone, e.g. changed since
 
 
-def session_dir(home: Path, session_id: str) -> Path | None:
-    """The session's checkpoint folder, or None for an id that is no safe folder name."""
-    return home / "checkpoints" / session_id if _ID.fullmatch(session_id) else None
-
-
-def _mkdir(folder: Path) -> None:
-    """`folder` and its missing parents, each 0700 (a plain `parents=True` leaves the
-    parents to the umask)."""
-    if folder.is_dir():
-        return
-    missing = [folder, *(p for p in folder.parents if not p.exists())]
-    for part in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            part.mkdir(mode=DIR_MODE)
-
-
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -76,24 +75,40 @@ def sha256(data: bytes) -> str:
 # ------------------------------------------------------------------ recording
 @dataclass
 class TurnRecord:
-    """One turn's checkpoint, as it is being recorded (the hook keeps it in turn_state)."""
+    """One turn's checkpoint, as it is being recorded (the hook keeps it in turn_state).
+    `folder`: the session's checkpoint folder (CROW_HOME/checkpoints/<session id>), where
+    the blobs go; `records`: where the record goes (its files there by default)."""
 
     folder: Path
     turn: str
+    records: CheckpointRecords | None = None
     files: dict[str, dict[str, Any]] = field(default_factory=dict)  # absolute path -> entry
     # the shadow snapshot: workspace, before and after (tree ids), at (when before was taken)
     git: dict[str, Any] = field(default_factory=dict)
     seq: int = field(default_factory=time.time_ns)
+    # saves one at a time, each of the record as it is then: the last one saved is the newest
+    _saving: anyio.Lock = field(default_factory=anyio.Lock, repr=False)
 
-    def save(self) -> None:
-        body = {"version": 1, "turn": self.turn, "seq": self.seq, "files": self.files, "git": self.git}
-        try:
-            _mkdir(self.folder)
-            write_private(self.folder / f"{self.turn}.json", json.dumps(body), sync=False)
-        except OSError as exc:
-            raise _unsaved(exc) from exc
+    async def save(self) -> None:
+        home = self.folder.parent.parent
+        records = self.records if self.records is not None else CheckpointFiles(home)
+        async with self._saving:
+            body = {
+                "version": 1,
+                "turn": self.turn,
+                "seq": self.seq,
+                "files": self.files,
+                "git": self.git,
+                "made_in": here(home),  # where its blobs and snapshot trees are
+            }
+            try:
+                await records.save_checkpoint(self.folder.name, self.turn, json.dumps(body))
+            except OSError as exc:
+                raise _unsaved(exc) from exc
+            except StoreError as exc:
+                raise CheckpointError(0, f"crow could not save its checkpoint: {exc}") from exc
 
-    def before(self, root: Path, path: Path, expected: str | None = None) -> bool:
+    async def before(self, root: Path, path: Path, expected: str | None = None) -> bool:
         """Record the file's content and mode before the turn's first change to it (once
         per path and turn), and `expected`, the state the change will leave when known (a
         whole file written): then `after` has nothing to save when it does. False when
@@ -102,9 +117,14 @@ class TurnRecord:
         checkpoint cannot be saved."""
         key = str(path)
         if key in self.files:
-            if self.files[key]["after"] != expected:
-                self.files[key]["after"] = expected
-                self.save()
+            known = self.files[key]
+            if known["after"] != expected:
+                known["after"], was = expected, known["after"]
+                try:
+                    await self.save()
+                except CheckpointError:  # refused: the file keeps what the record says
+                    known["after"] = was
+                    raise
             return True
         from mcp_servers.filesystem.localfs import open_regular
 
@@ -131,7 +151,7 @@ class TurnRecord:
                     target = self.folder / "blobs" / blob
                     if not target.exists():
                         try:
-                            _mkdir(target.parent)
+                            make_dirs(target.parent)
                             write_private(target, data, sync=False)
                         except OSError as exc:
                             raise _unsaved(exc) from exc
@@ -140,10 +160,14 @@ class TurnRecord:
                 os.close(fd)
             entry = {"root": str(root), "before": before, "after": expected, "at": time.time_ns()}
         self.files[key] = entry
-        self.save()
+        try:
+            await self.save()
+        except CheckpointError:  # refused, so not recorded: the next call on it tries again
+            del self.files[key]
+            raise
         return True
 
-    def after(self, paths: Sequence[str] | None = None) -> None:
+    async def after(self, paths: Sequence[str] | None = None) -> None:
         """Record what the turn left in each file (all recorded ones by default); a file the
         turn left as it found it (the call failed) is dropped: nothing to put back."""
         changed = paths is None
@@ -159,7 +183,7 @@ class TurnRecord:
             entry["after"] = now
             changed = True
         if changed:
-            self.save()
+            await self.save()
 
 
 def _stamp(st: os.stat_result) -> str:
@@ -231,20 +255,23 @@ async def restore_turns(session: Session, prompt_ids: Sequence[str], home: Path)
     folder = session_dir(home, session.id)
     if folder is None or not prompt_ids:
         return Restored()
-    records = [r for r in (_load(folder, p) for p in prompt_ids) if r is not None]
-    records.sort(key=lambda r: r.get("seq", 0))  # oldest first, whatever order they came in
+    records = records_for(session.store, home)
+    found = [r for r in [await _load(records, folder, p) for p in prompt_ids] if r is not None]
+    found.sort(key=lambda r: r.get("seq", 0))  # oldest first, whatever order they came in
     roots = [_real(r) for r in session.roots]
-    done = await restore(records, roots, home, _real(session.cwd))
-    await forget_turns(folder, [r["turn"] for r in records], home)
+    done = await restore(found, roots, home, _real(session.cwd))
+    try:
+        await _forget(records, folder, found, home)
+    except StoreError as exc:  # the files are back: a record left over is pruned later
+        log.warning("checkpoints of %s not forgotten after the undo: %s", session.id, exc)
     return done
 
 
-def _load(folder: Path, turn: str) -> dict[str, Any] | None:
-    if not _ID.fullmatch(turn):
+async def _load(records: CheckpointRecords, folder: Path, turn: str) -> dict[str, Any] | None:
+    if not is_safe_id(turn):
         return None
-    try:
-        text = (folder / f"{turn}.json").read_text(encoding="utf-8")
-    except FileNotFoundError:
+    text = await records.load_checkpoint(folder.name, turn)
+    if text is None:
         return None
     try:
         record = json.loads(text)
@@ -253,67 +280,90 @@ def _load(folder: Path, turn: str) -> dict[str, Any] | None:
     except ValueError:
         return {"turn": turn, "damaged": True, "files": {}, "git": {}}
     record["turn"] = turn
-    record["folder"] = folder
+    record["folder"] = folder  # where its blobs are, on this machine
     return record
 
 
-async def forget_turns(folder: Path, turns: Sequence[str], home: Path) -> None:
-    """Remove these turns' checkpoints, their git refs and the blobs no other turn needs."""
+async def _forget(
+    records: CheckpointRecords,
+    folder: Path,
+    found: Sequence[dict[str, Any]],
+    home: Path,
+    turns: Sequence[str] = (),
+) -> None:
+    """Forget the turns of these loaded records (and `turns`, also named), their git refs,
+    and the blobs they kept that no other turn of the session needs."""
     from crow.snapshots import ShadowGit
 
     by_workspace: dict[str, list[str]] = {}
-    for turn in turns:
-        record = _load(folder, turn)
-        if record is None:
-            continue
+    for record in found:
         git = record.get("git") or {}
         if git.get("workspace"):
-            refs = [f"refs/crow/{folder.name}/{turn}/{side}" for side in ("before", "after")]
+            refs = [f"refs/crow/{folder.name}/{record['turn']}/{side}" for side in ("before", "after")]
             by_workspace.setdefault(git["workspace"], []).extend(refs)
-        with contextlib.suppress(FileNotFoundError):
-            (folder / f"{turn}.json").unlink()
+    await records.forget_checkpoints(folder.name, list(dict.fromkeys([*turns, *(r["turn"] for r in found)])))
     for workspace, refs in by_workspace.items():
         with contextlib.suppress(Exception):  # a leftover ref costs disk, never correctness
             await ShadowGit(home, Path(workspace)).drop(refs)
-    _drop_unused_blobs(folder)
+    if any(_blobs(r) for r in found):
+        await _drop_unused_blobs(records, folder)
 
 
-def _drop_unused_blobs(folder: Path) -> None:
+def _blobs(record: dict[str, Any]) -> set[str]:
+    """The blobs a (loaded, so well-formed) record's files come back from."""
+    befores = (e.get("before") for e in record["files"].values() if isinstance(e, dict))
+    return {b["sha256"] for b in befores if isinstance(b, dict) and isinstance(b.get("sha256"), str)}
+
+
+async def _drop_unused_blobs(records: CheckpointRecords, folder: Path) -> None:
     blobs = folder / "blobs"
     if not blobs.is_dir():
         return
     used: set[str] = set()
-    for manifest in folder.glob("*.json"):
-        with contextlib.suppress(OSError, ValueError):
-            for entry in json.loads(manifest.read_text(encoding="utf-8")).get("files", {}).values():
-                if isinstance(entry.get("before"), dict) and "sha256" in entry["before"]:
-                    used.add(entry["before"]["sha256"])
+    for turn in await records.checkpoint_turns(folder.name):
+        record = await _load(records, folder, turn)
+        if record is not None:
+            used |= _blobs(record)
     for blob in blobs.iterdir():
         if blob.name not in used:
             with contextlib.suppress(OSError):
                 blob.unlink()
 
 
-async def prune(home: Path, session_id: str, keep: int = KEEP_TURNS) -> None:
-    """Keep the session's newest `keep` turns' checkpoints; remove the older ones."""
+async def prune(home: Path, session_id: str, keep: int = KEEP_TURNS, store: object = None) -> None:
+    """Keep the session's newest `keep` turns' checkpoints; remove the older ones. `store`:
+    the session's (where the records are, crow.checkpoint_records)."""
     folder = session_dir(home, session_id)
-    if folder is None or not folder.is_dir():
+    if folder is None:
         return
-    manifests = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
-    if len(manifests) > keep:
-        await forget_turns(folder, [p.stem for p in manifests[: len(manifests) - keep]], home)
+    records = records_for(store, home)
+    try:
+        turns = await records.checkpoint_turns(session_id)
+        if len(turns) > keep:
+            old = turns[: len(turns) - keep]
+            found = [r for r in [await _load(records, folder, t) for t in old] if r is not None]
+            await _forget(records, folder, found, home, old)
+    except StoreError as exc:  # kept until the next turn's prune: room, never correctness
+        log.warning("old checkpoints of %s not pruned: %s", session_id, exc)
 
 
-async def forget_session(session_id: str, home: Path) -> None:
-    """Remove a deleted session's checkpoints."""
+async def forget_session(session_id: str, home: Path, store: object = None) -> None:
+    """Remove a deleted session's checkpoints (`store`: where its records are)."""
     folder = session_dir(home, session_id)
-    if folder is None or not folder.is_dir():
+    if folder is None:
         return
-    await forget_turns(folder, [p.stem for p in folder.glob("*.json")], home)
+    records = records_for(store, home)
+    try:
+        turns = await records.checkpoint_turns(session_id)
+        found = [r for r in [await _load(records, folder, t) for t in turns] if r is not None]
+        await _forget(records, folder, found, home, turns)
+        await records.forget_checkpoints(session_id)  # any saved since the listing
+    except StoreError as exc:  # the session is gone: its records only cost room
+        log.warning("checkpoint records of the deleted session %s not removed: %s", session_id, exc)
     shutil.rmtree(folder, ignore_errors=True)
 
 
-async def fork_checkpoints(source_id: str, new_id: str, home: Path) -> None:
+async def fork_checkpoints(source_id: str, new_id: str, home: Path, store: object = None) -> None:
     """Give a fork a copy of its source's checkpoints: the source's turns are the fork's too
     (same prompt ids), so the fork's undo puts back what they changed, also once the source
     is deleted. Blobs are hard links where the filesystem allows; each snapshot tree gets a
@@ -321,29 +371,31 @@ async def fork_checkpoints(source_id: str, new_id: str, home: Path) -> None:
     from crow.snapshots import ShadowGit
 
     src, dst = session_dir(home, source_id), session_dir(home, new_id)
-    if src is None or dst is None or not src.is_dir():
+    if src is None or dst is None:
         return
+    records = records_for(store, home)
     refs: dict[str, dict[str, str]] = {}
     try:
-        _mkdir(dst / "blobs")
-        for blob in (src / "blobs").iterdir() if (src / "blobs").is_dir() else ():
-            try:
-                os.link(blob, dst / "blobs" / blob.name)
-            except FileExistsError:
-                pass
-            except OSError:  # another filesystem, or no hard links: a copy
-                shutil.copy2(blob, dst / "blobs" / blob.name)
-        for manifest in src.glob("*.json"):
-            record = _load(src, manifest.stem)
-            if record is None:
-                continue
-            shutil.copy2(manifest, dst / manifest.name)  # its mtime too: prune keeps the newest
-            git = record.get("git") or {}
+        await records.copy_checkpoints(source_id, new_id)
+        if (src / "blobs").is_dir():
+            make_dirs(dst / "blobs")
+            for blob in (src / "blobs").iterdir():
+                try:
+                    os.link(blob, dst / "blobs" / blob.name)
+                except FileExistsError:
+                    pass
+                except OSError:  # another filesystem, or no hard links: a copy
+                    shutil.copy2(blob, dst / "blobs" / blob.name)
+        for turn in await records.checkpoint_turns(new_id):
+            git = ((await _load(records, dst, turn)) or {}).get("git") or {}
             for side in ("before", "after"):
                 if git.get("workspace") and isinstance(git.get(side), str):
-                    ref = f"refs/crow/{new_id}/{manifest.stem}/{side}"
+                    ref = f"refs/crow/{new_id}/{turn}/{side}"
                     refs.setdefault(git["workspace"], {})[ref] = git[side]
-        for workspace, trees in refs.items():
-            await ShadowGit(home, Path(workspace)).keep(trees)
-    except Exception as exc:  # OSError, SnapshotError, a timeout of git
+    except Exception as exc:  # OSError, StoreError
         log.warning("checkpoints of %s not all copied to its fork %s: %s", source_id, new_id, exc)
+    for workspace, trees in refs.items():
+        try:  # trees another CROW_HOME took are not in this one's shadow git: refused
+            await ShadowGit(home, Path(workspace)).keep(trees)
+        except Exception as exc:  # SnapshotError, OSError, a timeout of git
+            log.warning("snapshots of %s not all kept for its fork %s: %s", source_id, new_id, exc)

@@ -47,7 +47,7 @@ def main(args: argparse.Namespace) -> int:
         from crow.store.postgres import PostgresStore
 
         with BlockingStore(PostgresStore(url, home=home)) as pg:
-            return _sessions(pg, args.action, args.session_id, args.cwd, home)  # type: ignore[arg-type]
+            return _sessions(pg, args.action, args.session_id, args.cwd, home, url)  # type: ignore[arg-type]
     with DirectStore(os.path.join(home, DB_FILE), home=home) as store:
         return _sessions(store, args.action, args.session_id, args.cwd, home)
 
@@ -95,22 +95,37 @@ def _migrate(home: str, url: str | None) -> int:
     return 0
 
 
-def _forget_checkpoints(home: str, session_ids: list[str]) -> None:
+def _forget_checkpoints(home: str, session_ids: list[str], url: str | None = None) -> None:
     """What `session/delete` removes with sessions: their checkpoints (copies of files'
-    earlier content) and their snapshot refs (`crow.checkpoints.forget_session`)."""
+    earlier content, and their records: in the database `url` names when there is one) and
+    their snapshot refs (`crow.checkpoints.forget_session`)."""
     import asyncio
+    import contextlib
     from pathlib import Path
 
     from crow.checkpoints import forget_session
 
     async def forget() -> None:
-        for sid in session_ids:
-            await forget_session(sid, Path(home))
+        async with contextlib.AsyncExitStack() as stack:
+            store = None
+            if url is not None:  # a store of its own: the BlockingStore's runs another loop
+                from crow.store.postgres import PostgresStore
+
+                store = await stack.enter_async_context(PostgresStore(url, home=home))
+            for sid in session_ids:
+                await forget_session(sid, Path(home), store)
 
     asyncio.run(forget())
 
 
-def _sessions(store: DirectStore, action: str, session_id: str | None, cwd: str | None, home: str) -> int:
+def _sessions(
+    store: DirectStore,
+    action: str,
+    session_id: str | None,
+    cwd: str | None,
+    home: str,
+    url: str | None = None,
+) -> int:
     if action == "list":
         from crow import session_list
 
@@ -124,7 +139,7 @@ def _sessions(store: DirectStore, action: str, session_id: str | None, cwd: str 
         raise SessionError(f"unknown session {session_id!r}")
     if action == "delete":
         gone = store.delete_session(session_id)  # and its subagents' sessions
-        _forget_checkpoints(home, gone)
+        _forget_checkpoints(home, gone, url)
         under = f" and {len(gone) - 1} subagent session{'s' * (len(gone) > 2)}" if len(gone) > 1 else ""
         print(f"deleted {session_id}{under}", file=sys.stderr)
         return 0

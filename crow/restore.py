@@ -6,7 +6,9 @@ changed it since) is left alone and named. A file `write_file`/`edit_file` chang
 back from the turn's own copy; one only a command changed, from the shadow git tree taken
 before the turn's first command. Every write is atomic and reaches the file without
 following a symlink (mcp_servers.filesystem.localfs); every copy is checked against its hash
-first, so a damaged checkpoint restores nothing.
+first, so a damaged checkpoint restores nothing. Those copies stay in the CROW_HOME of the
+machine that ran the turn (its record, in a shared store, names it): elsewhere, the files
+they would put back are named with where the copies are, and left as they are.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import anyio
 
+from crow.checkpoint_records import made_elsewhere
 from crow.checkpoints import MAX_FILE_BYTES, Restored, current_state, state_of
 from crow.errors import FilesNotPutBack
 from crow.snapshots import GIT_MODES, ShadowGit, SnapshotError, git_blob_id
@@ -42,6 +45,7 @@ class _Plan:
     before: Any  # None (did not exist), {"sha256", "mode"}, {"too_big"}, {"git", "mode"}
     after: str | None  # "sha256:..", "git:..", "absent"; None: not recorded (crow stopped)
     folder: Path | None = None  # where a sha256 copy lives
+    elsewhere: str | None = None  # where the copies are when not here (crow.checkpoint_records)
     shadow: ShadowGit | None = None
     data: bytes | None = None  # a snapshot's content, fetched with the others in one git run
 
@@ -57,12 +61,16 @@ async def restore(records: list[dict[str, Any]], roots: list[Path], home: Path, 
             continue
         here: dict[str, _Plan] = {}
         git = record.get("git") or {}
+        elsewhere = made_elsewhere(record, home)
         if git.get("before") and git.get("after"):
             shadow = ShadowGit(home, Path(git["workspace"]))
             try:
                 changes = await shadow.changes(git["before"], git["after"])
             except (SnapshotError, OSError) as exc:
-                skipped.append(("(commands' changes)", f"the workspace snapshot cannot be read: {exc}"))
+                why = f"the workspace snapshot cannot be read: {exc}"
+                if elsewhere is not None:  # another machine's (or CROW_HOME's) shadow git
+                    why = _not_here("the snapshots of its commands are", elsewhere)
+                skipped.append(("(commands' changes)", why))
                 changes = []
             for c in changes:
                 path = str(shadow.work_tree / c.path)
@@ -76,7 +84,7 @@ async def restore(records: list[dict[str, Any]], roots: list[Path], home: Path, 
             if path in here and git.get("at", 0) < entry.get("at", 0):
                 continue  # a command changed it before the tool did: the snapshot is older
             after = entry.get("after")
-            here[path] = _Plan(Path(entry["root"]), entry.get("before"), after, folder=folder)
+            here[path] = _Plan(Path(entry["root"]), entry.get("before"), after, folder, elsewhere=elsewhere)
         for path, plan in here.items():
             first = plans.get(path)
             if first is None:
@@ -173,7 +181,10 @@ async def _content(plan: _Plan, before: dict[str, Any], path: Path) -> tuple[byt
         try:
             data = (Path(plan.folder or "") / "blobs" / before["sha256"]).read_bytes()
         except OSError:
-            return None, None, "its checkpoint copy is missing"
+            why = "its checkpoint copy is missing"
+            if plan.elsewhere is not None:
+                why = _not_here("its copy from before the turn is", plan.elsewhere)
+            return None, None, why
         if hashlib.sha256(data).hexdigest() != before["sha256"]:
             return None, None, "its checkpoint copy is damaged"
         return data, before["mode"], ""
@@ -184,6 +195,10 @@ async def _content(plan: _Plan, before: dict[str, Any], path: Path) -> tuple[byt
     if data is None or git_blob_id(data) != before["git"]:
         return None, None, "its snapshot copy is missing or damaged"
     return data, _mode_for(path, git_mode), ""
+
+
+def _not_here(what: str, elsewhere: str) -> str:
+    return f"{what} in {elsewhere}, where the turn ran, not here"
 
 
 def _mode_as_before(path: Path, before: dict[str, Any] | None) -> bool:

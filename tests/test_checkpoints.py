@@ -395,8 +395,12 @@ def test_a_crash_between_the_checkpoint_and_the_write(tmp_path: Path, ws: Path) 
     folder = session_dir(home, "s1")
     assert folder is not None
     record = TurnRecord(folder, "t1")
-    for name in ("untouched.txt", "written.txt", "never.txt"):
-        assert record.before(ws, ws / name)
+
+    async def before_each() -> None:
+        for name in ("untouched.txt", "written.txt", "never.txt"):
+            assert await record.before(ws, ws / name)
+
+    anyio.run(before_each)
     (ws / "written.txt").write_text("w1\n")  # the write landed; crow was killed before after()
     done = anyio.run(restore_turns, Session("s1", ws), ["t1"], home)
     assert done.restored == done.removed == ()

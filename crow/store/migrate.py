@@ -7,7 +7,9 @@ what it replayed from the file and a rewind still finds the context before any t
 transaction per session; a session already in the database is skipped (a second run copies
 only what is new). Parents go before the sessions under them. A session running a turn in
 a crow process at that moment is skipped (its lock is taken for the copy) and named, and
-so are the sessions under it; run it again once that turn is over.
+so are the sessions under it; run it again once that turn is over. With each session
+copied go its checkpoint records (`<turn id>.json` in CROW_HOME: their blobs stay there,
+where the records expect them), and at the end the project rules of rules.json.
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from crow.checkpoint_records import copy_files_to
 from crow.errors import SessionBusy, StoreError
+from crow.project_rules import copy_file_to
 from crow.store import _pg_queries as pq
 from crow.store import _queries as sq
 from crow.store import locks
@@ -105,6 +110,8 @@ async def migrate(db_path: str, home: str | None, target: PostgresStore, say: Ca
                 ).fetchall()
                 if await target._run(_copy, tuple(fresh), entries, history):
                     copied += 1
+                    if home is not None:  # its checkpoints' records, read beside their blobs
+                        await copy_files_to(target, Path(home), sid)
                 else:
                     say(f"skipped {sid}: already in the database")
             finally:
@@ -113,4 +120,6 @@ async def migrate(db_path: str, home: str | None, target: PostgresStore, say: Ca
         raise StoreError(f"reading {db_path} failed: {exc}") from exc
     finally:
         conn.close()
+    if home is not None:
+        await copy_file_to(target, Path(home))  # "always allow in this project" rules
     return copied
