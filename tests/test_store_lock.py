@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from crow.errors import SessionBusy, StoreError
-from crow.messages import Message
+from crow.messages import Message, ai, human
 from crow.session import Session
 from crow.store import SQLiteStore
 from crow.store.locks import LEASE, holder_alive, process_token, start_time
@@ -261,3 +261,19 @@ async def test_two_turns_of_one_process_racing_for_a_session_one_is_busy(new_sto
         async with new_store() as other:
             await other.lock_session("s")  # released once: nobody holds it
             await other.unlock_session("s")
+
+
+async def test_a_turn_holding_the_lock_compacts_and_rewinds(new_store) -> None:
+    """The writes a turn makes under its lock besides appends: a compaction's `set_context`
+    and a rewind's `rewind_context` (PostgreSQL checks the lock is still its own: that check
+    read its answer row as "no row", and refused every compaction and /undo)."""
+    async with new_store() as store:
+        await store.create_session(id="s", cwd="/w")
+        await store.append("s", [human("one"), ai("first")])
+        assert await store.lock_session("s") is False
+        await store.append("s", [human("two")])
+        await store.set_context("s", [human("summary"), human("two")])
+        await store.rewind_context("s", [human("summary")], human("[rewound]"))
+        await store.unlock_session("s")
+        assert [m.content for m in await store.load_context("s")] == ["summary"]
+        assert [m.content for m in await store.load_transcript("s")] == ["one", "first", "two", "[rewound]"]

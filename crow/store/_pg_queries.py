@@ -239,7 +239,7 @@ async def refused(c: Conn, session_id: str) -> StoreError:
 async def fence(c: Conn, session_id: str, holder: str | None) -> None:
     """In a turn's write transaction (`holder` set): its lock is still this store's."""
     if holder is not None and not await one(
-        c, "SELECT FROM session_locks WHERE session_id = %s AND holder = %s FOR SHARE", (session_id, holder)
+        c, "SELECT 1 FROM session_locks WHERE session_id = %s AND holder = %s FOR SHARE", (session_id, holder)
     ):
         raise await refused(c, session_id)
 
