@@ -209,6 +209,26 @@ async def test_the_database_going_away_fails_calls_and_its_return_heals_them(
         assert [m.content for m in await store.load_transcript("s")] == ["before", "after"]
 
 
+@pytest.mark.slow
+async def test_after_a_long_outage_the_first_call_once_the_database_is_back_succeeds(
+    postgres: Any, pg_url: str
+) -> None:
+    """The pool retried a lost server with a doubling delay (1, 2, 4, 8, 16 s ...): after a
+    40 s outage its next attempt came ~22 s after the server was back, so calls made then
+    failed after its 5 s wait, and crow did not recover when the database did."""
+    async with PostgresStore(pg_url) as store:
+        await store.create_session(id="s", cwd="/w")
+        postgres.stop("fast")
+        try:
+            deadline = asyncio.get_running_loop().time() + 40
+            while asyncio.get_running_loop().time() < deadline:  # calls fail all along
+                with pytest.raises(StoreError, match="cannot reach"):
+                    await store.get_session("s")
+        finally:
+            postgres.start()
+        assert (await store.get_session("s")) is not None
+
+
 def _crow(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "crow", *args], env=env, capture_output=True, text=True, timeout=60

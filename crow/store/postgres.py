@@ -87,6 +87,10 @@ class PostgresStore:
             self._pool = AsyncConnectionPool(
                 self._url, kwargs=self._options(), min_size=1, max_size=self.max_size, open=False,
                 check=AsyncConnectionPool.check_connection, timeout=self.wait, name="crow.store",
+                # The pool retries a lost server with a doubling delay until this long: left at
+                # its 5 minutes, a 40 s outage kept failing calls 22 s after the server was back.
+                # Given up sooner, the next call that needs a connection tries again at once.
+                reconnect_timeout=self.wait,
             )  # fmt: skip
             try:
                 await self._pool.open(wait=True, timeout=self.wait)
