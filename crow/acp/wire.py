@@ -178,6 +178,8 @@ class Wire:
             await self.send(NOT_AN_OBJECT)
             return None
         method = message.get("method")
+        if method is None and "id" in message:
+            return self._answer_checked(message)
         if method is not None and (not isinstance(method, str) or len(method) > MAX_METHOD):
             # Answered here: the SDK would echo a megabyte "method" back in its error.
             if "id" in message:
@@ -190,6 +192,20 @@ class Wire:
                 )
             return None
         _request_id.set(_valid_id(message.get("id")) if method is not None else None)
+        return message
+
+    @staticmethod
+    def _answer_checked(message: dict[str, Any]) -> dict[str, Any] | None:
+        """An answer to one of crow's requests, in a shape the SDK can take: its receive loop
+        dies (ending the connection, over stdio crow) on an id it cannot hash while a request
+        of crow's waits, or on an `error` that is not an object."""
+        _request_id.set(None)
+        if _valid_id(message["id"]) is None:
+            log.warning("ignored an answer whose id no request of crow's has: %.100r", message["id"])
+            return None
+        error = message.get("error")
+        if error is not None and not isinstance(error, dict):
+            return {**message, "error": {"code": -32603, "message": str(error)[:1000]}}
         return message
 
 
