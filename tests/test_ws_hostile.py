@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
+from tests.llm_server import Reply, ScriptedLLM, Stall, ToolCallSpec
 from tests.support.ws import TOKEN, ws_crow
-from tests.test_ws_e2e import env_with_token, raw_socket
+from tests.test_ws_e2e import env_with_token, raw_socket, until
 
 pytestmark = pytest.mark.anyio
 
@@ -78,3 +78,92 @@ async def test_a_malformed_answer_to_crows_question_costs_the_question_only(
             assert (await peer.answer(turn))["result"]["stopReason"] in ("end_turn", "cancelled")
     assert "Traceback" not in served.log()
     assert TOKEN not in served.log()
+
+
+async def test_a_client_gone_during_the_replay_of_a_long_history_leaves_no_trace(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """The client hangs up after the first update of a `session/load` replaying megabytes:
+    the load ends quietly (no traceback), the session is free for the next connection."""
+    llm.default = lambda r: Reply(text=f"{r.last_user_text} " + "x" * 100_000)
+    async with ws_crow(env_with_token(llm, home)) as served:
+        async with raw_socket(served.url) as socket:
+            peer = Peer(socket)
+            sid = await peer.session(workspace)
+            for n in range(60):
+                turn = await peer.ask(
+                    "session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": f"t{n}"}]}
+                )
+                await peer.answer(turn)
+        async with raw_socket(served.url, max_size=None) as socket:
+            peer = Peer(socket)
+            await peer.answer(await peer.ask("initialize", {"protocolVersion": 1}))
+            await peer.ask("session/load", {"sessionId": sid, "cwd": str(workspace), "mcpServers": []})
+            await peer.until(lambda m: m.get("method") == "session/update")
+        async with raw_socket(served.url, max_size=None) as socket:
+            peer = Peer(socket)
+            await peer.answer(await peer.ask("initialize", {"protocolVersion": 1}))
+            while True:  # busy while the first connection is being closed
+                rid = await peer.ask(
+                    "session/load", {"sessionId": sid, "cwd": str(workspace), "mcpServers": []}
+                )
+                if "result" in (answer := await peer.answer(rid)):
+                    break
+                assert answer["error"]["code"] == -32001, answer
+    assert "Traceback" not in served.log(), served.log()
+
+
+async def load_when_free(url: str, sid: str, workspace: Path) -> list[dict[str, Any]]:
+    """`session/load` in a new connection, again while busy (the connection that had the
+    session is still closing it): the updates it replayed."""
+    async with raw_socket(url, max_size=None) as socket:
+        peer = Peer(socket)
+        await peer.answer(await peer.ask("initialize", {"protocolVersion": 1}))
+        while True:
+            rid = await peer.ask("session/load", {"sessionId": sid, "cwd": str(workspace), "mcpServers": []})
+            replayed = []
+            while "id" not in (message := await peer.until(lambda m: True)) or message["id"] != rid:
+                replayed.append(message)
+            if "result" in message:
+                return [m["params"]["update"] for m in replayed if m.get("method") == "session/update"]
+            assert message["error"]["code"] == -32001, message
+
+
+@pytest.mark.parametrize(
+    "gone_at", ["session/request_permission", "elicitation/create", "fs/read_text_file", "session/prompt"]
+)
+async def test_a_client_gone_while_crow_waits_on_it_ends_its_turn(
+    llm: ScriptedLLM, home: Path, workspace: Path, gone_at: str
+) -> None:
+    """The client vanishes while crow asks it something (a permission, a file of its
+    editor) or right after its prompt: the turn ends (nothing waits for an answer that will
+    not come), its session is free, its history valid, and crow serves on."""
+    (workspace / "a.txt").write_text("on disk\n")
+    calls = {
+        "session/request_permission": ToolCallSpec("execute", {"command": "echo hi"}, id="c1"),
+        "elicitation/create": ToolCallSpec("ask_user", {"question": "Which?"}, id="c1"),
+        "fs/read_text_file": ToolCallSpec("read_file", {"path": "a.txt"}, id="c1"),
+        "session/prompt": ToolCallSpec("execute", {"command": "echo hi"}, id="c1"),
+    }
+    reply = Reply(tool_calls=[calls[gone_at]])
+    llm.push(Stall(seconds=1.0, then=reply) if gone_at == "session/prompt" else reply)
+    caps = {"fs": {"readTextFile": True, "writeTextFile": True}, "elicitation": {"form": {}}}
+    async with ws_crow(env_with_token(llm, home, CROW_SANDBOX="off")) as served:
+        async with raw_socket(served.url) as socket:
+            peer = Peer(socket)
+            await peer.answer(
+                await peer.ask("initialize", {"protocolVersion": 1, "clientCapabilities": caps})
+            )
+            new = await peer.answer(await peer.ask("session/new", {"cwd": str(workspace), "mcpServers": []}))
+            sid = new["result"]["sessionId"]
+            await peer.ask("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "go"}]})
+            if gone_at != "session/prompt":
+                await peer.until(lambda m: m.get("method") == gone_at)
+            else:
+                await until(lambda: llm.requests, "the model asked")
+        replayed = await load_when_free(served.url, sid, workspace)
+        assert [u["content"]["text"] for u in replayed if u["sessionUpdate"] == "user_message_chunk"] == [
+            "go"
+        ]
+        assert not [u for u in replayed if u.get("status") in ("pending", "in_progress")]
+    assert "Traceback" not in served.log(), served.log()
