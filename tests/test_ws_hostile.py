@@ -167,3 +167,51 @@ async def test_a_client_gone_while_crow_waits_on_it_ends_its_turn(
         ]
         assert not [u for u in replayed if u.get("status") in ("pending", "in_progress")]
     assert "Traceback" not in served.log(), served.log()
+
+
+async def test_a_subagents_session_is_busy_for_another_connection_while_it_runs(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """Connection A's turn runs a subagent: its child session is A's while it runs. Before,
+    connection B could load it and prompt it: two writers on one transcript at once."""
+    started, go = workspace / "started", workspace / "go"
+    waits = f"touch {started}; while [ ! -f {go} ]; do sleep 0.05; done"
+    llm.rule(
+        lambda r: "the child" in r.last_user_text,
+        lambda r: (
+            Reply(text="child done")
+            if any(m["role"] == "tool" for m in r.messages)
+            else Reply(tool_calls=[ToolCallSpec("execute", {"command": waits}, id="x1")])
+        ),
+    )
+    llm.push(
+        Reply(tool_calls=[ToolCallSpec("task", {"description": "d", "prompt": "the child"}, id="t1")]),
+        Reply(text="parent done"),
+    )
+    async with ws_crow(env_with_token(llm, home, CROW_SANDBOX="off")) as served:
+        async with raw_socket(served.url) as socket_a, raw_socket(served.url) as socket_b:
+            a, b = Peer(socket_a), Peer(socket_b)
+            parent = await a.session(workspace)
+            await a.answer(await a.ask("session/set_mode", {"sessionId": parent, "modeId": "yolo"}))
+            turn = await a.ask(
+                "session/prompt", {"sessionId": parent, "prompt": [{"type": "text", "text": "go"}]}
+            )
+            linked = await a.until(lambda m: "subagentSessionId" in json.dumps(m))
+            child = json.dumps(linked).split('"subagentSessionId": "')[1].split('"')[0]
+            await until(started.exists, "the child's command runs")
+            await b.answer(await b.ask("initialize", {"protocolVersion": 1}))
+            for method, params in (
+                ("session/load", {"sessionId": child, "cwd": str(workspace), "mcpServers": []}),
+                ("session/resume", {"sessionId": child, "cwd": str(workspace), "mcpServers": []}),
+                ("session/delete", {"sessionId": child}),
+            ):
+                answer = await b.answer(await b.ask(method, params))
+                assert answer.get("error", {}).get("code") == -32001, (method, answer)
+            go.touch()
+            assert (await a.answer(turn))["result"]["stopReason"] == "end_turn"
+            # the child's turn is over: free for B
+            loaded = await b.answer(
+                await b.ask("session/load", {"sessionId": child, "cwd": str(workspace), "mcpServers": []})
+            )
+            assert "result" in loaded, loaded
+    assert "Traceback" not in served.log(), served.log()
