@@ -215,3 +215,30 @@ async def test_a_subagents_session_is_busy_for_another_connection_while_it_runs(
             )
             assert "result" in loaded, loaded
     assert "Traceback" not in served.log(), served.log()
+
+
+async def test_a_client_that_stops_reading_slows_only_its_own_turn(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """A's client reads nothing while its model streams 40 MB: A's turn waits on A's socket;
+    B's sessions and turns go on meanwhile (nothing B needs waits behind A's buffer)."""
+    llm.push(Reply(text="x" * 40_000_000, chunk_size=4000))
+    llm.default = lambda r: Reply(text=f"B says {r.last_user_text}")
+    async with ws_crow(env_with_token(llm, home)) as served:
+        async with raw_socket(served.url, compression=None, max_queue=1) as socket_a:
+            a = Peer(socket_a)
+            sid_a = await a.session(workspace)
+            await a.ask("session/prompt", {"sessionId": sid_a, "prompt": [{"type": "text", "text": "flood"}]})
+            await until(lambda: llm.requests, "A's model streams")
+            async with raw_socket(served.url) as socket_b:
+                b = Peer(socket_b)
+                for n in range(3):
+                    sid_b = await b.session(workspace)
+                    turn = await b.ask(
+                        "session/prompt", {"sessionId": sid_b, "prompt": [{"type": "text", "text": f"t{n}"}]}
+                    )
+                    assert (await b.answer(turn))["result"]["stopReason"] == "end_turn"
+                    listed = await b.answer(await b.ask("session/list", {}))
+                    assert sid_b in json.dumps(listed)
+            assert not llm.requests[0].disconnected  # A's turn still waits on A: not dropped yet
+    assert "Traceback" not in served.log(), served.log()
