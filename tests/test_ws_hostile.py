@@ -242,3 +242,49 @@ async def test_a_client_that_stops_reading_slows_only_its_own_turn(
                     assert sid_b in json.dumps(listed)
             assert not llm.requests[0].disconnected  # A's turn still waits on A: not dropped yet
     assert "Traceback" not in served.log(), served.log()
+
+
+async def test_over_stdio_too_a_malformed_answer_does_not_end_crow(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """The same answer over stdio (`Wire` is shared): before, crow's receive loop died on it
+    and crow exited mid-turn."""
+    import asyncio
+
+    from tests.conftest import CROW, crow_env
+
+    llm.push(
+        Reply(tool_calls=[ToolCallSpec("execute", {"command": "echo hi"}, id="c1")]),
+        Reply(text="done"),
+    )
+    proc = await asyncio.create_subprocess_exec(
+        *CROW, env=crow_env(llm, home, CROW_SANDBOX="off"),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None
+    stdin, stdout = proc.stdin, proc.stdout
+
+    class Lines:
+        async def send(self, text: str) -> None:
+            stdin.write(text.encode() + b"\n")
+            await stdin.drain()
+
+        async def recv(self) -> str:
+            line = await stdout.readline()
+            assert line, "crow ended"
+            return line.decode()
+
+    try:
+        async with asyncio.timeout(60):
+            peer = Peer(Lines())
+            sid = await peer.session(workspace)
+            turn = await peer.ask(
+                "session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "go"}]}
+            )
+            asked = await peer.until(lambda m: m.get("method") == "session/request_permission")
+            await peer.send({"id": [asked["id"]], "result": {}})
+            await peer.send({"id": asked["id"], "result": {"outcome": {"outcome": "cancelled"}}})
+            assert "result" in await peer.answer(turn)
+    finally:
+        stdin.close()
+        assert await asyncio.wait_for(proc.wait(), 60) == 0
