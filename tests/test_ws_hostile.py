@@ -3,6 +3,7 @@ what it sends must hurt nothing but, at most, its own connection."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -288,3 +289,62 @@ async def test_over_stdio_too_a_malformed_answer_does_not_end_crow(
     finally:
         stdin.close()
         assert await asyncio.wait_for(proc.wait(), 60) == 0
+
+
+def masked_text(payload: bytes) -> bytes:
+    """A client's text frame (mask 0: the payload as it is)."""
+    size = len(payload)
+    head = bytes([0x81, 0x80 | size]) if size < 126 else bytes([0x81, 0xFE]) + size.to_bytes(2, "big")
+    return head + b"\0\0\0\0" + payload
+
+
+async def read_frame(reader: Any) -> tuple[int, bytes]:
+    first, second = await reader.readexactly(2)
+    size = second & 0x7F
+    if size == 126:
+        size = int.from_bytes(await reader.readexactly(2), "big")
+    elif size == 127:
+        size = int.from_bytes(await reader.readexactly(8), "big")
+    return first & 0x0F, await reader.readexactly(size)
+
+
+async def test_a_client_sending_requests_without_reading_answers_is_held_back(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """30,000 requests sent at once by a client that reads nothing: crow stops reading them
+    once 1,000 await their answers (the rest answered busy when their turn comes), so its
+    memory stays flat. Before, each request read became a task holding its answer until
+    the client read: 30,000 of them, ~175 MB."""
+    import asyncio
+
+    from crow.acp.wire import MAX_UNANSWERED
+    from tests.test_ws_e2e import peak_rss_mb, raw_handshake
+
+    count = 30_000
+    async with ws_crow(env_with_token(llm, home)) as served:
+        reader, writer = await raw_handshake(served.url)
+        before = peak_rss_mb(served.proc.pid)
+        params = {"protocolVersion": 1}
+        frames = [
+            masked_text(
+                json.dumps({"jsonrpc": "2.0", "id": n, "method": "initialize", "params": params}).encode()
+            )
+            for n in range(count)
+        ]
+        writer.write(b"".join(frames))
+        with contextlib.suppress(TimeoutError):  # crow read them all (before), or stopped reading
+            await asyncio.wait_for(writer.drain(), 10)
+        grown = peak_rss_mb(served.proc.pid) - before
+        answers: dict[int, dict[str, Any]] = {}
+        async with asyncio.timeout(120):
+            while len(answers) < count:
+                opcode, data = await read_frame(reader)
+                if opcode == 1:
+                    answer = json.loads(data)
+                    answers[answer["id"]] = answer
+        writer.close()
+        refused = [a for a in answers.values() if "error" in a]
+        assert refused and all(a["error"]["code"] == -32001 for a in refused)
+        assert f"busy: {MAX_UNANSWERED} requests await their answers" in refused[0]["error"]["message"]
+        assert grown < 60, f"crow's peak memory grew by {grown:.0f} MB"
+    assert "Traceback" not in served.log(), served.log()

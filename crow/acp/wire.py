@@ -70,6 +70,8 @@ NOT_AN_OBJECT = {
 }
 MAX_MESSAGE = DEFAULT_STDIO_BUFFER_LIMIT_BYTES  # one stdio line, one WebSocket frame
 MAX_METHOD = 256  # no ACP method name comes close
+MAX_UNANSWERED = 1000  # requests of one client read and not answered yet (prompts, questions, ...)
+TOO_MANY = -32001  # crow's busy error (crow.acp.sessions.BUSY)
 CANCEL_NOTICE_GRACE = 2.0  # seconds to write a `$/cancel_request` (a closed wire never settles)
 
 AfterResponse = Callable[[], Awaitable[None]]
@@ -92,6 +94,8 @@ class Wire:
         self._closed = False
         self._inflight: dict[str | int, asyncio.Task[Any]] = {}
         self._cancelled: set[str | int] = set()
+        self._unanswered: dict[str | int | None, int] = {}  # request id -> how many await an answer
+        self._unanswered_total = 0
 
     @staticmethod
     def request_id() -> str | int | None:
@@ -142,7 +146,13 @@ class Wire:
     async def send(self, message: dict[str, Any]) -> None:
         answered = _valid_id(message.get("id")) if "method" not in message else None
         callbacks = self._after.pop(answered, None) if answered is not None else None
-        await self._write(message)
+        try:
+            await self._write(message)
+        finally:  # counted until written: a task waiting to write its answer holds its memory
+            if "method" not in message and (key := _valid_id(message.get("id"))) in self._unanswered:
+                self._unanswered_total -= 1
+                if (left := self._unanswered.pop(key) - 1) > 0:
+                    self._unanswered[key] = left
         if callbacks and "result" in message:
             for callback in callbacks:
                 try:
@@ -191,6 +201,17 @@ class Wire:
                     }
                 )
             return None
+        if method is not None and "id" in message:
+            rid = _valid_id(message["id"])
+            if self._unanswered_total >= MAX_UNANSWERED:
+                # Refused at once: each request read is a task until its answer is written,
+                # and a client that sends without reading the answers would grow crow's
+                # memory without bound (its reads then wait on this answer's write).
+                error = {"code": TOO_MANY, "message": f"busy: {MAX_UNANSWERED} requests await their answers"}
+                await self._write({"jsonrpc": "2.0", "id": rid, "error": error})
+                return None
+            self._unanswered[rid] = self._unanswered.get(rid, 0) + 1
+            self._unanswered_total += 1
         _request_id.set(_valid_id(message.get("id")) if method is not None else None)
         return message
 
