@@ -7,6 +7,10 @@ stdin/stdout; `crow.acp.ws.WsWire`: one message per WebSocket text frame):
 - a line (a frame) that is valid JSON but not an object gets a JSON-RPC error instead of reaching the
   SDK, whose dispatcher assumes an object and whose receive loop would die on `[]`, `123`
   or `"text"` (and take `null` for the end of input);
+- an answer to one of crow's requests that the SDK could not take (an id it cannot hash,
+  an `error` that is not an object) is dropped or mended: its receive loop would die on it;
+- at most `MAX_UNANSWERED` requests of a client await their answers: the next is answered
+  busy at once, and as that write waits on the client too, crow stops reading from it;
 - `notify(method, params)`: many notifications, already serialized, as one write (stdio)
   or one frame each (WebSocket), in order with everything else;
 - `after_response(callback)`: run once the answer to the request being handled is written.
