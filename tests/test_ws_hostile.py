@@ -348,3 +348,18 @@ async def test_a_client_sending_requests_without_reading_answers_is_held_back(
         assert f"busy: {MAX_UNANSWERED} requests await their answers" in refused[0]["error"]["message"]
         assert grown < 60, f"crow's peak memory grew by {grown:.0f} MB"
     assert "Traceback" not in served.log(), served.log()
+
+
+async def test_notifications_crow_cannot_take_are_one_line_each_in_its_log(home: Path) -> None:
+    """Malformed notifications (no answer is due) are logged in one line each: before, each
+    was a 30-line traceback at ERROR, a log any client could flood."""
+    async with ws_crow(env_with_token(None, home)) as served:
+        async with raw_socket(served.url) as socket:
+            peer = Peer(socket)
+            for params in ([], {"sessionId": {"x": 1}}, "text"):
+                await peer.send({"method": "session/cancel", "params": params})
+            await peer.send({"method": "no/such", "params": {}})
+            await peer.send({"method": "$/cancel_request", "params": {"requestId": [1]}})
+            assert "result" in await peer.answer(await peer.ask("initialize", {"protocolVersion": 1}))
+    assert "Traceback" not in served.log(), served.log()
+    assert served.log().count("ignored the notification") == 5, served.log()

@@ -58,6 +58,7 @@ from acp.core import DEFAULT_STDIO_BUFFER_LIMIT_BYTES
 from acp.stdio import stdio_streams
 from acp.task import MessageSender, TaskSupervisor
 from acp.task.sender import _PendingSend
+from pydantic import ValidationError
 
 from crow.acp import protocol
 
@@ -119,7 +120,14 @@ class Wire:
         """The SDK's dispatcher, wrapped: each request's task is known by its id."""
 
         async def dispatch(method: str, params: Any, is_notification: bool) -> Any:
-            rid = None if is_notification else _request_id.get()
+            if is_notification:
+                try:
+                    return await handler(method, params, True)
+                except (RequestError, ValidationError) as exc:
+                    # No answer is due; the SDK would log a traceback for each, at ERROR.
+                    log.warning("ignored the notification %.100s: %.200s", method, exc)
+                    return None
+            rid = _request_id.get()
             if rid is None:
                 return await handler(method, params, is_notification)
             task = asyncio.current_task()
