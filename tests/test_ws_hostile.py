@@ -131,7 +131,14 @@ async def load_when_free(url: str, sid: str, workspace: Path) -> list[dict[str, 
 
 
 @pytest.mark.parametrize(
-    "gone_at", ["session/request_permission", "elicitation/create", "fs/read_text_file", "session/prompt"]
+    "gone_at",
+    [
+        "session/request_permission",
+        "elicitation/create",
+        "fs/read_text_file",
+        "terminal/create",
+        "session/prompt",
+    ],
 )
 async def test_a_client_gone_while_crow_waits_on_it_ends_its_turn(
     llm: ScriptedLLM, home: Path, workspace: Path, gone_at: str
@@ -143,12 +150,17 @@ async def test_a_client_gone_while_crow_waits_on_it_ends_its_turn(
     calls = {
         "session/request_permission": ToolCallSpec("execute", {"command": "echo hi"}, id="c1"),
         "elicitation/create": ToolCallSpec("ask_user", {"question": "Which?"}, id="c1"),
+        "terminal/create": ToolCallSpec("execute", {"command": "echo hi"}, id="c1"),
         "fs/read_text_file": ToolCallSpec("read_file", {"path": "a.txt"}, id="c1"),
         "session/prompt": ToolCallSpec("execute", {"command": "echo hi"}, id="c1"),
     }
     reply = Reply(tool_calls=[calls[gone_at]])
     llm.push(Stall(seconds=1.0, then=reply) if gone_at == "session/prompt" else reply)
-    caps = {"fs": {"readTextFile": True, "writeTextFile": True}, "elicitation": {"form": {}}}
+    caps = {
+        "fs": {"readTextFile": True, "writeTextFile": True},
+        "elicitation": {"form": {}},
+        "terminal": True,
+    }
     async with ws_crow(env_with_token(llm, home, CROW_SANDBOX="off")) as served:
         async with raw_socket(served.url) as socket:
             peer = Peer(socket)
@@ -157,6 +169,8 @@ async def test_a_client_gone_while_crow_waits_on_it_ends_its_turn(
             )
             new = await peer.answer(await peer.ask("session/new", {"cwd": str(workspace), "mcpServers": []}))
             sid = new["result"]["sessionId"]
+            if gone_at == "terminal/create":  # no permission asked first
+                await peer.answer(await peer.ask("session/set_mode", {"sessionId": sid, "modeId": "yolo"}))
             await peer.ask("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "go"}]})
             if gone_at != "session/prompt":
                 await peer.until(lambda m: m.get("method") == gone_at)
