@@ -102,10 +102,16 @@ class EditorBackend:
     async def run(self, command: str, cwd: Path, timeout: float) -> Any:
         if not self.client.can_terminal or self.local.sandbox is not None:
             return await self.local.run(command, cwd, timeout)
+        from acp import RequestError
+        from mcp.server.mcpserver.exceptions import ToolError
+
         from mcp_servers.filesystem import ExecResult
 
         wrapped, env = terminal_command(command, self.local.env)
-        out = await self.client.run_in_terminal(wrapped, cwd, timeout, env=env or None)
+        try:
+            out = await self.client.run_in_terminal(wrapped, cwd, timeout, env=env or None)
+        except (RequestError, ConnectionError) as exc:  # the editor refused, or has gone
+            raise ToolError(f"the editor's terminal could not run it: {exc}") from None
         return ExecResult(
             out["output"], out["exit_code"], out["timed_out"], out["truncated"], out["terminal_id"]
         )

@@ -258,6 +258,11 @@ def run_crow(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str
         ),
         (["--listen", "ws://127.0.0.1"], {"CROW_SERVER_TOKEN": TOKEN}, "give it as ws://HOST:PORT"),
         (["--token-file", "x"], {"CROW_SERVER_TOKEN": TOKEN}, "--token-file goes with --listen"),
+        (  # no client could send it: HTTP headers are read as ISO-8859-1, the token as UTF-8
+            ["--listen", "ws://127.0.0.1:0"],
+            {"CROW_SERVER_TOKEN": "s\u00e9same"},
+            "the token must be printable ASCII",
+        ),
     ],
 )
 def test_listen_refuses_to_start_without_what_it_needs(

@@ -151,6 +151,9 @@ class AcpSessionClient:
                 except (RequestError, ValidationError) as exc:
                     log.warning("%s failed: %s", what, exc)
                     return None
+                except ConnectionError:  # the client has gone: no answer (the turn ends with it)
+                    log.info("%s unanswered: the client has gone", what)
+                    return None
                 outcome = response.outcome
                 chosen = outcome.option_id if getattr(outcome, "outcome", None) == "selected" else None
                 return chosen if any(o.option_id == chosen for o in offered) else None
@@ -185,7 +188,7 @@ class AcpSessionClient:
             with anyio.move_on_after(timeout):
                 try:
                     answer = await acp_wire.request(self.conn, "elicitation/create", params)
-                except RequestError as exc:
+                except (RequestError, ConnectionError) as exc:  # failed, or the client has gone
                     log.warning("elicitation for %s failed: %s", call.name if call else message[:60], exc)
                     return Elicited("cancel")
                 return _elicited(answer)

@@ -5,12 +5,16 @@ or ends. Over stdio there is one connection, which owns every session."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from acp import RequestError
 
 from crow.acp.sessions import BUSY
+from crow.events import Event, SubagentEvent, SubagentFinished, SubagentStarted
+
+log = logging.getLogger("crow.acp")
 
 
 class Owners:
@@ -48,6 +52,20 @@ class Owners:
         finally:
             if not live(session_id):
                 self.release(session_id, server)
+
+    def follow(self, event: Event, server: object, live: Callable[[str], bool]) -> None:
+        """A subagent's session (`task`) is served by the connection whose turn runs it, from
+        its start to its end: it is not live (`Agent.create_child`), and another connection
+        loading it would write its transcript beside the running child."""
+        while isinstance(event, SubagentEvent):  # a grandchild's, one level down
+            event = event.event
+        if isinstance(event, SubagentStarted):
+            try:
+                self.claim(event.session_id, server)
+            except RequestError:  # loaded elsewhere between its creation and this event
+                log.warning("subagent session %s is open in another connection", event.session_id)
+        elif isinstance(event, SubagentFinished) and not live(event.session_id):
+            self.release(event.session_id, server)
 
     def held_by(self, server: object) -> list[str]:
         return [sid for sid, owner in self._by_session.items() if owner is server]

@@ -414,6 +414,7 @@ class AcpServer(Extensions):
     async def _emit(self, session: Session, event: Event) -> None:
         """The loop's sink: each event as the editor shows it (`acp_subagents` also shows a
         subagent's, and reports a child its task call outlived as ended)."""
+        self.owners.follow(event, self, lambda sid: sid in self.agent.sessions)
         for session_id, update in self.subagents.updates(session.id, editor_cwd(session), event):
             await self._notify(session_id, update)
         if isinstance(event, ModeChanged):  # clients that show config options, not modes

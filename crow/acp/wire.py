@@ -7,6 +7,10 @@ stdin/stdout; `crow.acp.ws.WsWire`: one message per WebSocket text frame):
 - a line (a frame) that is valid JSON but not an object gets a JSON-RPC error instead of reaching the
   SDK, whose dispatcher assumes an object and whose receive loop would die on `[]`, `123`
   or `"text"` (and take `null` for the end of input);
+- an answer to one of crow's requests that the SDK could not take (an id it cannot hash,
+  an `error` that is not an object) is dropped or mended: its receive loop would die on it;
+- at most `MAX_UNANSWERED` requests of a client await their answers: the next is answered
+  busy at once, and as that write waits on the client too, crow stops reading from it;
 - `notify(method, params)`: many notifications, already serialized, as one write (stdio)
   or one frame each (WebSocket), in order with everything else;
 - `after_response(callback)`: run once the answer to the request being handled is written.
@@ -54,6 +58,7 @@ from acp.core import DEFAULT_STDIO_BUFFER_LIMIT_BYTES
 from acp.stdio import stdio_streams
 from acp.task import MessageSender, TaskSupervisor
 from acp.task.sender import _PendingSend
+from pydantic import ValidationError
 
 from crow.acp import protocol
 
@@ -70,6 +75,8 @@ NOT_AN_OBJECT = {
 }
 MAX_MESSAGE = DEFAULT_STDIO_BUFFER_LIMIT_BYTES  # one stdio line, one WebSocket frame
 MAX_METHOD = 256  # no ACP method name comes close
+MAX_UNANSWERED = 1000  # requests of one client read and not answered yet (prompts, questions, ...)
+TOO_MANY = -32001  # crow's busy error (crow.acp.sessions.BUSY)
 CANCEL_NOTICE_GRACE = 2.0  # seconds to write a `$/cancel_request` (a closed wire never settles)
 
 AfterResponse = Callable[[], Awaitable[None]]
@@ -92,6 +99,8 @@ class Wire:
         self._closed = False
         self._inflight: dict[str | int, asyncio.Task[Any]] = {}
         self._cancelled: set[str | int] = set()
+        self._unanswered: dict[str | int | None, int] = {}  # request id -> how many await an answer
+        self._unanswered_total = 0
 
     @staticmethod
     def request_id() -> str | int | None:
@@ -111,7 +120,14 @@ class Wire:
         """The SDK's dispatcher, wrapped: each request's task is known by its id."""
 
         async def dispatch(method: str, params: Any, is_notification: bool) -> Any:
-            rid = None if is_notification else _request_id.get()
+            if is_notification:
+                try:
+                    return await handler(method, params, True)
+                except (RequestError, ValidationError) as exc:
+                    # No answer is due; the SDK would log a traceback for each, at ERROR.
+                    log.warning("ignored the notification %.100s: %.200s", method, exc)
+                    return None
+            rid = _request_id.get()
             if rid is None:
                 return await handler(method, params, is_notification)
             task = asyncio.current_task()
@@ -142,7 +158,13 @@ class Wire:
     async def send(self, message: dict[str, Any]) -> None:
         answered = _valid_id(message.get("id")) if "method" not in message else None
         callbacks = self._after.pop(answered, None) if answered is not None else None
-        await self._write(message)
+        try:
+            await self._write(message)
+        finally:  # counted until written: a task waiting to write its answer holds its memory
+            if "method" not in message and (key := _valid_id(message.get("id"))) in self._unanswered:
+                self._unanswered_total -= 1
+                if (left := self._unanswered.pop(key) - 1) > 0:
+                    self._unanswered[key] = left
         if callbacks and "result" in message:
             for callback in callbacks:
                 try:
@@ -178,6 +200,8 @@ class Wire:
             await self.send(NOT_AN_OBJECT)
             return None
         method = message.get("method")
+        if method is None and "id" in message:
+            return self._answer_checked(message)
         if method is not None and (not isinstance(method, str) or len(method) > MAX_METHOD):
             # Answered here: the SDK would echo a megabyte "method" back in its error.
             if "id" in message:
@@ -189,7 +213,32 @@ class Wire:
                     }
                 )
             return None
+        if method is not None and "id" in message:
+            rid = _valid_id(message["id"])
+            if self._unanswered_total >= MAX_UNANSWERED:
+                # Refused at once: each request read is a task until its answer is written,
+                # and a client that sends without reading the answers would grow crow's
+                # memory without bound (its reads then wait on this answer's write).
+                error = {"code": TOO_MANY, "message": f"busy: {MAX_UNANSWERED} requests await their answers"}
+                await self._write({"jsonrpc": "2.0", "id": rid, "error": error})
+                return None
+            self._unanswered[rid] = self._unanswered.get(rid, 0) + 1
+            self._unanswered_total += 1
         _request_id.set(_valid_id(message.get("id")) if method is not None else None)
+        return message
+
+    @staticmethod
+    def _answer_checked(message: dict[str, Any]) -> dict[str, Any] | None:
+        """An answer to one of crow's requests, in a shape the SDK can take: its receive loop
+        dies (ending the connection, over stdio crow) on an id it cannot hash while a request
+        of crow's waits, or on an `error` that is not an object."""
+        _request_id.set(None)
+        if _valid_id(message["id"]) is None:
+            log.warning("ignored an answer whose id no request of crow's has: %.100r", message["id"])
+            return None
+        error = message.get("error")
+        if error is not None and not isinstance(error, dict):
+            return {**message, "error": {"code": -32603, "message": str(error)[:1000]}}
         return message
 
 

@@ -108,7 +108,7 @@ def server_token(token_file: str | None) -> str:
                 f"--listen needs a token for clients to send (Authorization: Bearer TOKEN):"
                 f" set {TOKEN_VARIABLE} or give --token-file PATH"
             )
-        return from_env
+        return _sendable(from_env, TOKEN_VARIABLE)
     path = Path(token_file)
     try:
         mode = path.stat().st_mode
@@ -122,6 +122,14 @@ def server_token(token_file: str | None) -> str:
         raise ConfigError(f"--token-file {path}: {exc}") from exc
     if not token:
         raise ConfigError(f"--token-file {path} is empty")
+    return _sendable(token, f"--token-file {path}")
+
+
+def _sendable(token: str, source: str) -> str:
+    """A token a client can send: HTTP headers are read as ISO-8859-1 bytes, so one with
+    other characters would be refused to every client, with nothing said."""
+    if not (token.isascii() and token.isprintable()):
+        raise ConfigError(f"{source}: the token must be printable ASCII (it is sent in an HTTP header)")
     return token
 
 
