@@ -153,9 +153,11 @@ def _authorize(token: str) -> Any:
 
 
 class _Connection(ServerConnection):
-    """Dropped when the client takes no byte for two ping periods while crow has more to
-    send than the write limit: a client that stopped reading would otherwise hold its turn
-    (and its session) forever, since the keepalive ping waits behind the full buffer."""
+    """Dropped when what crow has to send it stays over the write limit (the transport's high
+    water mark) for two ping periods without a pause: a client that stopped reading would
+    otherwise hold its turn (and its session) forever, since the keepalive ping waits
+    behind the full buffer. A client reading steadily but slower than its turn writes, for
+    that long, is dropped too: the transport cannot tell the two apart."""
 
     _stalled: asyncio.TimerHandle | None = None
 
