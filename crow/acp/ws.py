@@ -28,13 +28,14 @@ import sys
 from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from websockets.asyncio.server import Request, Response, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 
+from crow.acp.coalesce import CoalescingTransport
 from crow.acp.owners import Owners
 from crow.acp.server import AcpServer, until_hang_up_or_signal
 from crow.acp.wire import MAX_MESSAGE, NOT_AN_OBJECT, Wire, connect
@@ -160,6 +161,11 @@ class _Connection(ServerConnection):
     that long, is dropped too: the transport cannot tell the two apart."""
 
     _stalled: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # Typed as the base class only: the writes of one loop iteration go out as one.
+        coalesced = CoalescingTransport(cast(asyncio.Transport, transport), WRITE_LIMIT)
+        super().connection_made(cast(asyncio.Transport, coalesced))
 
     def pause_writing(self) -> None:
         super().pause_writing()
