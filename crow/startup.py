@@ -54,6 +54,10 @@ def fast_imports() -> None:
     # installed, and rich is, for crow's terminal front end: refused here, `import httpx`
     # takes 68 vs 145 ms and 22 vs 28 MB peak RSS (a bare interpreter, 3 runs each).
     sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
+    # mcp's server side imports sse_starlette, which imports uvicorn (and with it click and
+    # multiprocessing) only to hook uvicorn's shutdown, and carries on without it. crow runs
+    # no uvicorn: refused, peak RSS after the first prompt is ~3 MB lower (80.0 -> 77.x).
+    sys.modules.setdefault("uvicorn", None)  # type: ignore[arg-type]
     global _crow_command
     _crow_command = True
 

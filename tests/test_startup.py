@@ -202,3 +202,7 @@ async def test_the_acp_path_never_imports_the_terminal_front_end(
     assert "crow.acp.server" in imported  # the log is the import log
     front_end = {m for m in imported if m.split(".")[0] in ("rich", "prompt_toolkit") or m.startswith("crow.tui")}
     assert not front_end
+    # nor a web server: mcp's sse_starlette tries uvicorn only to hook its shutdown (the
+    # refused attempt is logged as "uvicorn.main"; what uvicorn would bring is not)
+    assert not {m for m in imported if m.split(".")[0] in ("click", "multiprocessing")}
+    assert "uvicorn.config" not in imported
