@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import secrets
 import subprocess
@@ -49,11 +50,22 @@ SESSIONS, TURNS, LATENCY = 50, 10, 0.020
 LISTENING = re.compile(r"crow: listening on (ws://\S+)")
 
 Prompt = Callable[[str, str], Awaitable[str]]  # (session id, text) -> stop reason
+Timed = tuple[float, float | None]  # wall seconds, the agent's CPU seconds (None: unknown)
 
 
-async def _rounds(new_session: Callable[[], Awaitable[str]], prompt: Prompt) -> float:
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU of process `pid` so far (Linux), None elsewhere. On a loaded
+    machine it is the steadier figure: wall time waits for the other processes."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _rounds(new_session: Callable[[], Awaitable[str]], prompt: Prompt, pid: int) -> Timed:
     """Make the sessions, warm each with one turn (tools connected, titles set), then time
-    TURNS turns in every session at once."""
+    TURNS turns in every session at once: the wall time, and agent `pid`'s CPU in it."""
     sids = [await new_session() for _ in range(SESSIONS)]
 
     async def turns(sid: str, n: int) -> None:
@@ -63,16 +75,17 @@ async def _rounds(new_session: Callable[[], Awaitable[str]], prompt: Prompt) -> 
                 raise RuntimeError(f"prompt ended {stop}")
 
     await asyncio.gather(*(turns(s, 1) for s in sids))
-    t0 = time.perf_counter()
+    cpu0, t0 = cpu_seconds(pid), time.perf_counter()
     await asyncio.gather(*(turns(s, TURNS) for s in sids))
-    return time.perf_counter() - t0
+    wall, cpu1 = time.perf_counter() - t0, cpu_seconds(pid)
+    return wall, None if cpu0 is None or cpu1 is None else cpu1 - cpu0
 
 
-async def _sdk_stdio(ctx: Ctx, cmd: list[str], llm: Any) -> float:
+async def _sdk_stdio(ctx: Ctx, cmd: list[str], llm: Any) -> Timed:
     home = ctx.home("conc")
-    async with spawn(cmd, agent_env(home, llm), home) as (conn, _proc, _client):
+    async with spawn(cmd, agent_env(home, llm), home) as (conn, proc, _client):
         await initialize(conn)
-        return await _rounds(*_sdk_calls(conn, home))
+        return await _rounds(*_sdk_calls(conn, home), proc.pid)
 
 
 def _sdk_calls(conn: Any, home: Path) -> tuple[Callable[[], Awaitable[str]], Prompt]:
@@ -120,7 +133,7 @@ class _RawStdio:
         return msg["result"]
 
 
-async def _raw_stdio(ctx: Ctx, llm: Any) -> float:
+async def _raw_stdio(ctx: Ctx, llm: Any) -> Timed:
     home = ctx.home("conc-raw")
     with open(home / "agent-stderr.log", "wb") as err:
         proc = await asyncio.create_subprocess_exec(
@@ -138,7 +151,7 @@ async def _raw_stdio(ctx: Ctx, llm: Any) -> float:
             params = {"sessionId": sid, "prompt": [{"type": "text", "text": text}]}
             return (await raw.call("session/prompt", params))["stopReason"]
 
-        return await _rounds(new_session, prompt)
+        return await _rounds(new_session, prompt, proc.pid)
     finally:
         assert proc.stdin is not None
         proc.stdin.close()
@@ -146,9 +159,9 @@ async def _raw_stdio(ctx: Ctx, llm: Any) -> float:
 
 
 @contextlib.asynccontextmanager
-async def serving_ws(home: Path, llm: Any) -> AsyncIterator[tuple[str, str]]:
-    """`crow serve --listen ws://127.0.0.1:0` with a fresh token: (its URL, the token),
-    the port read from crow's stderr line `crow: listening on ws://HOST:PORT`."""
+async def serving_ws(home: Path, llm: Any) -> AsyncIterator[tuple[str, str, int]]:
+    """`crow serve --listen ws://127.0.0.1:0` with a fresh token: (its URL, the token, its
+    pid), the port read from crow's stderr line `crow: listening on ws://HOST:PORT`."""
     token = secrets.token_urlsafe(24)
     err_path = home / "agent-stderr.log"
     with open(err_path, "wb") as err:
@@ -163,24 +176,24 @@ async def serving_ws(home: Path, llm: Any) -> AsyncIterator[tuple[str, str]]:
             if proc.returncode is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"crow serve --listen did not start: {stderr_tail(home)}")
             await asyncio.sleep(0.05)
-        yield found.group(1), token
+        yield found.group(1), token, proc.pid
     finally:
         if proc.returncode is None:
             proc.terminate()
         await proc.wait()
 
 
-async def _sdk_ws(ctx: Ctx, llm: Any) -> float:
+async def _sdk_ws(ctx: Ctx, llm: Any) -> Timed:
     import acp
     from acp.ws import create_websocket_stream
 
     home = ctx.home("conc-ws")
-    async with serving_ws(home, llm) as (url, token):
+    async with serving_ws(home, llm) as (url, token, pid):
         transport = await create_websocket_stream(url, headers={"Authorization": f"Bearer {token}"})
         conn = acp.connect_to_agent(QuietClient(), transport)
         try:
             await initialize(conn)
-            return await _rounds(*_sdk_calls(conn, home))
+            return await _rounds(*_sdk_calls(conn, home), pid)
         finally:
             await conn.close()
 
@@ -190,6 +203,7 @@ async def run(ctx: Ctx) -> list[Figure]:
     name = f"{SESSIONS} sessions x {TURNS} turns, {LATENCY * 1000:.0f} ms model"
     ideal = TURNS * LATENCY
     walls: dict[str, list[float]] = {"bare": [], "stdio": [], "raw": [], "ws": []}
+    cpus: dict[str, list[float]] = {k: [] for k in walls}
     errors: dict[str, str] = {}
     with model_process(LATENCY) as llm:
         for _ in range(reps):  # interleaved, so the machine's load falls on all alike
@@ -202,24 +216,33 @@ async def run(ctx: Ctx) -> list[Figure]:
                 if key in errors:
                     continue
                 try:
-                    walls[key].append(await measure())
+                    wall, cpu = await measure()
                 except Exception as exc:
                     errors[key] = describe(exc)
+                    continue
+                walls[key].append(wall)
+                if cpu is not None:
+                    cpus[key].append(cpu)
     got = {k: median(v) for k, v in walls.items() if v and k not in errors}
+
+    def cpu(key: str) -> str:  # the agent's own CPU over the timed turns, beside the wall
+        return f"; agent CPU {ms(median(cpus[key])):.0f} ms" if cpus[key] else ""
+
     figures: list[Figure] = []
     if "stdio" in got:
         figures.append(Figure(G, name, ms(got["stdio"]), baseline=ms(ideal), baseline_name="ideal", samples=reps,
                               note=f"stdio, ACP SDK client; ideal = {TURNS} x {LATENCY * 1000:.0f} ms, "
-                                   "every session in parallel"))  # fmt: skip
+                                   f"every session in parallel{cpu('stdio')}"))  # fmt: skip
         if "bare" in got:
             figures.append(Figure(G, name, ms(got["stdio"]), baseline=ms(got["bare"]),
-                                  baseline_name="stream agent", samples=reps))  # fmt: skip
+                                  baseline_name="stream agent", samples=reps,
+                                  note=f"stream agent{cpu('bare')}"))  # fmt: skip
     else:
         figures.append(not_measured(G, name, errors.get("stdio") or errors.get("bare", "?")))
     if "raw" in got:
         figures.append(Figure(G, f"{name}, raw JSON client", ms(got["raw"]), baseline=ms(ideal),
                               baseline_name="ideal", samples=reps,
-                              note="stdio; crow's share: the client only splits lines and matches ids"))  # fmt: skip
+                              note=f"stdio; crow's share: the client only splits lines and matches ids{cpu('raw')}"))  # fmt: skip
     ws_name = f"{name}, one WebSocket"
     if "ws" in got:
         beside = ", ".join(f"{label} {ms(got[k]):.0f} ms" for k, label in
@@ -227,7 +250,7 @@ async def run(ctx: Ctx) -> list[Figure]:
         figures.append(Figure(G, ws_name, ms(got["ws"]), baseline=ms(ideal), baseline_name="ideal",
                               target="<= 3x ideal", check=("ratio", "<=", 3.0), samples=reps,
                               note=f"all {SESSIONS} sessions on one connection, ACP SDK ws client; "
-                                   f"beside: {beside}"))  # fmt: skip
+                                   f"beside: {beside}{cpu('ws')}"))  # fmt: skip
     else:
         figures.append(not_measured(G, ws_name, errors.get("ws", "?"), target="<= 3x ideal"))
     return figures
