@@ -75,7 +75,7 @@ class Agent:
         self._builtin_hooks = builtin_hooks
         self._store = store
         self._store_given = store is not None
-        self._store_lock = anyio.Lock()
+        self._store_lock: anyio.Lock | None = None  # at first use: anyio's first object imports its backend
         self._tasks = Background(CrowError("the agent is closed"))
         self._warm = Once("crow.warm_up", CrowError("the agent was closed during its warm-up"))
         self._preparing: dict[str, Once] = {}  # each session's tool setup
@@ -160,6 +160,8 @@ class Agent:
     async def _open_store(self) -> None:
         """Open the configured store once (callers at the same time wait for one attempt);
         a failure is a `StoreError` naming the store, and the next caller tries again."""
+        if self._store_lock is None:
+            self._store_lock = anyio.Lock()
         async with self._store_lock:
             if self._store is not None:
                 return
