@@ -4,14 +4,12 @@ history)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import psycopg
 import pytest
 
 from crow.errors import StoreError
 from crow.messages import ai, human
 from crow.store.postgres import PostgresStore
+from tests.test_store_postgres import sql
 
 pytestmark = pytest.mark.anyio
 
@@ -21,10 +19,6 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def sql(url: str, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    with psycopg.connect(url, autocommit=True) as conn:
-        cur = conn.execute(statement, params)
-        return cur.fetchall() if cur.description else []
 
 
 def drop_lock_connection(url: str, store: PostgresStore) -> None:
