@@ -91,3 +91,28 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
         return float.fromhex(ts), str(sid)
     except (ValueError, TypeError) as exc:
         raise StoreError(f"invalid cursor {cursor!r}") from exc
+
+
+def page_query(
+    columns: str, cwd: str | None, limit: int, after: tuple[float, str] | None, mark: str, by_id: str
+) -> tuple[str, list[Any]]:
+    """The SQL and parameters of a page of top-level sessions, most recently updated first,
+    one row more than `limit` (is there a next page?). `mark` is the driver's placeholder,
+    `by_id` how the id sorts (PostgreSQL: `id COLLATE "C"`, SQLite's byte order)."""
+    where, params = ["parent_id IS NULL"], []
+    if cwd is not None:
+        where.append(f"cwd = {mark}")
+        params.append(cwd)
+    if after is not None:
+        where.append(f"(updated_at < {mark} OR (updated_at = {mark} AND {by_id} > {mark}))")
+        params += [after[0], after[0], after[1]]
+    sql = f"SELECT {columns} FROM sessions WHERE " + " AND ".join(where)
+    return sql + f" ORDER BY updated_at DESC, {by_id} LIMIT {mark}", [*params, limit + 1]
+
+
+def page_cut(found: list[Any], limit: int) -> tuple[list[Any], str | None]:
+    """`page_query`'s rows cut to `limit`, and the cursor of the next page (None: last)."""
+    if len(found) <= limit:
+        return found, None
+    found = found[:limit]
+    return found, encode_cursor(found[-1][4], found[-1][0])

@@ -15,7 +15,16 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from crow.errors import StoreError
-from crow.store._codec import encode_cursor, from_iso, iso, load, shortest_prefix, to_json, unknown
+from crow.store._codec import (
+    from_iso,
+    iso,
+    load,
+    page_cut,
+    page_query,
+    shortest_prefix,
+    to_json,
+    unknown,
+)
 from crow.store.record import SessionRecord
 
 if TYPE_CHECKING:
@@ -130,20 +139,9 @@ async def descendants(c: Conn, ids: Sequence[str]) -> list[SessionRecord]:
 async def list_page(
     c: Conn, cwd: str | None, limit: int, after: tuple[float, str] | None
 ) -> tuple[list[SessionRecord], str | None]:
-    where, params = ["parent_id IS NULL"], []
-    if cwd is not None:
-        where.append("cwd = %s")
-        params.append(cwd)
-    if after is not None:
-        where.append('(updated_at < %s OR (updated_at = %s AND id COLLATE "C" > %s))')
-        params += [after[0], after[0], after[1]]
-    sql = f"SELECT {COLUMNS} FROM sessions WHERE " + " AND ".join(where)
     # COLLATE "C": the id order of SQLite (bytes), whatever the database's collation.
-    found = await rows(c, sql + ' ORDER BY updated_at DESC, id COLLATE "C" LIMIT %s', (*params, limit + 1))
-    cursor = None
-    if len(found) > limit:
-        found = found[:limit]
-        cursor = encode_cursor(found[-1][4], found[-1][0])
+    sql, params = page_query(COLUMNS, cwd, limit, after, "%s", 'id COLLATE "C"')
+    found, cursor = page_cut(await rows(c, sql, tuple(params)), limit)
     return [to_record(row) for row in found], cursor
 
 

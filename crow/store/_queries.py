@@ -28,7 +28,16 @@ from typing import TYPE_CHECKING, Any
 
 from crow.errors import SessionBusy, StoreError
 from crow.store import locks
-from crow.store._codec import encode_cursor, from_iso, iso, load, shortest_prefix, to_json, unknown
+from crow.store._codec import (
+    from_iso,
+    iso,
+    load,
+    page_cut,
+    page_query,
+    shortest_prefix,
+    to_json,
+    unknown,
+)
 from crow.store._schema import transaction
 from crow.store.record import SessionRecord
 
@@ -144,20 +153,8 @@ def list_page(
     c: sqlite3.Connection, cwd: str | None, limit: int, after: tuple[float, str] | None
 ) -> tuple[list[SessionRecord], str | None]:
     """A page of the top-level sessions (a subagent's is under its parent: `descendants`)."""
-    where, params = ["parent_id IS NULL"], []
-    if cwd is not None:
-        where.append("cwd = ?")
-        params.append(cwd)
-    if after is not None:
-        where.append("(updated_at < ? OR (updated_at = ? AND id > ?))")
-        params += [after[0], after[0], after[1]]
-    sql = f"SELECT {_COLUMNS} FROM sessions WHERE " + " AND ".join(where)
-    sql += " ORDER BY updated_at DESC, id LIMIT ?"
-    rows = c.execute(sql, (*params, limit + 1)).fetchall()
-    cursor = None
-    if len(rows) > limit:
-        rows = rows[:limit]
-        cursor = encode_cursor(rows[-1][4], rows[-1][0])
+    sql, params = page_query(_COLUMNS, cwd, limit, after, "?", "id")
+    rows, cursor = page_cut(c.execute(sql, params).fetchall(), limit)
     return [_to_record(row) for row in rows], cursor
 
 
