@@ -10,6 +10,9 @@ import asyncio
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ import pytest
 from tests.conftest import RecordingClient, crow_env, spawn_crow
 from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
 from tests.test_e2e_sessions import open_session
+from tests.test_store_postgres import crow_cli
 
 pytestmark = pytest.mark.anyio
 
@@ -49,6 +53,46 @@ def homes(tmp_path: Path, *names: str) -> list[Path]:
         (tmp_path / name).mkdir()
         out.append(tmp_path / name)
     return out
+
+
+@dataclass
+class Crow:
+    home: Path
+    conn: Any
+    client: RecordingClient
+    turn: asyncio.Task[Any] | None = None  # crow one's: its second turn, running
+
+
+class TwoCrows(tuple[Crow, Crow]):
+    sid: str
+
+
+@asynccontextmanager
+async def one_session_in_two_crows(
+    llm: ScriptedLLM, pg_url: str, tmp_path: Path, workspace: Path, slow_answer: str
+) -> AsyncIterator[TwoCrows]:
+    """Two crow processes on one database: one made a session with a turn ("hello", "first")
+    and two loaded it; one's second turn ("long one", answered with `slow_answer` slowly) is
+    running and has streamed (one holds the session's lock)."""
+    homes_ = homes(tmp_path, "one", "two")
+    llm.push(Reply(text="first"))
+    async with spawn_crow(pg_env(llm, homes_[0], pg_url)) as (conn, _proc, client):
+        sid = await open_session(conn, workspace)
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("hello")])
+        async with spawn_crow(pg_env(llm, homes_[1], pg_url)) as (conn2, _proc2, client2):
+            await conn2.initialize(protocol_version=1)
+            await conn2.load_session(cwd=str(workspace), session_id=sid, mcp_servers=[])
+            llm.push(Reply(text=slow_answer, chunk_delay=0.01))
+            client.updates.clear()
+            turn = asyncio.create_task(conn.prompt(session_id=sid, prompt=[acp.text_block("long one")]))
+            await until(lambda: client.of_type("AgentMessageChunk"))
+            crows = TwoCrows((Crow(homes_[0], conn, client, turn), Crow(homes_[1], conn2, client2)))
+            crows.sid = sid
+            try:
+                yield crows
+            finally:
+                if not turn.done():
+                    turn.cancel()
 
 
 async def test_a_session_written_by_one_process_is_listed_and_replayed_by_another(
@@ -86,27 +130,16 @@ async def test_a_session_written_by_one_process_is_listed_and_replayed_by_anothe
 async def test_two_processes_racing_one_session_one_is_told_busy(
     llm: ScriptedLLM, pg_url: str, tmp_path: Path, workspace: Path
 ) -> None:
-    one, two = homes(tmp_path, "one", "two")
-    llm.push(Reply(text="first"))
-    async with spawn_crow(pg_env(llm, one, pg_url)) as (conn, _proc, client):
-        sid = await open_session(conn, workspace)
-        await conn.prompt(session_id=sid, prompt=[acp.text_block("hello")])
-        async with spawn_crow(pg_env(llm, two, pg_url)) as (conn2, proc2, _client2):
-            await conn2.initialize(protocol_version=1)
-            await conn2.load_session(cwd=str(workspace), session_id=sid, mcp_servers=[])
-            llm.push(Reply(text="slow " * 400, chunk_delay=0.01))  # one's turn, running
-            client.updates.clear()
-            turn = asyncio.create_task(conn.prompt(session_id=sid, prompt=[acp.text_block("long one")]))
-            await until(lambda: client.of_type("AgentMessageChunk"))
-            with pytest.raises(acp.RequestError) as busy:
-                await conn2.prompt(session_id=sid, prompt=[acp.text_block("me too")])
-            holder = f"busy: session {sid} is running a turn in another crow process (pid {_pid(one)} on "
-            assert str(busy.value).startswith(holder), busy.value
-            assert (await turn).stop_reason == "end_turn"
-            llm.push(Reply(text="my turn now"))
-            response = await conn2.prompt(session_id=sid, prompt=[acp.text_block("me now")])
-            assert response.stop_reason == "end_turn"
-            del proc2
+    async with one_session_in_two_crows(llm, pg_url, tmp_path, workspace, "slow " * 400) as crows:
+        one, two = crows
+        with pytest.raises(acp.RequestError) as busy:
+            await two.conn.prompt(session_id=crows.sid, prompt=[acp.text_block("me too")])
+        holder = f"busy: session {crows.sid} is running a turn in another crow process (pid {_pid(one.home)} on "
+        assert str(busy.value).startswith(holder), busy.value
+        assert (await one.turn).stop_reason == "end_turn"
+        llm.push(Reply(text="my turn now"))
+        response = await two.conn.prompt(session_id=crows.sid, prompt=[acp.text_block("me now")])
+        assert response.stop_reason == "end_turn"
     sent = [m["content"] for m in llm.requests[-1].messages if m["role"] == "user"]
     assert sent == ["hello", "long one", "me now"], "two reloaded what one wrote before its turn"
 
@@ -150,14 +183,7 @@ async def test_an_unreachable_database_at_start_is_a_clear_error(
         assert "s3cret-pw" not in said
         assert proc.returncode is None, "crow keeps serving"
     env = pg_env(llm, home, url)
-    listed = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "crow", "sessions", "list"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    listed = await asyncio.to_thread(crow_cli, env, "sessions", "list")
     assert listed.returncode == 2
     assert listed.stderr.startswith(
         f"crow: cannot reach the PostgreSQL store at {tmp_path / 'nowhere'}:5/crow: "

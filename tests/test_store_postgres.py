@@ -229,7 +229,7 @@ async def test_after_a_long_outage_the_first_call_once_the_database_is_back_succ
         assert (await store.get_session("s")) is not None
 
 
-def _crow(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+def crow_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "crow", *args], env=env, capture_output=True, text=True, timeout=60
     )
@@ -246,18 +246,18 @@ async def test_crow_sessions_works_on_the_postgresql_store(pg_url: str, home: Pa
     (home / "config.yaml").write_text(f"store: {pg_url}\n")  # the config file's setting works too
     by_file = crow_env(None, home)
     for env in (by_env, by_file):
-        listed = await asyncio.to_thread(_crow, env, "sessions", "list")
+        listed = await asyncio.to_thread(crow_cli, env, "sessions", "list")
         assert listed.returncode == 0, listed.stderr
         rows = [line.split("\t") for line in listed.stdout.splitlines()]
         assert [(r[0], r[4], r[5]) for r in rows] == [
             ("abc" + "0" * 29, "parent one", ""),
             ("abd" + "0" * 29, "the child", "abc" + "0" * 29),
         ]
-    shown = await asyncio.to_thread(_crow, by_env, "sessions", "show", "abc")
+    shown = await asyncio.to_thread(crow_cli, by_env, "sessions", "show", "abc")
     assert shown.returncode == 0 and "hello" in shown.stdout and "hi there" in shown.stdout
-    exported = await asyncio.to_thread(_crow, by_env, "sessions", "export", "abc")
+    exported = await asyncio.to_thread(crow_cli, by_env, "sessions", "export", "abc")
     assert '"hi there"' in exported.stdout
-    deleted = await asyncio.to_thread(_crow, by_env, "sessions", "delete", "abc")
+    deleted = await asyncio.to_thread(crow_cli, by_env, "sessions", "delete", "abc")
     assert deleted.returncode == 0 and deleted.stderr == f"deleted abc{'0' * 29} and 1 subagent session\n"
     assert sql(pg_url, "SELECT count(*) FROM sessions") == [(0,)]
     assert not (home / "crow.db").exists(), "the SQLite file was never opened"

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import crow_env
+from tests.test_store_postgres import crow_cli
 
 
 @pytest.mark.parametrize("url", ["postgresql+psycopg://crow:s3cr3t@db/crow", "host=db password=s3cr3t"])
@@ -18,13 +19,7 @@ def test_a_refused_store_url_is_not_shown(home: Path, url: str) -> None:
     (home / "config.yaml").write_text(f"store: '{url}'\n")
     by_file = crow_env(None, home)
     for env in (by_env, by_file):
-        done = subprocess.run(
-            [sys.executable, "-m", "crow", "sessions", "list"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = crow_cli(env, "sessions", "list")
         assert done.returncode == 2
         assert "store must be a postgresql:// URL" in done.stderr
         assert "s3cr3t" not in done.stderr + done.stdout
