@@ -98,7 +98,11 @@ def _parser() -> argparse.ArgumentParser:
     sessions.add_argument("session_id", nargs="?")
     sessions.add_argument("turns", nargs="?", help="rewind: how many turns to take back (default 1)")
     sessions.add_argument("--cwd", help="only sessions of this workspace (list)")
-    sessions.add_argument("--to", metavar="URL", help="migrate: the postgresql:// database to copy into")
+    sessions.add_argument(
+        "--to",
+        metavar="URL",
+        help="migrate: the postgresql:// database to copy into (default: CROW_STORE); with no password in it",
+    )
     compact = sub.add_parser("compact", help="compact a stored session")
     compact.add_argument("session_id")
     compact.add_argument("instructions", nargs="*")

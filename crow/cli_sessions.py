@@ -4,7 +4,8 @@
 MCP or provider), so listing costs about what `crow --help` does. With a PostgreSQL store
 configured (CROW_STORE, or `store:` in the config file: only then is the config model
 loaded) the same commands run on `PostgresStore` (`BlockingStore`: one event loop).
-`crow sessions migrate --to URL` copies the SQLite file into a PostgreSQL database. `crow compact` needs a
+`crow sessions migrate [--to URL]` copies the SQLite file into a PostgreSQL database (CROW_STORE's
+when --to is not given: a password never has to be in argv). `crow compact` needs a
 model, so it runs an Agent, and holds the session's cross-process lock while it rewrites
 the context. `crow sessions rewind ID [N]` needs no model: it runs `crow.rewind` on the
 store (`SQLiteStore`) with no Agent, holding that lock too.
@@ -76,12 +77,22 @@ def _migrate(home: str, url: str | None) -> int:
     import asyncio
 
     from crow.private import DB_FILE
-    from crow.store._pg_schema import describe
+    from crow.store._pg_schema import describe, password_of
     from crow.store.migrate import migrate
     from crow.store.postgres import PostgresStore
 
+    if url is None:
+        url = os.environ.get("CROW_STORE")
+    elif password_of(url):  # argv is readable by every user of the machine (ps, /proc)
+        raise ConfigError(
+            "crow sessions migrate: --to holds a password, which any user of this machine can read"
+            " in the process list while the copy runs; give the URL in CROW_STORE instead (or the"
+            " password in PGPASSWORD or ~/.pgpass) and run it again"
+        )
     if not url or not url.startswith(("postgresql://", "postgres://")):
-        raise ConfigError("crow sessions migrate needs --to postgresql://…, the database to copy into")
+        raise ConfigError(
+            "crow sessions migrate needs the database to copy into: --to postgresql://… or CROW_STORE"
+        )
     db = os.path.join(home, DB_FILE)
     if not os.path.exists(db):
         raise ConfigError(f"no SQLite store to migrate: {db} does not exist")

@@ -315,13 +315,13 @@ async def test_a_migrated_sqlite_store_replays_the_same_from_postgresql(
     assert any("summary of c0-c3" in m.content for m in compacted[0]), "the third one is compacted"
     assert not any("summary of c0-c3" in m.content for m in compacted[1] if m.role != "system")
 
-    def migrate() -> subprocess.CompletedProcess[str]:
+    def migrate(*to: str) -> subprocess.CompletedProcess[str]:
+        env = crow_env(None, home) if to else crow_env(None, home, CROW_STORE=pg_url)  # without --to: CROW_STORE
         return subprocess.run(
-            [*CROW, "sessions", "migrate", "--to", pg_url], env=crow_env(None, home),
-            capture_output=True, text=True, timeout=120,
+            [*CROW, "sessions", "migrate", *to], env=env, capture_output=True, text=True, timeout=120
         )  # fmt: skip
 
-    first = await asyncio.to_thread(migrate)
+    first = await asyncio.to_thread(migrate, "--to", pg_url)
     assert first.returncode == 0
     assert first.stderr.startswith(f"copied {len(every)} sessions to "), first.stderr
     again = await asyncio.to_thread(migrate)
@@ -349,3 +349,24 @@ async def test_a_migrated_sqlite_store_replays_the_same_from_postgresql(
             replays[name] = [await replay(conn, client, sid, workspace) for sid in every]
     assert replays["postgres"] == replays["sqlite"]
     assert all(replays["sqlite"]), "every session replays something"
+
+
+async def test_migrate_refuses_a_password_in_argv_and_copies_nothing(pg_url: str, home: Path) -> None:
+    """argv is any local user's to read (ps, /proc/PID/cmdline) for as long as the copy runs:
+    a password belongs in CROW_STORE, PGPASSWORD or ~/.pgpass."""
+    from crow.store import SQLiteStore
+    from crow.store.postgres import PostgresStore
+
+    async with SQLiteStore(home / "crow.db") as lite:
+        await lite.create_session(id="a" * 32, cwd="/w", title="kept here")
+    with_password = pg_url.replace("//postgres@", "//postgres:hunter2-secret@", 1)
+    assert with_password != pg_url
+    for to in (with_password, f"{pg_url}&password=hunter2-secret"):
+        done = await asyncio.to_thread(crow_cli, crow_env(None, home), "sessions", "migrate", "--to", to)
+        assert done.returncode == 2, done.stderr
+        assert "--to holds a password" in done.stderr and "CROW_STORE" in done.stderr
+        assert "hunter2" not in done.stderr + done.stdout
+    async with PostgresStore(pg_url) as pg:
+        assert await pg.get_session("a" * 32) is None
+    nowhere = await asyncio.to_thread(crow_cli, crow_env(None, home), "sessions", "migrate")
+    assert nowhere.returncode == 2 and "--to postgresql://… or CROW_STORE" in nowhere.stderr
