@@ -72,6 +72,12 @@ def _parser() -> argparse.ArgumentParser:
         help="WebSocket keepalive: ping each client this often, and drop one that does not answer"
         " (or read) within it (default 20)",
     )
+    serve.add_argument(
+        "--max-connections",
+        metavar="N",
+        type=int,
+        help="WebSocket: clients served at once; one more is told 503 at its handshake (default 100)",
+    )
     chat = sub.add_parser("chat", help="talk to crow in the terminal (the default on a terminal)")
     _session_flags(chat)
     run = sub.add_parser(
@@ -256,7 +262,7 @@ async def _serve(args: argparse.Namespace) -> None:
     from crow.startup import imports_done
 
     listen = getattr(args, "listen", None)  # None for a bare `crow` (no serve flags)
-    flags = ("token_file", "tls_cert", "tls_key", "ping_interval")
+    flags = ("token_file", "tls_cert", "tls_key", "ping_interval", "max_connections")
     if listen is None and (given := [f for f in flags if getattr(args, f, None) is not None]):
         raise ConfigError(f"--{given[0].replace('_', '-')} goes with --listen")
     if listen is not None:
@@ -267,12 +273,15 @@ async def _serve(args: argparse.Namespace) -> None:
         interval = ws.PING_INTERVAL if args.ping_interval is None else args.ping_interval
         if not interval > 0:
             raise ConfigError("--ping-interval must be a positive number of seconds")
+        most = ws.MAX_CONNECTIONS if args.max_connections is None else args.max_connections
+        if most < 1:
+            raise ConfigError("--max-connections must be 1 or more")
     agent = Agent(load_config(args.config))
     agent.on_ready(imports_done)  # a broken plugin or store must not leave the GC paused either
     if listen is None:
         await serve(agent)
     else:
-        await ws.serve_websocket(agent, where, token, interval)
+        await ws.serve_websocket(agent, where, token, interval, most)
 
 
 def _trust(args: argparse.Namespace) -> int:

@@ -73,6 +73,40 @@ async def test_a_wrong_or_missing_token_is_refused_at_the_handshake_and_crow_ser
     assert "Traceback" not in served.log()
 
 
+async def test_past_max_connections_a_client_is_told_503_until_one_leaves(home: Path, workspace: Path) -> None:
+    """A client reconnecting in a loop (or a crowd of them) cannot make crow hold unbounded
+    connections; one without the token is still told 401, not how full crow is."""
+    from websockets.exceptions import InvalidStatus
+
+    async with ws_crow(env_with_token(None, home), "--max-connections", "2") as served:
+        async with ws_client(served.url) as (a, _), ws_client(served.url) as (b, _):
+            await initialize_125(a)
+            await initialize_125(b)
+            with pytest.raises(InvalidStatus) as full:
+                async with ws_client(served.url):
+                    pass
+            assert full.value.response.status_code == 503
+            assert full.value.response.headers["Retry-After"] == "10"
+            assert b"serves 2 clients already" in full.value.response.body
+            with pytest.raises(InvalidStatus) as stranger:
+                async with ws_client(served.url, "wrong-token"):
+                    pass
+            assert stranger.value.response.status_code == 401
+            assert (await a.new_session(cwd=str(workspace), mcp_servers=[])).session_id  # both serve on
+        for _ in range(3):  # their places are free again, once crow has closed their sessions
+            deadline = asyncio.get_running_loop().time() + 30
+            while True:
+                try:
+                    async with ws_client(served.url) as (c, _):
+                        await initialize_125(c)
+                    break
+                except InvalidStatus as exc:
+                    assert exc.response.status_code == 503
+                    assert asyncio.get_running_loop().time() < deadline, "the places stayed taken"
+                    await asyncio.sleep(0.05)
+    assert "Traceback" not in served.log()
+
+
 async def test_two_connections_at_once_keep_to_their_own_sessions(
     llm: ScriptedLLM, home: Path, workspace: Path
 ) -> None:
@@ -258,6 +292,12 @@ def run_crow(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str
         ),
         (["--listen", "ws://127.0.0.1"], {"CROW_SERVER_TOKEN": TOKEN}, "give it as ws://HOST:PORT"),
         (["--token-file", "x"], {"CROW_SERVER_TOKEN": TOKEN}, "--token-file goes with --listen"),
+        (["--max-connections", "5"], {"CROW_SERVER_TOKEN": TOKEN}, "--max-connections goes with --listen"),
+        (
+            ["--listen", "ws://127.0.0.1:0", "--max-connections", "0"],
+            {"CROW_SERVER_TOKEN": TOKEN},
+            "--max-connections must be 1 or more",
+        ),
         (  # no client could send it: HTTP headers are read as ISO-8859-1, the token as UTF-8
             ["--listen", "ws://127.0.0.1:0"],
             {"CROW_SERVER_TOKEN": "s\u00e9same"},

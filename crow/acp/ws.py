@@ -11,7 +11,9 @@ Limits, as the `websockets` library applies them: a frame over `MAX_FRAME` (the 
 limit) closes its connection with 1009; at most `FRAMES_QUEUED` received frames wait to be
 read; a write waits while more than `WRITE_LIMIT` bytes are buffered (a slow client slows
 its turn). Keepalive pings find a peer that has gone without a word; `_Connection` drops one
-that stopped reading, which the pings cannot (they wait behind the same full buffer).
+that stopped reading, which the pings cannot (they wait behind the same full buffer). At
+most `max_connections` clients are served at once: one more is told 503 at its handshake
+(after its token is checked), so a client reconnecting in a loop cannot exhaust memory.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ MAX_FRAME = MAX_MESSAGE  # what one stdio line may hold
 FRAMES_QUEUED = 4  # received frames held unread: at most 4 x MAX_FRAME per connection
 WRITE_LIMIT = 2**16  # bytes buffered for a client before a write waits
 PING_INTERVAL = 20.0  # seconds between keepalive pings, and to wait for each pong
+MAX_CONNECTIONS = 100  # clients served at once (--max-connections); the next ones get 503
 NOT_TEXT = "Invalid Request: expected a text frame (one JSON-RPC message each)"
 
 
@@ -134,23 +137,34 @@ def _sendable(token: str, source: str) -> str:
     return token
 
 
-def _authorize(token: str) -> Any:
-    """`process_request`: the handshake goes on only with `Authorization: Bearer TOKEN`."""
+def _authorize(token: str, served: set[ServerConnection], limit: int) -> Any:
+    """`process_request`: the handshake goes on only with `Authorization: Bearer TOKEN`, and
+    only while fewer than `limit` clients are `served` (told only to a client with the token)."""
     expected = token.encode()
 
     def check(connection: ServerConnection, request: Request) -> Response | None:
         given = request.headers.get_all("Authorization")
         scheme, _, value = given[0].partition(" ") if len(given) == 1 else ("", "", "")
-        if scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), expected):
-            return None
-        log.info("refused a connection from %s: no valid token", connection.remote_address)
-        response = connection.respond(
-            HTTPStatus.UNAUTHORIZED, "a valid token is required: Authorization: Bearer TOKEN\n"
-        )
-        response.headers["WWW-Authenticate"] = "Bearer"
-        return response
+        if not (scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), expected)):
+            log.info("refused a connection from %s: no valid token", connection.remote_address)
+            response = connection.respond(
+                HTTPStatus.UNAUTHORIZED, "a valid token is required: Authorization: Bearer TOKEN\n"
+            )
+            response.headers["WWW-Authenticate"] = "Bearer"
+            return response
+        if len(served) >= limit:
+            return _full(connection, limit)
+        return None
 
     return check
+
+
+def _full(connection: ServerConnection, limit: int) -> Response:
+    log.warning("refused a connection from %s: %d clients served already", connection.remote_address, limit)
+    why = f"crow serves {limit} clients already (--max-connections); try again later\n"
+    response = connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, why)
+    response.headers["Retry-After"] = "10"
+    return response
 
 
 class _Connection(ServerConnection):
@@ -256,15 +270,27 @@ async def _ended(conn: Any, server: AcpServer) -> None:
 
 
 async def serve_websocket(
-    agent: Agent, listen: Listen, token: str, ping_interval: float = PING_INTERVAL
+    agent: Agent,
+    listen: Listen,
+    token: str,
+    ping_interval: float = PING_INTERVAL,
+    max_connections: int = MAX_CONNECTIONS,
 ) -> None:
     """Serve ACP on `listen` until SIGTERM or SIGINT; then every connection is closed as if
     its client had gone, and the agent after them."""
     tls = listen.tls()
     owners = Owners()
+    served: set[ServerConnection] = set()
 
     async def handler(socket: ServerConnection) -> None:
-        await _serve_connection(agent, owners, socket)
+        if len(served) >= max_connections:  # handshakes checked at once all passed the check
+            await socket.close(1013, "too many clients; try again later")
+            return
+        served.add(socket)
+        try:
+            await _serve_connection(agent, owners, socket)
+        finally:
+            served.discard(socket)
 
     async with agent:
         try:
@@ -273,7 +299,7 @@ async def serve_websocket(
                 listen.host,
                 listen.port,
                 ssl=tls,
-                process_request=_authorize(token),
+                process_request=_authorize(token, served, max_connections),
                 create_connection=_Connection,
                 max_size=MAX_FRAME,
                 max_queue=FRAMES_QUEUED,
