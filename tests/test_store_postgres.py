@@ -307,6 +307,25 @@ async def test_migrate_skips_a_session_running_a_turn_and_the_ones_under_it(
             assert [r.id for r in await pg.descendants(["busy"])] == ["child"]
 
 
+async def test_migrate_names_a_session_that_grew_since_it_was_copied(pg_url: str, tmp_path: Path) -> None:
+    """A session used on in SQLite after a first copy is not silently left behind: the
+    second run says what it does not copy."""
+    from crow.store.migrate import migrate
+
+    db = tmp_path / "crow.db"
+    async with SQLiteStore(db) as lite, PostgresStore(pg_url) as pg:
+        await lite.create_session(id="grew", cwd="/w")
+        await lite.append("grew", [human("q1"), ai("a1")])
+        assert await migrate(str(db), None, pg, print) == 1
+        await lite.append("grew", [human("q2"), ai("a2"), human("q3")])
+        said: list[str] = []
+        assert await migrate(str(db), None, pg, said.append) == 0
+        assert said == [
+            "skipped grew: already in the database, with 2 of the 5 entries it has here: the 3 later ones are not copied"
+        ]
+        assert [m.content for m in await pg.load_transcript("grew")] == ["q1", "a1"]
+
+
 async def test_text_that_is_not_unicode_is_a_store_error(pg_url: str) -> None:
     async with PostgresStore(pg_url) as store:
         with pytest.raises(StoreError, match="surrogates not allowed"):

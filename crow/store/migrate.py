@@ -5,7 +5,8 @@ times, `context_head`/`context_from`), its entries (same seq, same in_context fl
 message text) and its context history in order, so `session/load` from the database replays
 what it replayed from the file and a rewind still finds the context before any turn. One
 transaction per session; a session already in the database is skipped (a second run copies
-only what is new). Parents go before the sessions under them. A session running a turn in
+only the new sessions; one that grew here since is named, with what stays behind). Parents
+go before the sessions under them. A session running a turn in
 a crow process at that moment is skipped (its lock is taken for the copy) and named, and
 so are the sessions under it; run it again once that turn is over. With each session
 copied go its checkpoint records (`<turn id>.json` in CROW_HOME: their blobs stay there,
@@ -56,14 +57,17 @@ async def _copy(
     row: tuple[Any, ...],
     entries: list[tuple[Any, ...]],
     history: list[tuple[Any, ...]],
-) -> bool:
+) -> int | None:
+    """None once copied; else the number of entries the database already holds for it."""
     row = tuple(map(pq.text, row))  # U+0000, which SQLite keeps in a title, as PostgresStore stores it
     marks = ", ".join(["%s"] * len(row))
     cur = await c.execute(
         f"INSERT INTO sessions ({_COLUMNS}) VALUES ({marks}) ON CONFLICT (id) DO NOTHING", row
     )
     if cur.rowcount == 0:
-        return False
+        cur = await c.execute("SELECT count(*) FROM entries WHERE session_id = %s", (row[0],))
+        held = await cur.fetchone()
+        return int(held[0]) if held else 0
     async with c.cursor().copy("COPY entries (session_id, seq, message, in_context) FROM STDIN") as copy:
         for seq, message, in_context in entries:
             await copy.write_row((row[0], seq, message, bool(in_context)))
@@ -73,7 +77,7 @@ async def _copy(
             " VALUES (%s, %s, %s, %s)",
             [(row[0], *h) for h in history],
         )
-    return True
+    return None
 
 
 async def migrate(db_path: str, home: str | None, target: PostgresStore, say: Callable[[str], None]) -> int:
@@ -108,10 +112,16 @@ async def migrate(db_path: str, home: str | None, target: PostgresStore, say: Ca
                     " WHERE session_id = ? ORDER BY rowid",
                     (sid,),
                 ).fetchall()
-                if await target._run(_copy, tuple(fresh), entries, history):
+                held = await target._run(_copy, tuple(fresh), entries, history)
+                if held is None:
                     copied += 1
                     if home is not None:  # its checkpoints' records, read beside their blobs
                         await copy_files_to(target, Path(home), sid)
+                elif held < len(entries):  # used here after a first copy: say what stays behind
+                    say(
+                        f"skipped {sid}: already in the database, with {held} of the {len(entries)} entries"
+                        f" it has here: the {len(entries) - held} later ones are not copied"
+                    )
                 else:
                     say(f"skipped {sid}: already in the database")
             finally:
