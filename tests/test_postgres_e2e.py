@@ -254,6 +254,30 @@ async def test_the_database_restarted_mid_turn_fails_that_turn_and_crow_carries_
     ]
 
 
+@pytest.mark.slow
+async def test_a_database_that_stops_answering_mid_turn_fails_that_turn_in_time_and_crow_carries_on(
+    llm: ScriptedLLM, postgres: Any, pg_url: str, home: Path, workspace: Path
+) -> None:
+    """A hung database (or a network cut on the way to it) sends no error: without a bound
+    the turn would wait forever, its session with it."""
+    async with spawn_crow(pg_env(llm, home, pg_url)) as (conn, proc, client):
+        sid = await open_session(conn, workspace)
+        llm.push(Reply(text="slow " * 100, chunk_delay=0.01))
+        turn = asyncio.create_task(conn.prompt(session_id=sid, prompt=[acp.text_block("one")]))
+        await until(lambda: client.of_type("AgentMessageChunk"))  # "one" is stored: acknowledged
+        with postgres.frozen():
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(acp.RequestError, match=r"cannot reach the PostgreSQL store at .*: no answer within 30 s"):
+                await asyncio.wait_for(turn, 90)
+            assert asyncio.get_running_loop().time() - started < 45
+        assert proc.returncode is None, "crow keeps serving"
+        llm.push(Reply(text="answered"))
+        after = await conn.prompt(session_id=sid, prompt=[acp.text_block("two")])
+        assert after.stop_reason == "end_turn"
+    said = [(m["role"], m["content"]) for m in llm.requests[-1].messages if m["role"] != "system"]
+    assert said == [("user", "one"), ("user", "two")]  # the answer that found no store is not in it
+
+
 PNG64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
 
 

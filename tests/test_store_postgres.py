@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -324,6 +325,33 @@ async def test_migrate_names_a_session_that_grew_since_it_was_copied(pg_url: str
             "skipped grew: already in the database, with 2 of the 5 entries it has here: the 3 later ones are not copied"
         ]
         assert [m.content for m in await pg.load_transcript("grew")] == ["q1", "a1"]
+
+
+async def test_a_database_that_stops_answering_fails_each_call_in_time_and_serves_again_after(
+    postgres: Any, pg_url: str
+) -> None:
+    """A hung server (or a cut network) sends no error, ever: every call, the lock's too,
+    fails after `answer_within` seconds instead of waiting forever; once the server answers
+    again, so does the store, and what failed was not stored."""
+    async with PostgresStore(pg_url) as store:
+        store.answer_within = 1.0
+        await store.create_session(id="s", cwd="/w")
+        await store.lock_session("s")
+        await store.append("s", [human("one")])
+        with postgres.frozen():
+            for call in (
+                lambda: store.append("s", [human("lost")]),
+                lambda: store.unlock_session("s"),
+                lambda: store.lock_session("s"),
+                lambda: store.list_sessions(),
+            ):
+                started = time.monotonic()
+                with pytest.raises(StoreError, match=r"^cannot reach the PostgreSQL store at .*: no answer within 1 s$"):
+                    await asyncio.wait_for(call(), 30)
+                assert time.monotonic() - started < 4  # the bound, and two 1 s cancels at most
+        await store.lock_session("s")
+        await store.append("s", [human("two")])
+        assert [m.content for m in await store.load_transcript("s")] == ["one", "two"]
 
 
 async def test_text_that_is_not_unicode_is_a_store_error(pg_url: str) -> None:

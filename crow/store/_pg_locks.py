@@ -71,7 +71,8 @@ def busy_here(session_id: str) -> SessionBusy:
 
 class SessionLocks:
     """The lock connection of one store. `connect()` opens a connection (raising
-    `StoreError`), `error(op, exc)` maps a psycopg error; `generations` is the store's."""
+    `StoreError`), `error(op, exc)` maps a psycopg error; `generations` and `answered` (the
+    bound on waiting for the server) are the store's."""
 
     keep_every = 5.0  # seconds between checks of the connection while a lock is held
 
@@ -81,8 +82,10 @@ class SessionLocks:
         error: Callable[[str, psycopg.Error], StoreError],
         holder: str,
         generations: dict[str, int | None],
+        answered: Callable[[Awaitable[Any]], Awaitable[Any]],
     ) -> None:
         self._connect, self._error, self.holder = connect, error, holder
+        self._answered = answered  # the store's bound on waiting for the server
         self.generations = generations
         self.held: set[str] = set()
         self.conn: Conn | None = None
@@ -155,13 +158,16 @@ class SessionLocks:
         """`work(conn, *args)` on the lock connection, alone. A connection found dead (before
         the keeper noticed) is replaced and `work` tried once more: its locks went with it."""
         async with self._mutex:
-            conn = await self._connection()
-            try:
-                return await work(conn, *args)
-            except StoreError:
-                if not conn.broken:
-                    raise
-            return await work(await self._connection(), *args)
+            return await self._answered(self._run(work, *args))  # type: ignore[no-any-return]
+
+    async def _run(self, work: Callable[..., Awaitable[T]], *args: Any) -> T:
+        conn = await self._connection()
+        try:
+            return await work(conn, *args)
+        except StoreError:
+            if not conn.broken:
+                raise
+        return await work(await self._connection(), *args)
 
     async def execute(self, conn: Conn, sql: str, params: Sequence[Any]) -> Any:
         """One statement: its first row (None for none)."""

@@ -112,7 +112,8 @@ async def migrate(db_path: str, home: str | None, target: PostgresStore, say: Ca
                     " WHERE session_id = ? ORDER BY rowid",
                     (sid,),
                 ).fetchall()
-                held = await target._run(_copy, tuple(fresh), entries, history)
+                # Unbounded: a long session's copy takes its time.
+                held = await target._run(_copy, tuple(fresh), entries, history, bound=False)
                 if held is None:
                     copied += 1
                     if home is not None:  # its checkpoints' records, read beside their blobs

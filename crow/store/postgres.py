@@ -6,6 +6,8 @@ transaction (an append one statement), acknowledged only once committed. A poole
 connection is checked as it is taken, so after a database restart a stale one is replaced
 rather than failing a call; while the database is down a call waits `wait` seconds for a
 connection and then raises `StoreError` (the turn fails with a notice; crow keeps serving).
+A database that stops answering (a hung server, a cut network: no error ever comes) fails
+the call after `answer_within` seconds the same way, its connection closed (`answered`).
 
 Session locks are PostgreSQL advisory locks (`pg_try_advisory_lock` of a 64-bit hash of the
 id) held on one connection of the store's own, outside the pool: a second process, or a
@@ -53,6 +55,7 @@ class PostgresStore:
     by the store itself (its files stay where they are); kept for `store_for`'s signature."""
 
     wait = 5.0  # seconds a call waits for a connection while the database is away
+    answer_within = 30.0  # seconds an operation may wait for the server's answer
     max_size = 10
 
     def __init__(self, url: str, *, home: str | os.PathLike[str] | None = None) -> None:
@@ -67,7 +70,7 @@ class PostgresStore:
         # This store's name in session_locks: unique per store, readable in a busy error.
         holder = f"pid {os.getpid()} on {socket.gethostname()} #{os.urandom(3).hex()}"
         self._holder = holder
-        self._locks = SessionLocks(self._connect, self._error, holder, self._generations)
+        self._locks = SessionLocks(self._connect, self._error, holder, self._generations, self._answered)
         # Operations whose caller was cancelled: they still land, and later calls wait for
         # them (a cancelled append is in the transcript before the next load reads it).
         self._orphans: set[asyncio.Future[Any]] = set()
@@ -305,15 +308,28 @@ class PostgresStore:
             raise
 
     async def _run(
-        self, fn: Callable[..., Awaitable[T]], *args: Any, tx: bool = True, read: bool = False
+        self,
+        fn: Callable[..., Awaitable[T]],
+        *args: Any,
+        tx: bool = True,
+        read: bool = False,
+        bound: bool = True,
     ) -> T:
         """`fn(conn, *args)` on a pooled connection: in one transaction (`tx`; a consistent
-        snapshot when `read`), else as one autocommitted statement."""
-        return await self._shielded(self._transact, fn, *args, tx=tx, read=read)
+        snapshot when `read`), else as one autocommitted statement; given up after
+        `answer_within` seconds unless not `bound` (a migration's copy of a long session)."""
+        return await self._shielded(self._transact, fn, *args, tx=tx, read=read, bound=bound)
 
     async def _transact(
-        self, fn: Callable[..., Awaitable[T]], *args: Any, tx: bool = True, read: bool = False
+        self,
+        fn: Callable[..., Awaitable[T]],
+        *args: Any,
+        tx: bool = True,
+        read: bool = False,
+        bound: bool = True,
     ) -> T:
+        if bound:
+            return await self._answered(self._transact(fn, *args, tx=tx, read=read, bound=False))
         assert self._pool is not None
         try:
             async with self._pool.connection() as conn:
@@ -329,6 +345,31 @@ class PostgresStore:
             raise self._error(fn.__name__, exc) from exc
         except UnicodeEncodeError as exc:  # text that is not valid Unicode
             raise StoreError(f"{fn.__name__} failed: {exc}") from exc
+
+    async def _answered(self, work: Awaitable[T]) -> T:
+        """`work`, or StoreError once the server has not answered it for `answer_within`
+        seconds. Then it is cancelled twice: psycopg meets the first by asking the server to
+        cancel the query, which a hung server never does (10 s), and the second by closing
+        the connection. What the server received before it hung may still be done once it
+        runs again, as with a connection lost before the answer came."""
+        task = asyncio.ensure_future(work)
+        try:
+            done, _ = await asyncio.wait({task}, timeout=self.answer_within)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if done:
+            return task.result()
+        for _ in range(2):
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=1)
+            if done:
+                break
+        if done and not task.cancelled() and task.exception() is None:
+            return task.result()  # answered just then
+        raise StoreError(
+            f"cannot reach the PostgreSQL store at {self._where}: no answer within {self.answer_within:g} s"
+        )
 
     async def _connect(self) -> Conn:
         try:

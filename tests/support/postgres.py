@@ -112,9 +112,36 @@ class Postgres:
             proc.kill()
             proc.wait()
 
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """The server and its backends stopped (SIGSTOP) for the block: a hung server, or one
+        behind a cut network, that answers nothing and closes nothing. (Each backend leads
+        its own process group, so they are found as the postmaster's children.)"""
+        assert self._proc is not None
+        family = [self._proc.pid, *_children(self._proc.pid)]
+        for pid in family:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for pid in family:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+
     @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+    return found
 
 
 @contextlib.contextmanager
