@@ -107,6 +107,44 @@ async def test_past_max_connections_a_client_is_told_503_until_one_leaves(home: 
     assert "Traceback" not in served.log()
 
 
+async def test_the_official_typescript_sdk_runs_a_session_over_the_socket(
+    llm: ScriptedLLM, home: Path, workspace: Path
+) -> None:
+    """A client written elsewhere (the TypeScript SDK, on Node's own WebSocket): it checks
+    every frame crow sends against schema 1.25, and answers crow's own request (a
+    permission) over the same socket."""
+    from tests.support.ts_client import kinds, run_script
+
+    llm.push(
+        Reply(tool_calls=[ToolCallSpec("write_file", {"path": "answer.txt", "content": "42\n"})]),
+        Reply(text="written"),
+    )
+    script = {
+        "permission": "allow_once",
+        "steps": [
+            {"request": "session/new", "params": {"cwd": str(workspace), "mcpServers": []}, "as": "s"},
+            {
+                "request": "session/prompt",
+                "params": {"sessionId": "${s.sessionId}", "prompt": [{"type": "text", "text": "write it"}]},
+                "as": "p",
+            },
+            {"request": "session/list", "params": {}, "as": "list"},
+        ],
+    }
+    async with ws_crow(env_with_token(llm, home)) as served:
+        env = crow_env(None, home, ACP_WS_TOKEN=TOKEN)
+        out = await asyncio.to_thread(run_script, script, env, workspace, url=served.url)
+    assert out["results"]["p"]["result"]["stopReason"] == "end_turn", out
+    assert [r["method"] for r in out["requests"]] == ["session/request_permission"]
+    assert (workspace / "answer.txt").read_text() == "42\n"
+    assert {"tool_call", "tool_call_update", "agent_message_chunk"} <= set(kinds(out))
+    assert [s["sessionId"] for s in out["results"]["list"]["result"]["sessions"]] == [
+        out["results"]["s"]["result"]["sessionId"]
+    ]
+    assert out["agentExit"]["code"] == 1000  # the client closed the socket; crow served on
+    assert "Traceback" not in served.log()
+
+
 async def test_two_connections_at_once_keep_to_their_own_sessions(
     llm: ScriptedLLM, home: Path, workspace: Path
 ) -> None:

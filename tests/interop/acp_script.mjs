@@ -3,6 +3,9 @@
 // it to prove a client written elsewhere accepts what crow sends.
 //
 //   node acp_script.mjs SCRIPT.json -- AGENT_CMD [ARGS...]
+//   node acp_script.mjs SCRIPT.json -- ws://HOST:PORT     (an agent serving ACP over WebSocket:
+//        one JSON-RPC message per text frame, Authorization: Bearer $ACP_WS_TOKEN; Node's own
+//        WebSocket, behind --experimental-websocket before Node 22)
 //
 // SCRIPT: {"capabilities": {...clientCapabilities}, "permission": "allow_once" | "reject_once"
 //   | "cancel", "permissions": [one of those per request, in order; then "permission"],
@@ -46,9 +49,36 @@ const pkg = JSON.parse(readFileSync(path.join(pkgDir, "package.json"), "utf8"));
 const entry = pkg.exports[script.unstable ? "./unstable" : "."].import;
 const acp = await import(pathToFileURL(path.join(pkgDir, entry)).href);
 
-const child = spawn(agent[0], agent.slice(1), { stdio: ["pipe", "pipe", "inherit"], env: process.env });
-const childExit = new Promise((resolve) => child.on("exit", (code, signal) => resolve({ code, signal })));
-const raw = acp.ndJsonStream(Writable.toWeb(child.stdin), Readable.toWeb(child.stdout));
+// Over WebSocket there is no child: `end()` closes the socket, and its close is the "exit".
+let end, childExit, raw;
+if (/^wss?:\/\//.test(agent[0])) {
+  const socket = new WebSocket(agent[0], { headers: { Authorization: `Bearer ${process.env.ACP_WS_TOKEN}` } });
+  await new Promise((resolve, reject) => {
+    socket.onopen = resolve;
+    socket.onerror = () => reject(new Error(`cannot open ${agent[0]}`));
+  });
+  let reading = true;
+  childExit = new Promise((resolve) => socket.addEventListener("close", (e) => resolve({ code: e.code, signal: null })));
+  raw = {
+    readable: new ReadableStream({
+      start(controller) {
+        socket.addEventListener("message", (e) => reading && controller.enqueue(JSON.parse(String(e.data))));
+        socket.addEventListener("close", () => reading && controller.close());
+      },
+      cancel() {
+        reading = false; // the SDK stopped reading: the connection is over
+        socket.close(1000);
+      },
+    }),
+    writable: new WritableStream({ write: (msg) => socket.send(JSON.stringify(msg)) }),
+  };
+  end = { close: () => socket.close(1000), kill: () => socket.close(1000) };
+} else {
+  const child = spawn(agent[0], agent.slice(1), { stdio: ["pipe", "pipe", "inherit"], env: process.env });
+  childExit = new Promise((resolve) => child.on("exit", (code, signal) => resolve({ code, signal })));
+  raw = acp.ndJsonStream(Writable.toWeb(child.stdin), Readable.toWeb(child.stdout));
+  end = { close: () => child.stdin.end(), kill: () => child.kill("SIGKILL") };
+}
 
 // request ids as written, by method and order, so "${NAME.id}" can name one
 let nextOutgoingId = [];
@@ -233,8 +263,8 @@ try {
   exitCode = 1;
 }
 
-child.stdin.end();
-const timer = setTimeout(() => child.kill("SIGKILL"), 5000);
+end.close();
+const timer = setTimeout(end.kill, 5000);
 out.agentExit = await childExit;
 clearTimeout(timer);
 process.stdout.write(JSON.stringify(out) + "\n");

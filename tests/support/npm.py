@@ -28,7 +28,7 @@ def _cache_root() -> Path:
     return Path(base) / "crow-interop"
 
 
-def _node_major(node: str) -> int:
+def node_major(node: str = "node") -> int:
     out = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=30).stdout
     try:
         return int(out.strip().lstrip("v").split(".")[0])
@@ -42,7 +42,7 @@ def node_modules() -> Path | str:
     node, npm = shutil.which("node"), shutil.which("npm")
     if not node or not npm:
         return "these tests need node and npm on PATH"
-    if (major := _node_major(node)) < 20:
+    if (major := node_major(node)) < 20:
         return f"these tests need Node 20 or newer, found {major}"
     digest = hashlib.sha256(b"".join((INTEROP / f).read_bytes() for f in LOCK_FILES)).hexdigest()[:16]
     root = _cache_root()

@@ -20,17 +20,19 @@ CROW_CMD = [sys.executable, "-m", "crow"]
 
 
 def run_script(
-    script: dict[str, Any], env: dict[str, str], cwd: Path, *crow_args: str, timeout: float = 90
+    script: dict[str, Any], env: dict[str, str], cwd: Path, *crow_args: str, timeout: float = 90, url: str = ""
 ) -> dict[str, Any]:
-    """Run `script` against a fresh crow (its environment `env`); skips without node/npm."""
+    """Run `script` against a fresh crow (its environment `env`), or against the crow serving
+    WebSocket `url` (the token in env's ACP_WS_TOKEN); skips without node/npm."""
     modules = npm.node_modules()
     if isinstance(modules, str):
         pytest.skip(modules)
     path = cwd.parent / f"acp-script-{abs(hash(json.dumps(script, sort_keys=True)))}.json"
     path.write_text(json.dumps(script))
     env = {**env, "ACP_SDK_NODE_MODULES": str(modules)}
+    node = ["node", "--experimental-websocket"] if url and npm.node_major() < 22 else ["node"]
     proc = subprocess.run(
-        ["node", str(SCRIPT), str(path), "--", *CROW_CMD, *crow_args],
+        [*node, str(SCRIPT), str(path), "--", *([url] if url else [*CROW_CMD, *crow_args])],
         env=env,
         cwd=cwd,
         capture_output=True,
