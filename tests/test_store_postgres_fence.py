@@ -44,6 +44,10 @@ async def test_a_turn_whose_lock_was_taken_over_cannot_write_into_the_new_holder
             await a.set_context("s", [human("a's compaction")])
         with pytest.raises(StoreError, match="its lock was lost"):
             await a.rewind_context("s", [], human("a's rewind"))
+        await b.update_session("s", todos=[{"content": "b's plan", "status": "pending"}])
+        with pytest.raises(StoreError, match="its lock was lost"):
+            await a.update_session("s", todos=[], cost=9.0)  # a's late todos and cost
+        assert (await b.get_session("s")).todos == [{"content": "b's plan", "status": "pending"}]  # type: ignore[union-attr]
         await b.append("s", [ai("b's answer")])
         assert [m.content for m in await b.load_transcript("s")] == ["a's prompt", "b's answer"]
         assert [m.content for m in await b.load_context("s")] == ["a's prompt", "b's answer"]
@@ -59,6 +63,7 @@ async def test_writes_without_the_lock_are_not_fenced(pg_url: str) -> None:
         await a.create_session(id="s", cwd="/w")
         await a.lock_session("s")
         await b.append("s", [human("b holds no lock: as on SQLite")])
+        await b.update_session("s", title="b's title")
         await a.unlock_session("s")
         assert await b.lock_session("s") is True
         await a.append("s", [human("nor a")])

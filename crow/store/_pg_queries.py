@@ -97,17 +97,22 @@ async def get(c: Conn, session_id: str) -> SessionRecord | None:
     return None if row is None else to_record(row)
 
 
-async def update(c: Conn, session_id: str, fields: dict[str, Any]) -> SessionRecord:
+async def update(
+    c: Conn, session_id: str, fields: dict[str, Any], holder: str | None = None
+) -> SessionRecord:
+    """Fenced as `append` is when `holder` is set: a turn whose lock was taken over must not
+    change the new holder's todos, cost or title either."""
     names = sorted(fields)
     values = [to_json(fields[n]) if n in _JSON_FIELDS else text(fields[n]) for n in names]
     assignments = "".join(f"{n} = %s, " for n in names)
     row = await one(
         c,
-        f"UPDATE sessions SET {assignments}updated_at = %s WHERE id = %s RETURNING {COLUMNS}",
-        (*values, time.time(), session_id),
+        f"UPDATE sessions SET {assignments}updated_at = %s WHERE id = %s AND (%s::text IS NULL OR EXISTS"
+        f" (SELECT FROM session_locks WHERE session_id = %s AND holder = %s FOR SHARE)) RETURNING {COLUMNS}",
+        (*values, time.time(), session_id, holder, session_id, holder),
     )
     if row is None:
-        raise unknown(session_id)
+        raise await refused(c, session_id)
     return to_record(row)
 
 

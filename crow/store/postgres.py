@@ -150,7 +150,7 @@ class PostgresStore:
     async def update_session(self, session_id: str, **fields: Any) -> SessionRecord:
         if unknown := set(fields) - UPDATABLE:
             raise TypeError(f"cannot update session field(s) {sorted(unknown)}")
-        return await self._run(q.update, session_id, fields, tx=False)
+        return await self._run(q.update, session_id, fields, self._fenced(session_id), tx=False)
 
     async def delete_session(self, session_id: str) -> list[str]:
         return await self._shielded(self._delete, session_id)
