@@ -354,6 +354,28 @@ async def test_a_database_that_stops_answering_fails_each_call_in_time_and_serve
         assert [m.content for m in await store.load_transcript("s")] == ["one", "two"]
 
 
+async def test_a_database_that_stops_answering_holds_neither_closing_nor_queued_lock_calls(
+    postgres: Any, pg_url: str
+) -> None:
+    """crow's exit closes the store: a hung server must not hold it. Lock calls queued behind
+    one another each get the bound from when they were made, not after the ones before."""
+    store = await PostgresStore(pg_url).open()
+    store.answer_within = 2.0
+    for n in range(6):
+        await store.create_session(id=f"s{n}", cwd="/w")
+        await store.lock_session(f"s{n}")
+    with postgres.frozen():
+        started = time.monotonic()
+        failed = await asyncio.wait_for(
+            asyncio.gather(*(store.unlock_session(f"s{n}") for n in range(6)), return_exceptions=True), 60
+        )
+        assert all(isinstance(e, StoreError) for e in failed), failed
+        assert time.monotonic() - started < 2.0 + 2 + 1.5  # the bound and two cancels, for all six
+        started = time.monotonic()
+        await asyncio.wait_for(store.aclose(), 30)
+        assert time.monotonic() - started < 8  # not until the server answers again
+
+
 async def test_text_that_is_not_unicode_is_a_store_error(pg_url: str) -> None:
     async with PostgresStore(pg_url) as store:
         with pytest.raises(StoreError, match="surrogates not allowed"):

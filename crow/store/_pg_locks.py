@@ -82,7 +82,7 @@ class SessionLocks:
         error: Callable[[str, psycopg.Error], StoreError],
         holder: str,
         generations: dict[str, int | None],
-        answered: Callable[[Awaitable[Any]], Awaitable[Any]],
+        answered: Callable[..., Awaitable[Any]],
     ) -> None:
         self._connect, self._error, self.holder = connect, error, holder
         self._answered = answered  # the store's bound on waiting for the server
@@ -157,8 +157,13 @@ class SessionLocks:
     async def run(self, work: Callable[..., Awaitable[T]], *args: Any) -> T:
         """`work(conn, *args)` on the lock connection, alone. A connection found dead (before
         the keeper noticed) is replaced and `work` tried once more: its locks went with it."""
+        # The wait for the mutex is inside the bound: calls queued behind one that waits on a
+        # silent server must not each add their own bound after it.
+        return await self._answered(self._alone(work, *args))  # type: ignore[no-any-return]
+
+    async def _alone(self, work: Callable[..., Awaitable[T]], *args: Any) -> T:
         async with self._mutex:
-            return await self._answered(self._run(work, *args))  # type: ignore[no-any-return]
+            return await self._run(work, *args)
 
     async def _run(self, work: Callable[..., Awaitable[T]], *args: Any) -> T:
         conn = await self._connection()
@@ -228,6 +233,8 @@ class SessionLocks:
             self._keeper.cancel()
         if self.conn is not None:
             with suppress(Exception):
-                # At once: the server frees them only once it has seen the close.
-                await self.conn.execute("SELECT pg_advisory_unlock_all()")
+                # At once: the server frees them only once it has seen the close. Briefly: a
+                # server that answers nothing must not hold crow's exit (closing frees them).
+                await self._answered(self.conn.execute("SELECT pg_advisory_unlock_all()"), 2.0)
+            with suppress(Exception):
                 await self.conn.close()

@@ -346,15 +346,16 @@ class PostgresStore:
         except UnicodeEncodeError as exc:  # text that is not valid Unicode
             raise StoreError(f"{fn.__name__} failed: {exc}") from exc
 
-    async def _answered(self, work: Awaitable[T]) -> T:
-        """`work`, or StoreError once the server has not answered it for `answer_within`
-        seconds. Then it is cancelled twice: psycopg meets the first by asking the server to
+    async def _answered(self, work: Awaitable[T], within: float | None = None) -> T:
+        """`work`, or StoreError once the server has not answered it for `within` seconds
+        (`answer_within`). Then it is cancelled twice: psycopg meets the first by asking the server to
         cancel the query, which a hung server never does (10 s), and the second by closing
         the connection. What the server received before it hung may still be done once it
         runs again, as with a connection lost before the answer came."""
+        within = self.answer_within if within is None else within
         task = asyncio.ensure_future(work)
         try:
-            done, _ = await asyncio.wait({task}, timeout=self.answer_within)
+            done, _ = await asyncio.wait({task}, timeout=within)
         except asyncio.CancelledError:
             task.cancel()
             raise
@@ -368,7 +369,7 @@ class PostgresStore:
         if done and not task.cancelled() and task.exception() is None:
             return task.result()  # answered just then
         raise StoreError(
-            f"cannot reach the PostgreSQL store at {self._where}: no answer within {self.answer_within:g} s"
+            f"cannot reach the PostgreSQL store at {self._where}: no answer within {within:g} s"
         )
 
     async def _connect(self) -> Conn:
