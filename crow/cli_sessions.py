@@ -35,6 +35,11 @@ def main(args: argparse.Namespace) -> int:
 
     home = home_dir()
     if args.action == "migrate":
+        if args.session_id is not None:  # a URL given without --to must not be dropped for CROW_STORE's
+            raise ConfigError(
+                f"crow sessions migrate takes no SESSION_ID (got {args.session_id!r}): the database to"
+                " copy into is --to URL, else CROW_STORE"
+            )
         return _migrate(home, args.to)
     url = _configured_store(getattr(args, "config", None))
     if args.action == "rewind":
@@ -83,7 +88,7 @@ def _migrate(home: str, url: str | None) -> int:
 
     if url is None:
         url = os.environ.get("CROW_STORE")
-    elif password_of(url):  # argv is readable by every user of the machine (ps, /proc)
+    elif password_of(url) or "sslpassword=" in url:  # argv is readable by every user (ps, /proc)
         raise ConfigError(
             "crow sessions migrate: --to holds a password, which any user of this machine can read"
             " in the process list while the copy runs; give the URL in CROW_STORE instead (or the"

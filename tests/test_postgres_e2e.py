@@ -385,7 +385,7 @@ async def test_migrate_refuses_a_password_in_argv_and_copies_nothing(pg_url: str
         await lite.create_session(id="a" * 32, cwd="/w", title="kept here")
     with_password = pg_url.replace("//postgres@", "//postgres:hunter2-secret@", 1)
     assert with_password != pg_url
-    for to in (with_password, f"{pg_url}&password=hunter2-secret"):
+    for to in (with_password, f"{pg_url}&password=hunter2-secret", f"{pg_url}&sslpassword=hunter2-secret"):
         done = await asyncio.to_thread(crow_cli, crow_env(None, home), "sessions", "migrate", "--to", to)
         assert done.returncode == 2, done.stderr
         assert "--to holds a password" in done.stderr and "CROW_STORE" in done.stderr
@@ -394,3 +394,8 @@ async def test_migrate_refuses_a_password_in_argv_and_copies_nothing(pg_url: str
         assert await pg.get_session("a" * 32) is None
     nowhere = await asyncio.to_thread(crow_cli, crow_env(None, home), "sessions", "migrate")
     assert nowhere.returncode == 2 and "--to postgresql://… or CROW_STORE" in nowhere.stderr
+    elsewhere = crow_env(None, home, CROW_STORE=pg_url)  # a URL without --to is not CROW_STORE's
+    stray = await asyncio.to_thread(crow_cli, elsewhere, "sessions", "migrate", "postgresql://u@/other")
+    assert stray.returncode == 2 and "takes no SESSION_ID" in stray.stderr, stray.stderr
+    async with PostgresStore(pg_url) as pg:
+        assert await pg.get_session("a" * 32) is None

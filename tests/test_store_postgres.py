@@ -322,9 +322,21 @@ async def test_migrate_names_a_session_that_grew_since_it_was_copied(pg_url: str
         said: list[str] = []
         assert await migrate(str(db), None, pg, said.append) == 0
         assert said == [
-            "skipped grew: already in the database, with 2 of the 5 entries it has here: the 3 later ones are not copied"
+            "skipped grew: already in the database, with 2 of the 5 entries it has here: the 3 later ones not copied"
         ]
         assert [m.content for m in await pg.load_transcript("grew")] == ["q1", "a1"]
+        await lite.create_session(id="there", cwd="/w")  # used in PostgreSQL only since: nothing lost
+        await lite.append("there", [human("q")])
+        assert await migrate(str(db), None, pg, print) == 1
+        await pg.append("there", [ai("a")])
+        await pg.append("grew", [human("used in PostgreSQL too"), ai("yes")])  # now it grew in both
+        said.clear()
+        assert await migrate(str(db), None, pg, said.append) == 0
+        assert said == [
+            "skipped grew: already in the database, where it differs from here from entry 3 on (used in both"
+            " since it was copied): the 3 entries from there are not copied",
+            "skipped there: already in the database",
+        ]
 
 
 async def test_a_database_that_stops_answering_fails_each_call_in_time_and_serves_again_after(

@@ -15,6 +15,7 @@ where the records expect them), and at the end the project rules of rules.json.
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -52,22 +53,39 @@ def _parents_first(rows: list[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
         pending += reversed(by_parent.get(row[0], []))
 
 
+def _left_behind(there: int, same: int, here: int) -> str:
+    """What a skipped session's entries here that the database lacks are, said (or "")."""
+    if same == here:
+        return ""
+    if same == there:  # used here after its copy
+        return f", with {there} of the {here} entries it has here: the {here - same} later ones not copied"
+    return (  # used in both since
+        f", where it differs from here from entry {same + 1} on (used in both since it was copied):"
+        f" the {here - same} entries from there are not copied"
+    )
+
+
 async def _copy(
     c: AsyncConnection[Any],
     row: tuple[Any, ...],
     entries: list[tuple[Any, ...]],
     history: list[tuple[Any, ...]],
-) -> int | None:
-    """None once copied; else the number of entries the database already holds for it."""
+) -> tuple[int, int] | None:
+    """None once copied; else (the entries the database holds for it, how many of them
+    are the same as here from the first on)."""
     row = tuple(map(pq.text, row))  # U+0000, which SQLite keeps in a title, as PostgresStore stores it
     marks = ", ".join(["%s"] * len(row))
     cur = await c.execute(
         f"INSERT INTO sessions ({_COLUMNS}) VALUES ({marks}) ON CONFLICT (id) DO NOTHING", row
     )
-    if cur.rowcount == 0:
-        cur = await c.execute("SELECT count(*) FROM entries WHERE session_id = %s", (row[0],))
-        held = await cur.fetchone()
-        return int(held[0]) if held else 0
+    if cur.rowcount == 0:  # compared by digest: a long session's text stays in the database
+        cur = await c.execute(
+            "SELECT seq, md5(message), in_context FROM entries WHERE session_id = %s ORDER BY seq", (row[0],)
+        )
+        there = await cur.fetchall()
+        here = ((seq, hashlib.md5(m.encode()).hexdigest(), bool(f)) for seq, m, f in entries)
+        same = next((n for n, (a, b) in enumerate(zip(there, here, strict=False)) if tuple(a) != b), None)
+        return len(there), min(len(there), len(entries)) if same is None else same
     async with c.cursor().copy("COPY entries (session_id, seq, message, in_context) FROM STDIN") as copy:
         for seq, message, in_context in entries:
             await copy.write_row((row[0], seq, message, bool(in_context)))
@@ -118,13 +136,8 @@ async def migrate(db_path: str, home: str | None, target: PostgresStore, say: Ca
                     copied += 1
                     if home is not None:  # its checkpoints' records, read beside their blobs
                         await copy_files_to(target, Path(home), sid)
-                elif held < len(entries):  # used here after a first copy: say what stays behind
-                    say(
-                        f"skipped {sid}: already in the database, with {held} of the {len(entries)} entries"
-                        f" it has here: the {len(entries) - held} later ones are not copied"
-                    )
                 else:
-                    say(f"skipped {sid}: already in the database")
+                    say(f"skipped {sid}: already in the database{_left_behind(*held, len(entries))}")
             finally:
                 sq.unlock(conn, sid, token)
     except sqlite3.Error as exc:
