@@ -254,7 +254,15 @@ class Session:
     async def save(self, **fields: Any) -> None:
         """Persist metadata fields (todos, files, title, mode, model, cost, thought_level)."""
         fields = {key: valid_value(value) for key, value in fields.items()}
+        before = {key: getattr(self, key) for key in fields}
         for key, value in fields.items():
             setattr(self, key, value)
-        if self.store is not None:
+        if self.store is None:
+            return
+        try:
             await self.store.update_session(self.id, **fields)
+        except StoreError:  # refused (a database away, a lock taken over): not in force here either
+            for key, value in before.items():
+                if getattr(self, key) is fields[key]:  # unless another save set it since
+                    setattr(self, key, value)
+            raise

@@ -68,3 +68,22 @@ async def test_writes_without_the_lock_are_not_fenced(pg_url: str) -> None:
         assert await b.lock_session("s") is True
         await a.append("s", [human("nor a")])
         assert len(await a.load_transcript("s")) == 2
+
+
+async def test_a_refused_save_is_not_in_force_in_memory_either(pg_url: str) -> None:
+    """A mode the store refused (the lock taken over meanwhile) must not stay in force in
+    this process, as the editor was told it failed."""
+    from pathlib import Path
+
+    from crow.session import Session
+
+    async with PostgresStore(pg_url) as a, PostgresStore(pg_url) as b:
+        await a.create_session(id="s", cwd="/w")
+        session = Session(id="s", cwd=Path("/w"), store=a)
+        async with session.exclusive():
+            mode, cost = session.mode, session.cost
+            drop_lock_connection(pg_url, a)
+            assert await b.lock_session("s") is True
+            with pytest.raises(StoreError, match="its lock was lost"):
+                await session.save(mode="yolo", cost=5.0)
+            assert (session.mode, session.cost) == (mode, cost)

@@ -112,10 +112,10 @@ class SessionLocks:
                 with suppress(psycopg.Error, StoreError):
                     await conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
                 raise
+            self.held.add(session_id)  # before the mutex is let go: the next taker checks it
             return generation, holder
 
         taken = await self.run(take)
-        self.held.add(session_id)
         if self._keeper is None or self._keeper.done():
             self._keeper = asyncio.get_running_loop().create_task(self._keep(), name="crow.store.keeper")
         return taken
