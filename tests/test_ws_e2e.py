@@ -16,6 +16,7 @@ from typing import Any
 
 import acp
 import pytest
+from websockets.exceptions import InvalidHandshake
 
 from tests.conftest import CROW, FEATURES_125, crow_env, initialize_125
 from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
@@ -105,6 +106,32 @@ async def test_past_max_connections_a_client_is_told_503_until_one_leaves(home: 
                     assert asyncio.get_running_loop().time() < deadline, "the places stayed taken"
                     await asyncio.sleep(0.05)
     assert "Traceback" not in served.log()
+
+
+async def test_sockets_that_never_hand_shake_cannot_use_up_crows_descriptors(home: Path) -> None:
+    """Anyone who can reach the port can open sockets and say nothing (each is held up to
+    the 10 s handshake timeout, token or not): past twice --max-connections open, one more is
+    closed at once, and once they go a client with the token is served."""
+    async with ws_crow(env_with_token(None, home), "--max-connections", "2") as served:
+        host, port = served.url.removeprefix("ws://").rsplit(":", 1)
+        silent = [await asyncio.open_connection(host, int(port)) for _ in range(4)]
+        extra_reader, extra_writer = await asyncio.open_connection(host, int(port))
+        assert await asyncio.wait_for(extra_reader.read(), 5) == b""  # closed at once, not in 10 s
+        for _, writer in silent:  # the first four are held, waiting for their handshake
+            assert not writer.is_closing()
+        for _, writer in [*silent, (extra_reader, extra_writer)]:
+            writer.close()
+        deadline = asyncio.get_running_loop().time() + 30
+        while True:  # their places free as crow sees them close
+            try:
+                async with ws_client(served.url) as (conn, _):
+                    await initialize_125(conn)
+                break
+            except (ConnectionError, OSError, EOFError, InvalidHandshake):
+                assert asyncio.get_running_loop().time() < deadline, "the places stayed taken"
+                await asyncio.sleep(0.05)
+    log = served.log()
+    assert "Traceback" not in log and len(log.splitlines()) < 40, log
 
 
 async def test_the_official_typescript_sdk_runs_a_session_over_the_socket(

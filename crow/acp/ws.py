@@ -13,7 +13,8 @@ read; a write waits while more than `WRITE_LIMIT` bytes are buffered (a slow cli
 its turn). Keepalive pings find a peer that has gone without a word; `_Connection` drops one
 that stopped reading, which the pings cannot (they wait behind the same full buffer). At
 most `max_connections` clients are served at once: one more is told 503 at its handshake
-(after its token is checked), so a client reconnecting in a loop cannot exhaust memory.
+(after its token is checked), so a client reconnecting in a loop cannot exhaust memory; and
+at most as many sockets again may be in their handshake (`_Connection`).
 """
 
 from __future__ import annotations
@@ -172,14 +173,27 @@ class _Connection(ServerConnection):
     water mark) for two ping periods without a pause: a client that stopped reading would
     otherwise hold its turn (and its session) forever, since the keepalive ping waits
     behind the full buffer. A client reading steadily but slower than its turn writes, for
-    that long, is dropped too: the transport cannot tell the two apart."""
+    that long, is dropped too: the transport cannot tell the two apart.
+
+    One opened while `limit` are open already (served, or still in their handshake: those
+    hold a socket for up to 10 s without a token) is closed at once, so that sockets opened
+    by anyone who can reach the port cannot use up crow's file descriptors."""
 
     _stalled: asyncio.TimerHandle | None = None
+
+    def __init__(self, *args: Any, opened: set[ServerConnection], limit: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._opened, self._limit = opened, limit
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # Typed as the base class only: the writes of one loop iteration go out as one.
         coalesced = CoalescingTransport(cast(asyncio.Transport, transport), WRITE_LIMIT)
         super().connection_made(cast(asyncio.Transport, coalesced))
+        if len(self._opened) >= self._limit:
+            log.debug("closed a connection at once: %d are open", len(self._opened))
+            transport.abort()
+            return
+        self._opened.add(self)
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -193,6 +207,7 @@ class _Connection(ServerConnection):
             self._stalled = None
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._opened.discard(self)
         if self._stalled is not None:
             self._stalled.cancel()
         super().connection_lost(exc)
@@ -281,6 +296,10 @@ async def serve_websocket(
     tls = listen.tls()
     owners = Owners()
     served: set[ServerConnection] = set()
+    opened: set[ServerConnection] = set()
+
+    def connection(*args: Any, **kwargs: Any) -> _Connection:  # the served, and as many opening
+        return _Connection(*args, opened=opened, limit=2 * max_connections, **kwargs)
 
     async def handler(socket: ServerConnection) -> None:
         if len(served) >= max_connections:  # handshakes checked at once all passed the check
@@ -300,7 +319,7 @@ async def serve_websocket(
                 listen.port,
                 ssl=tls,
                 process_request=_authorize(token, served, max_connections),
-                create_connection=_Connection,
+                create_connection=connection,
                 max_size=MAX_FRAME,
                 max_queue=FRAMES_QUEUED,
                 write_limit=WRITE_LIMIT,
