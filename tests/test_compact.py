@@ -398,7 +398,9 @@ async def test_store_gets_the_context_and_keeps_the_transcript(tmp_path: Path) -
         assert await store.load_transcript("s1") == msgs
 
 
-async def test_a_store_that_refuses_the_new_context_leaves_the_session_as_it_was(tmp_path: Path) -> None:
+async def test_a_store_that_refuses_the_new_context_leaves_the_session_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Another process holding the database past busy_timeout (or a full disk) when the
     summary is written: compaction used to raise StoreError into the turn ("never raises"),
     with memory compacted and the store not."""
@@ -407,10 +409,12 @@ async def test_a_store_that_refuses_the_new_context_leaves_the_session_as_it_was
 
     from crow.store import SQLiteStore
 
+    # Fail fast, not in 5 s: each store job sets its busy_timeout from this.
+    monkeypatch.setattr("crow.store._worker.BUSY_TIMEOUT_MS", 50)
+
     db = tmp_path / "crow.db"
     async with SQLiteStore(db) as store:
         await store.create_session(id="s1", cwd=str(tmp_path))
-        await store._run(lambda c: c.execute("PRAGMA busy_timeout = 50"))  # fail fast, not in 5 s
         session = Session(id="s1", cwd=tmp_path, store=store)
         msgs = history(10)
         await session.add(*msgs)

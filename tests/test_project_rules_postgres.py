@@ -5,6 +5,7 @@ asked about, never allowed by a rule crow could not read)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -26,7 +27,8 @@ NOT_ASKED = "no editor is attached to ask"  # what the hook says when it would a
 async def reachable(store: PostgresStore) -> None:
     """Once the store answers again: its pool reconnects on its own schedule (backing off
     after the failures of the outage), which is not what this test is about."""
-    for _ in range(12):  # each try waits up to 5 s for a connection
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # each try waits up to `store.wait` for a connection
         try:
             await store.get_session("none")
             return
@@ -42,7 +44,9 @@ async def test_project_rules_are_kept_in_the_database_and_read_again_once_it_is_
     (repo / ".git").mkdir(parents=True)
     (repo / "sub").mkdir()
     home.mkdir()
-    async with PostgresStore(pg_url, home=home) as store:
+    store = PostgresStore(pg_url, home=home)
+    store.wait = 0.5  # a call in the outage fails after this, not the default 5 s
+    async with store:
         assert await ProjectRules(home, store).add(repo / "sub", ["execute(echo *)"])
         assert await ProjectRules(home, store).allowed(repo) == ["execute(echo *)"]
         assert not (home / "rules.json").exists()

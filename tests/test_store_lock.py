@@ -197,17 +197,20 @@ async def test_a_lock_cancelled_while_queued_is_not_left_held(tmp_path: Path) ->
         await b.unlock_session("s")
 
 
-async def test_a_message_the_store_refused_is_not_kept_in_memory(tmp_path: Path) -> None:
+async def test_a_message_the_store_refused_is_not_kept_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Another process holding the database past busy_timeout (a big delete, a backup), or
     a full disk, fails one append. The message used to stay in memory anyway, so the
     failed turn's clean-up answered its tool calls durably: results stored with no call
     before them, which every provider refuses in that session forever after a reload."""
     from crow.messages import ToolCall, close_dangling_tool_calls, validate
 
+    # Fail fast, not in 5 s: each store job sets its busy_timeout from this.
+    monkeypatch.setattr("crow.store._worker.BUSY_TIMEOUT_MS", 50)
     db = tmp_path / "crow.db"
     async with SQLiteStore(db) as store:
         await store.create_session(id="s", cwd="/w")
-        await store._run(lambda c: c.execute("PRAGMA busy_timeout = 50"))  # fail fast, not in 5 s
         session = Session(id="s", cwd=Path("/w"), store=store)
         await session.add(Message("user", "list the files"))
         asked = Message("assistant", "", tool_calls=(ToolCall("c1", "ls", {}),))

@@ -192,8 +192,9 @@ async def test_no_error_shows_the_password(postgres: Any, pg_url: str, tmp_path:
 async def test_the_database_going_away_fails_calls_and_its_return_heals_them(
     postgres: Any, pg_url: str
 ) -> None:
-    async with PostgresStore(pg_url) as store:
-        store.wait = 0.5
+    store = PostgresStore(pg_url)
+    store.wait = 0.5  # what a call waits for a connection: read when the store opens
+    async with store:
         await store.create_session(id="s", cwd="/w")
         await store.append("s", [human("before")])
         postgres.stop("fast")
