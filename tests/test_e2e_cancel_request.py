@@ -31,9 +31,10 @@ async def cancel_request(conn: Any, rid: Any) -> None:
     await conn._conn.send_notification("$/cancel_request", {"requestId": rid})
 
 
-async def until_text(client: Any, sid: str) -> None:
+async def until_text(client: Any, sid: str, after: int = 0) -> None:
+    """Until the model's text in `sid` runs past its first `after` characters (a replay's)."""
     for _ in range(200):
-        if client.text(sid):
+        if len(client.text(sid)) > after:
             return
         await asyncio.sleep(0.05)
     raise AssertionError("no text from the model")

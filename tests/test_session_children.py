@@ -177,8 +177,9 @@ async def test_deleting_a_parent_cancels_a_turn_running_in_its_loaded_child_firs
     async with spawn_crow(crow_env(llm, home)) as (conn, _proc, client):
         sid, child = await _parent_and_child(conn, llm, home, workspace)
         llm.push(SLOW)
+        replayed = len(client.text(child))  # the load replayed the child's answer
         turn = asyncio.create_task(conn.prompt(session_id=child, prompt=[acp.text_block("go on")]))
-        await until_text(client, child)
+        await until_text(client, child, after=replayed)  # the turn runs: it streams SLOW's words
         assert await raw_request(conn, "session/delete", {"sessionId": sid}) == {}
         assert turn.done(), "the child's turn settled before the delete was answered"
         assert (await turn).stop_reason == "cancelled"
