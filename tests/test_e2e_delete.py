@@ -123,7 +123,7 @@ async def test_delete_while_a_turn_runs_cancels_it_first(
 async def test_a_session_running_a_turn_in_another_crow_is_not_deleted(
     llm: ScriptedLLM, home: Path, workspace: Path
 ) -> None:
-    llm.push(SLOW)
+    llm.push(Reply(text=SLOW.text))  # the first exchange: SLOW's words, at once
     env = crow_env(llm, home)
     async with spawn_crow(env) as (conn, _proc, client):
         await initialize_125(conn)
