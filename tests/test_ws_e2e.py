@@ -511,7 +511,9 @@ async def test_a_client_that_never_reads_blocks_its_turn_and_is_dropped(
     dropped, the turn cancelled; crow serves on."""
     llm.push(Reply(text="warm"), Reply(text="x" * 40_000_000, chunk_size=4000))
     async with ws_crow(env_with_token(llm, home), "--ping-interval", "1") as served:
-        async with raw_socket(served.url, compression=None, max_queue=1) as idle:
+        # close_timeout: its close waits behind the megabytes it never read (until crow's
+        # drop is seen): given up after 1 s, not the library's 10.
+        async with raw_socket(served.url, compression=None, max_queue=1, close_timeout=1) as idle:
             asked = 0
 
             async def ask(method: str, params: dict[str, Any], wait: bool = True) -> Any:

@@ -96,7 +96,9 @@ async def test_a_client_gone_during_the_replay_of_a_long_history_leaves_no_trace
                     "session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": f"t{n}"}]}
                 )
                 await peer.answer(turn)
-        async with raw_socket(served.url, max_size=None) as socket:
+        # close_timeout: its close waits behind the replay it does not read: the hang-up
+        # comes after 1 s, not the library's 10.
+        async with raw_socket(served.url, max_size=None, close_timeout=1) as socket:
             peer = Peer(socket)
             await peer.answer(await peer.ask("initialize", {"protocolVersion": 1}))
             await peer.ask("session/load", {"sessionId": sid, "cwd": str(workspace), "mcpServers": []})
@@ -240,7 +242,9 @@ async def test_a_client_that_stops_reading_slows_only_its_own_turn(
     llm.push(Reply(text="x" * 40_000_000, chunk_size=4000))
     llm.default = lambda r: Reply(text=f"B says {r.last_user_text}")
     async with ws_crow(env_with_token(llm, home)) as served:
-        async with raw_socket(served.url, compression=None, max_queue=1) as socket_a:
+        # close_timeout: A's close waits behind the megabytes it never read: given up after
+        # 1 s, not the library's 10.
+        async with raw_socket(served.url, compression=None, max_queue=1, close_timeout=1) as socket_a:
             a = Peer(socket_a)
             sid_a = await a.session(workspace)
             await a.ask("session/prompt", {"sessionId": sid_a, "prompt": [{"type": "text", "text": "flood"}]})
