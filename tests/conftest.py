@@ -16,6 +16,44 @@ from tests.support.acp_schema import WireLog, schemas
 
 CROW = [sys.executable, "-m", "crow"]
 
+# pytest-xdist's workers start with COLUMNS=80 and LINES=24 in their environment (GNU
+# readline, which pytest loads, sets them in the controller's): a crow a test starts on a
+# terminal would take them over the terminal's own size.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _name in ("COLUMNS", "LINES"):
+        os.environ.pop(_name, None)
+
+
+# The container tests' files: one pytest-xdist work unit (pytest_xdist_make_scheduler).
+CONTAINER_TESTS = "tests/test_container_"
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile` (pyproject's addopts): each test file runs whole in one worker, in
+    its order, as it does alone; and every container test file in the same worker, so one
+    Podman service serves them and no crow killed by a test there (its container left for
+    the next crow to remove, which the test checks) meets another worker's crow sweeping
+    the containers of dead crows, or that worker's Podman clean-up at its end."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return CONTAINER_TESTS if scope.startswith(CONTAINER_TESTS) else scope
+
+    return Scheduling(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "podman" in getattr(item, "fixturenames", ()) and not item.nodeid.startswith(CONTAINER_TESTS):
+            raise pytest.UsageError(
+                f"{item.nodeid} uses the container engine: it belongs in {CONTAINER_TESTS}*.py,"
+                " which one test worker runs (tests/conftest.py)"
+            )
+
 
 @pytest.fixture
 def anyio_backend() -> str:

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.locking import file_lock
+
 IMAGE = "localhost/crow-test:bookworm"
 NO_PYTHON_IMAGE = "localhost/crow-test-nopython:bookworm"
 CACHE = Path(os.environ.get("CROW_TEST_IMAGE_CACHE", "~/.cache/crow-test-images")).expanduser()
@@ -143,7 +145,8 @@ def podman_service(base: Path) -> Iterator[Engine]:
     conf = base / "containers.conf"
     conf.write_text(CONTAINERS_CONF, encoding="utf-8")
     env = {"CONTAINERS_CONF": str(conf)}
-    why = _ensure_image(env)
+    with file_lock(CACHE / "image.lock"):  # one test session at a time builds or imports it
+        why = _ensure_image(env)
     if why is not None:
         _unavailable(why)
     sock = base / "podman.sock"
