@@ -470,15 +470,21 @@ def test_a_plan_item_with_a_newline_cannot_draw_an_item_of_its_own(
 
 
 def _started_and_interrupted(home: Path, workspace: Path, delay: float) -> tuple[str, int]:
-    """`crow chat` on a pty, sent SIGINT (a Ctrl-C) `delay` seconds after it started: what
-    it printed, and its exit status (two more Ctrl-C end a chat that got to its prompt)."""
+    """`crow chat` on a pty, sent SIGINT (a Ctrl-C) once it has run for `delay` seconds of
+    CPU, or once at its prompt: what it printed, and its exit status (two more Ctrl-C end a
+    chat that got to its prompt). CPU, not wall-clock, time: on a machine busy with other
+    tests, a wall-clock moment falls earlier in crow's start-up, even before its code runs."""
     master, slave = os.openpty()
     proc = subprocess.Popen([*CROW, "chat"], stdin=slave, stdout=slave, stderr=slave, cwd=workspace,
                             env={**crow_env(None, home), "TERM": "dumb"}, start_new_session=True)  # fmt: skip
     os.close(slave)
     out = b""
     try:
-        time.sleep(delay)
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and b"\xe2\x80\xba" not in out and _cpu_and_switches(proc.pid)[0] < delay:
+            assert time.monotonic() < deadline, out.decode(errors="replace")
+            if select.select([master], [], [], 0.001)[0]:
+                out += os.read(master, 65536)
         proc.send_signal(signal.SIGINT)
         deadline = time.monotonic() + 30
         while proc.poll() is None or select.select([master], [], [], 0)[0]:
