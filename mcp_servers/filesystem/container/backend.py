@@ -25,6 +25,7 @@ from pathlib import Path, PurePath, PurePosixPath
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
+import anyio.lowlevel
 from mcp.server.mcpserver.exceptions import ToolError
 
 from mcp_servers.filesystem.container import owner
@@ -41,6 +42,7 @@ log = logging.getLogger("crow.container")
 _T = TypeVar("_T")
 PULL_LIMIT = 30.0  # s: a copied workspace's changes brought back at close, at most this long
 REMOVE_LIMIT = 15.0  # s: the container's removal at close
+CREATE_LIMIT = 30.0  # s: a container's creation (a cancelled call waits for its id this long)
 NO_PYTHON = (
     "the image {image} has no python3: the docker backend runs a small Python helper in the "
     "container and needs python3 >= 3.8 in the image; use an image that has it (e.g. "
@@ -277,7 +279,7 @@ class ContainerSession:
                 podman=await self.engine.is_podman(),
             )
             self._created = True  # from here a container may exist, even if this call is cancelled
-            cid = await self.engine.create_container(body)  # NotFound: says how to get the image
+            cid = await self._create(body)  # NotFound: says how to get the image
             try:
                 await self.engine.start(cid)
             except EngineError as exc:
@@ -296,6 +298,16 @@ class ContainerSession:
         except BaseException:
             await self._discard(cid)
             raise
+
+    async def _create(self, body: dict[str, Any]) -> str:
+        """The container's id, even when this call is cancelled meanwhile (then it is removed
+        right after): an engine goes on making a container whose request was cut short, so
+        without its id it could appear after `aclose` looked for this session's leftovers.
+        Past CREATE_LIMIT the id is given up (aclose still looks for the container)."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CREATE_LIMIT):
+            return await self.engine.create_container(body)
+        await anyio.lowlevel.checkpoint_if_cancelled()  # a cancelled call ends as cancelled
+        raise ToolError(f"the container engine did not create the container within {CREATE_LIMIT:g} s")
 
     async def _copy_in(self, cid: str, files: Any) -> None:
         from mcp_servers.filesystem.container.sync import WorkspaceSync
