@@ -156,6 +156,32 @@ def _pid(home: Path) -> int:
     raise AssertionError(f"no crow process with CROW_HOME={home}")
 
 
+async def test_a_session_used_in_turn_by_two_processes_keeps_each_ones_mode_and_reads_the_others_turns(
+    llm: ScriptedLLM, pg_url: str, tmp_path: Path, workspace: Path
+) -> None:
+    """Another client's `yolo` never carries over: before a turn, a process reloads what
+    another wrote (the transcript, todos, title), never the mode its own client chose."""
+    one, two = homes(tmp_path, "one", "two")
+    llm.push(Reply(text="first"), Reply(text="second"))
+    async with spawn_crow(pg_env(llm, one, pg_url)) as (conn, _proc, client):
+        sid = await open_session(conn, workspace)
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("hello")])
+        async with spawn_crow(pg_env(llm, two, pg_url)) as (conn2, _proc2, _client2):
+            await conn2.initialize(protocol_version=1)
+            await conn2.load_session(cwd=str(workspace), session_id=sid, mcp_servers=[])
+            await conn2.set_session_mode(session_id=sid, mode_id="yolo")
+            await conn2.prompt(session_id=sid, prompt=[acp.text_block("from the other editor")])
+        llm.push(
+            Reply(tool_calls=[ToolCallSpec(name="write_file", arguments={"path": "b.txt", "content": "b"})]),
+            Reply(text="wrote"),
+        )
+        client.permission_answer = "reject_once"
+        await conn.prompt(session_id=sid, prompt=[acp.text_block("write b")])
+    assert len(client.permission_requests) == 1  # still "ask" here: the write was asked for
+    assert not (workspace / "b.txt").exists()
+    assert "from the other editor" in str(llm.requests[2].body)  # the other's turn, reloaded
+
+
 async def test_execute_does_not_show_the_store_url(
     llm: ScriptedLLM, postgres: Any, pg_url: str, home: Path, workspace: Path
 ) -> None:
