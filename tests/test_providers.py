@@ -3,6 +3,7 @@ MockTransport cases for wire shapes the scripted server does not produce)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import ssl
@@ -39,6 +40,7 @@ from crow.llm import (
     create_provider,
     default_context_window,
     list_known_providers,
+    sse,
 )
 from crow.llm import anthropic as anth
 from crow.llm import openai as oai
@@ -364,6 +366,38 @@ async def test_openai_clean_close_without_finish_is_a_cut() -> None:
         await collect(provider, ask())
     await client.aclose()
     assert info.value.partial and len(seen) == 1
+
+
+async def test_a_stream_line_past_the_limit_is_an_error_not_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hostile or broken server's endless line: crow stops reading at the limit (it used
+    to keep the whole line, however long, until the body ended)."""
+    monkeypatch.setattr(sse, "MAX_LINE", 1 << 20)
+    sent: list[int] = []
+
+    async def serve(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += await stream.receive()
+            await stream.send(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+            chunk = b"x" * 65536
+            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                await stream.send(b"%x\r\ndata: \r\n" % 6)
+                for _ in range(48):  # 3 MB, no line end
+                    await stream.send(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    sent.append(len(chunk))
+                await stream.send(b"0\r\n\r\n")
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, serve)
+        provider = OpenAIProvider("m", base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=1)
+        with pytest.raises(ProviderError, match="longer than 1048576 bytes") as info:
+            await collect(provider, ask())
+        await provider.aclose()
+        tg.cancel_scope.cancel()
+    assert not isinstance(info.value, StreamCutError) and not info.value.retryable
 
 
 async def test_missing_key_for_public_endpoint_is_config_error() -> None:

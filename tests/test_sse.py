@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from crow.llm.sse import ServerSentEvent, SSEDecoder
+import pytest
+
+from crow.llm.sse import LineTooLong, ServerSentEvent, SSEDecoder, SSELines
 
 OPENAI_FIXTURE = (
     'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n'
@@ -107,3 +109,41 @@ def test_flush_only_when_data_pending() -> None:
     assert decoder.flush() == []
     decoder.decode("data: tail")
     assert decoder.flush() == [ServerSentEvent("tail")]
+
+
+def split_every(data: bytes, size: int) -> list[str]:
+    lines = SSELines()
+    out = [line for i in range(0, len(data), size) for line in lines.feed(data[i : i + size])]
+    return out + lines.flush()
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 1000])
+def test_lines_end_at_lf_crlf_or_cr_wherever_the_chunks_split(size: int) -> None:
+    data = "a\nb\r\nc\rd\r\n\r\né€😀\rlast".encode()
+    assert split_every(data, size) == ["a", "b", "c", "d", "", "é€😀", "last"]
+
+
+def test_a_crlf_split_between_chunks_ends_one_line_not_two() -> None:
+    lines = SSELines()
+    assert lines.feed(b"data: x\r") == ["data: x"]  # a CR ends its line at once
+    assert lines.feed(b"\n\r\n") == [""]  # its LF is not a second, empty line
+    assert lines.flush() == []
+
+
+def test_invalid_utf8_becomes_replacement_characters_not_an_error() -> None:
+    assert split_every(b"data: \xff\xfe ok\n", 1) == ["data: \ufffd\ufffd ok"]
+
+
+def test_a_line_past_the_limit_raises_instead_of_growing() -> None:
+    lines = SSELines(max_line=10)
+    assert lines.feed(b"0123456789") == []  # at the limit: still waiting for its end
+    with pytest.raises(LineTooLong):
+        lines.feed(b"x")
+    assert SSELines(max_line=10).feed(b"0123456789" * 5 + b"\n") == ["0123456789" * 5]  # whole lines pass
+
+
+def test_the_recorded_streams_split_into_the_same_events_as_by_lines() -> None:
+    for fixture in (OPENAI_FIXTURE, ANTHROPIC_FIXTURE):
+        decoder = SSEDecoder()
+        events = [e for line in split_every(fixture.encode(), 5) for e in decoder.decode(line)]
+        assert events + decoder.flush() == decode_lines(fixture)

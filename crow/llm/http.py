@@ -35,7 +35,7 @@ from crow.errors import (
 )
 from crow.llm.base import ModelEvent, ModelRequest, ModelResponse, Retrying
 from crow.llm.registry import PUBLIC_HOSTS
-from crow.llm.sse import SSEDecoder
+from crow.llm.sse import LineTooLong, SSEDecoder, SSELines
 from crow.llm.transport import model_transport
 from crow.messages import valid_value
 
@@ -316,18 +316,30 @@ class HTTPProvider:
         """One streaming request: SSE events in, model events out, the response last."""
         stream = self._new_stream()
         produced = False
-        decoder = SSEDecoder()
+        decoder, lines = SSEDecoder(), SSELines()
+
+        def events(texts: list[str]) -> list[ModelEvent]:
+            out: list[ModelEvent] = []
+            for line in texts:
+                for sse in decoder.decode(line):
+                    if not stream.ended:
+                        out += stream.feed(sse.data)
+            return out
+
         with map_http_errors(self.name, base_url=self.base_url):
             async with self._post_stream(self._url(), body, self._headers()) as response:
                 # Read to the end of the body even after the last event: leaving early makes
                 # httpx2 drop the connection instead of keeping it alive for the next call.
-                async for line in response.aiter_lines():
-                    for sse in decoder.decode(line):
-                        if stream.ended:
-                            continue
-                        for event in stream.feed(sse.data):
+                try:
+                    async for chunk in response.aiter_bytes():
+                        for event in events(lines.feed(chunk)):
                             produced = True
                             yield event
+                except LineTooLong as exc:
+                    raise ProviderError(f"{self.name}: {exc}") from None
+                for event in events(lines.flush()):
+                    produced = True
+                    yield event
         if not stream.finished:
             raise StreamCutError(f"{self.name}: stream ended before the model finished", partial=produced)
         yield stream.response()

@@ -1,8 +1,9 @@
 """Server-sent events as a pure, incremental decoder (no I/O).
 
-`SSEDecoder.decode(line)` takes one line at a time (httpx2's `aiter_lines` already splits on
-LF, CR and CRLF) and returns the events the line completed; `flush()` returns the event
-pending when the stream ends without a trailing blank line. It follows the WHATWG
+`SSELines.feed(chunk)` splits the body's bytes into lines (LF, CR and CRLF end one).
+`SSEDecoder.decode(line)` takes one line at a time and returns the events the line
+completed; `flush()` returns the event pending when the stream ends without a trailing
+blank line. It follows the WHATWG
 event-stream rules: `:` comments are ignored, `data:` lines join with `\n`, one space after
 the colon is dropped, an event with no data is not dispatched.
 """
@@ -11,7 +12,52 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["SSEDecoder", "ServerSentEvent"]
+__all__ = ["LineTooLong", "SSEDecoder", "SSELines", "ServerSentEvent"]
+
+MAX_LINE = 64 * 1024 * 1024  # bytes: a model's stream line past this is an error, not memory
+
+
+class LineTooLong(ValueError):
+    pass
+
+
+class SSELines:
+    """The body's bytes in, whole lines out, decoded as UTF-8 (the format's only encoding;
+    invalid bytes become U+FFFD). One `bytes.split` per chunk: ~10% of crow's CPU per model
+    call under httpx2's layered `aiter_lines` (text decoder, then line decoder) at 50
+    sessions in flight. A line longer than `max_line` raises LineTooLong."""
+
+    def __init__(self, max_line: int | None = None) -> None:
+        self._parts: list[bytes] = []  # the unfinished line, as it came (joined once ended)
+        self._size = 0
+        self._after_cr = False  # the last chunk ended in CR: a LF opening the next ends nothing
+        self._max = MAX_LINE if max_line is None else max_line
+
+    def feed(self, chunk: bytes) -> list[str]:
+        if self._after_cr and chunk[:1] == b"\n":
+            chunk = chunk[1:]
+        if not chunk:
+            return []
+        self._after_cr = chunk[-1:] == b"\r"
+        if b"\n" not in chunk and b"\r" not in chunk:
+            self._parts.append(chunk)
+            self._size += len(chunk)
+            if self._size > self._max:
+                raise LineTooLong(f"a line of the event stream is longer than {self._max} bytes")
+            return []
+        data = b"".join((*self._parts, chunk)) if self._parts else chunk
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        *lines, rest = data.split(b"\n")
+        self._parts, self._size = ([rest], len(rest)) if rest else ([], 0)
+        if self._size > self._max:
+            raise LineTooLong(f"a line of the event stream is longer than {self._max} bytes")
+        return [line.decode("utf-8", "replace") for line in lines]
+
+    def flush(self) -> list[str]:
+        """The last line, when the body ended without a terminator."""
+        rest, self._parts, self._size = b"".join(self._parts), [], 0
+        return [rest.decode("utf-8", "replace")] if rest else []
 
 
 @dataclass(frozen=True, slots=True)
