@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from crow.llm.sse import LineTooLong, ServerSentEvent, SSEDecoder, SSELines
+from crow.llm import sse
+from crow.llm.sse import ServerSentEvent, SSEDecoder, SSELines, TooLong
 
 OPENAI_FIXTURE = (
     'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n'
@@ -137,7 +138,7 @@ def test_invalid_utf8_becomes_replacement_characters_not_an_error() -> None:
 def test_a_line_past_the_limit_raises_instead_of_growing() -> None:
     lines = SSELines(max_line=10)
     assert lines.feed(b"0123456789") == []  # at the limit: still waiting for its end
-    with pytest.raises(LineTooLong):
+    with pytest.raises(TooLong):
         lines.feed(b"x")
     assert SSELines(max_line=10).feed(b"0123456789" * 5 + b"\n") == ["0123456789" * 5]  # whole lines pass
 
@@ -147,3 +148,15 @@ def test_the_recorded_streams_split_into_the_same_events_as_by_lines() -> None:
         decoder = SSEDecoder()
         events = [e for line in split_every(fixture.encode(), 5) for e in decoder.decode(line)]
         assert events + decoder.flush() == decode_lines(fixture)
+
+
+def test_an_event_of_endless_data_lines_raises_instead_of_growing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sse, "MAX_LINE", 100)
+    decoder = SSEDecoder()
+    for _ in range(10):
+        assert decoder.decode("data: " + "x" * 10) == []  # 100 characters: still waiting
+    assert decoder.decode("") == [ServerSentEvent("\n".join(["x" * 10] * 10))]
+    for _ in range(10):
+        decoder.decode("data: " + "x" * 10)
+    with pytest.raises(TooLong):
+        decoder.decode("data: x")

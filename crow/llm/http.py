@@ -35,7 +35,7 @@ from crow.errors import (
 )
 from crow.llm.base import ModelEvent, ModelRequest, ModelResponse, Retrying
 from crow.llm.registry import PUBLIC_HOSTS
-from crow.llm.sse import LineTooLong, SSEDecoder, SSELines
+from crow.llm.sse import SSEDecoder, SSELines, TooLong
 from crow.llm.transport import model_transport
 from crow.messages import valid_value
 
@@ -335,11 +335,11 @@ class HTTPProvider:
                         for event in events(lines.feed(chunk)):
                             produced = True
                             yield event
-                except LineTooLong as exc:
+                    for event in events(lines.flush()):
+                        produced = True
+                        yield event
+                except TooLong as exc:
                     raise ProviderError(f"{self.name}: {exc}") from None
-                for event in events(lines.flush()):
-                    produced = True
-                    yield event
         if not stream.finished:
             raise StreamCutError(f"{self.name}: stream ended before the model finished", partial=produced)
         yield stream.response()

@@ -12,20 +12,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LineTooLong", "SSEDecoder", "SSELines", "ServerSentEvent"]
+__all__ = ["SSEDecoder", "SSELines", "ServerSentEvent", "TooLong"]
 
-MAX_LINE = 64 * 1024 * 1024  # bytes: a model's stream line past this is an error, not memory
+MAX_LINE = 64 * 1024 * 1024  # a line (bytes), or an event's data (characters), past this is an error
 
 
-class LineTooLong(ValueError):
-    pass
+class TooLong(ValueError):
+    """A line or an event of the stream past `MAX_LINE`: an error rather than memory."""
 
 
 class SSELines:
     """The body's bytes in, whole lines out, decoded as UTF-8 (the format's only encoding;
     invalid bytes become U+FFFD). One `bytes.split` per chunk: ~10% of crow's CPU per model
     call under httpx2's layered `aiter_lines` (text decoder, then line decoder) at 50
-    sessions in flight. A line longer than `max_line` raises LineTooLong."""
+    sessions in flight. A line longer than `max_line` raises TooLong."""
 
     def __init__(self, max_line: int | None = None) -> None:
         self._parts: list[bytes] = []  # the unfinished line, as it came (joined once ended)
@@ -43,7 +43,7 @@ class SSELines:
             self._parts.append(chunk)
             self._size += len(chunk)
             if self._size > self._max:
-                raise LineTooLong(f"a line of the event stream is longer than {self._max} bytes")
+                raise TooLong(f"a line of the event stream is longer than {self._max} bytes")
             return []
         data = b"".join((*self._parts, chunk)) if self._parts else chunk
         if b"\r" in data:
@@ -51,7 +51,7 @@ class SSELines:
         *lines, rest = data.split(b"\n")
         self._parts, self._size = ([rest], len(rest)) if rest else ([], 0)
         if self._size > self._max:
-            raise LineTooLong(f"a line of the event stream is longer than {self._max} bytes")
+            raise TooLong(f"a line of the event stream is longer than {self._max} bytes")
         return [line.decode("utf-8", "replace") for line in lines]
 
     def flush(self) -> list[str]:
@@ -72,6 +72,7 @@ class SSEDecoder:
     def __init__(self) -> None:
         self._event = ""
         self._data: list[str] = []
+        self._size = 0  # characters in `_data`
         self._id: str | None = None
         self._last_id: str | None = None
         self._retry: int | None = None
@@ -88,6 +89,9 @@ class SSEDecoder:
         value = value.removeprefix(" ")
         if name == "data":
             self._data.append(value)
+            self._size += len(value)
+            if self._size > MAX_LINE:
+                raise TooLong(f"an event of the stream is longer than {MAX_LINE} characters")
         elif name == "event":
             self._event = value
         elif name == "id":
@@ -115,7 +119,7 @@ class SSEDecoder:
         if self._id is not None:
             self._last_id = self._id
         data, event, retry = self._data, self._event, self._retry
-        self._data, self._event, self._id, self._retry = [], "", None, None
+        self._data, self._size, self._event, self._id, self._retry = [], 0, "", None, None
         if not data:
             return None
         return ServerSentEvent("\n".join(data), event or "message", self._last_id, retry)
