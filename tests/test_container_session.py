@@ -34,7 +34,7 @@ class SlowAnswer(DockerEngine):
 async def test_a_first_call_cancelled_mid_creation_leaves_no_container(
     workspace: Path, podman: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(backend, "CREATE_LIMIT", 0.5)  # the id never comes: looked for at close
+    monkeypatch.setattr(backend, "CREATE_WAIT", 0.5)  # the id never comes: looked for at close
     engine = SlowAnswer.from_env({"DOCKER_HOST": podman.docker_host})
     engine.extra = podman.labels
     SlowAnswer.created = anyio.Event()
@@ -84,8 +84,9 @@ async def test_a_first_call_cancelled_before_the_engine_made_its_container_leave
         tg.start_soon(box.resolve, ".")
         await SlowCreate.asked.wait()
         tg.cancel_scope.cancel()
+    assert not SlowCreate.making.done()  # the cancel was not held up by the engine
     await box.aclose()
-    await SlowCreate.making  # the engine done with its work
+    assert SlowCreate.making.done()  # aclose waited for it
     assert podman.containers("label=crow.session=cancelled-before-made") == []
 
 

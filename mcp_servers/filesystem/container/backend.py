@@ -16,6 +16,7 @@ workspace's changes back (bounded) and removes the container.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import weakref
@@ -25,7 +26,6 @@ from pathlib import Path, PurePath, PurePosixPath
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
-import anyio.lowlevel
 from mcp.server.mcpserver.exceptions import ToolError
 
 from mcp_servers.filesystem.container import owner
@@ -42,7 +42,7 @@ log = logging.getLogger("crow.container")
 _T = TypeVar("_T")
 PULL_LIMIT = 30.0  # s: a copied workspace's changes brought back at close, at most this long
 REMOVE_LIMIT = 15.0  # s: the container's removal at close
-CREATE_LIMIT = 30.0  # s: a container's creation (a cancelled call waits for its id this long)
+CREATE_WAIT = 15.0  # s: at close, the wait for creates whose call was cancelled
 NO_PYTHON = (
     "the image {image} has no python3: the docker backend runs a small Python helper in the "
     "container and needs python3 >= 3.8 in the image; use an image that has it (e.g. "
@@ -85,6 +85,7 @@ class ContainerSession:
         self._locks: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDictionary()
         self._closed = False
         self._created = False  # a container was asked for (aclose then looks for leftovers)
+        self._abandoned: set[asyncio.Task[None]] = set()  # creates cut short, finishing
 
     # ------------------------------------------------------------ Files
     async def resolve(self, path: str) -> Place:
@@ -165,6 +166,9 @@ class ContainerSession:
                         log.warning("session %s: its workspace was not copied back: %s", self.session_id, exc)
             await _quietly(files.client.aclose() if files is not None else None)
             if self.engine is not None:
+                if self._abandoned:
+                    with anyio.move_on_after(CREATE_WAIT):
+                        await asyncio.wait(set(self._abandoned))
                 if self._created:
                     with anyio.move_on_after(REMOVE_LIMIT):
                         await self._remove_all(cid)
@@ -300,14 +304,26 @@ class ContainerSession:
             raise
 
     async def _create(self, body: dict[str, Any]) -> str:
-        """The container's id, even when this call is cancelled meanwhile (then it is removed
-        right after): an engine goes on making a container whose request was cut short, so
-        without its id it could appear after `aclose` looked for this session's leftovers.
-        Past CREATE_LIMIT the id is given up (aclose still looks for the container)."""
-        with anyio.CancelScope(shield=True), anyio.move_on_after(CREATE_LIMIT):
-            return await self.engine.create_container(body)
-        await anyio.lowlevel.checkpoint_if_cancelled()  # a cancelled call ends as cancelled
-        raise ToolError(f"the container engine did not create the container within {CREATE_LIMIT:g} s")
+        """The new container's id. An engine goes on making a container whose request was
+        cut short, so a call cancelled meanwhile leaves the create to finish on its own
+        and its container to be removed then (the cancel itself is not held up); `aclose`
+        waits for those before it looks for this session's leftovers."""
+        creating = asyncio.ensure_future(self.engine.create_container(body))
+        try:
+            return await asyncio.shield(creating)
+        except BaseException:
+            if not creating.done() or (not creating.cancelled() and creating.exception() is None):
+                removal = asyncio.ensure_future(self._remove_once_made(creating))
+                self._abandoned.add(removal)
+                removal.add_done_callback(self._abandoned.discard)
+            raise
+
+    async def _remove_once_made(self, creating: asyncio.Future[str]) -> None:
+        try:
+            cid = await creating
+        except Exception:
+            return  # nothing was made
+        await self._discard(cid)
 
     async def _copy_in(self, cid: str, files: Any) -> None:
         from mcp_servers.filesystem.container.sync import WorkspaceSync
