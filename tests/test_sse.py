@@ -154,9 +154,23 @@ def test_an_event_of_endless_data_lines_raises_instead_of_growing(monkeypatch: p
     monkeypatch.setattr(sse, "MAX_LINE", 100)
     decoder = SSEDecoder()
     for _ in range(10):
-        assert decoder.decode("data: " + "x" * 10) == []  # 100 characters: still waiting
-    assert decoder.decode("") == [ServerSentEvent("\n".join(["x" * 10] * 10))]
+        assert decoder.decode("data: " + "x" * 9) == []  # 10 lines of 9 and "\n": still waiting
+    assert decoder.decode("") == [ServerSentEvent("\n".join(["x" * 9] * 10))]
     for _ in range(10):
-        decoder.decode("data: " + "x" * 10)
+        decoder.decode("data: " + "x" * 9)
     with pytest.raises(TooLong):
         decoder.decode("data: x")
+
+
+def test_endless_empty_data_lines_are_bounded_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sse, "MAX_LINE", 100)
+    decoder = SSEDecoder()
+    with pytest.raises(TooLong):
+        for _ in range(101):
+            decoder.decode("data:")
+
+
+def test_a_crlf_split_after_its_cr_still_lets_the_next_lf_end_the_event() -> None:
+    lines = SSELines()
+    out = lines.feed(b"data: a\r") + lines.feed(b"\n") + lines.feed(b"\n") + lines.feed(b"data: b\n")
+    assert out == ["data: a", "", "data: b"]  # the second LF is the blank line ending "a"

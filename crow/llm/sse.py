@@ -35,7 +35,7 @@ class SSELines:
 
     def feed(self, chunk: bytes) -> list[str]:
         if self._after_cr and chunk[:1] == b"\n":
-            chunk = chunk[1:]
+            chunk, self._after_cr = chunk[1:], False  # that CRLF is over: a next LF ends a line
         if not chunk:
             return []
         self._after_cr = chunk[-1:] == b"\r"
@@ -89,7 +89,7 @@ class SSEDecoder:
         value = value.removeprefix(" ")
         if name == "data":
             self._data.append(value)
-            self._size += len(value)
+            self._size += len(value) + 1  # as joined, with its "\n": empty lines count too
             if self._size > MAX_LINE:
                 raise TooLong(f"an event of the stream is longer than {MAX_LINE} characters")
         elif name == "event":
