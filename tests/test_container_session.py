@@ -4,6 +4,8 @@ tests (test_container_e2e.py) cannot time, such as a first call cancelled mid-cr
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -96,3 +98,108 @@ async def test_closing_a_session_that_never_called_a_tool_touches_no_engine(work
     box = ContainerSession(config, "never-used", [workspace], lambda: made.append(1))  # type: ignore[arg-type,func-returns-value]
     await box.aclose()
     assert made == []
+
+
+@contextlib.asynccontextmanager
+async def slow_to_create(
+    podman: Any, path: Path, delay: float, asked: anyio.Event, answered: anyio.Event | None = None
+) -> AsyncIterator[str]:
+    """The engine's socket behind a proxy that hands it a create `delay` s late, whatever
+    the client does meanwhile: an engine busy making the container (its DOCKER_HOST).
+    `answered` is set once the engine has answered that create (the container exists)."""
+    forwarded = anyio.Event()
+
+    async def pipe(src: Any, dst: Any, slow: bool) -> None:
+        with contextlib.suppress(Exception):
+            async for data in src:
+                if slow and b"/containers/create" in data:
+                    asked.set()
+                    with anyio.CancelScope(shield=True):
+                        await anyio.sleep(delay)
+                    await dst.send(data)
+                    forwarded.set()
+                    continue
+                if not slow and forwarded.is_set() and answered is not None:
+                    answered.set()
+                await dst.send(data)
+        with contextlib.suppress(Exception):
+            await dst.send_eof()
+
+    async def serve(client: Any) -> None:
+        async with client:
+            upstream = await anyio.connect_unix(podman.docker_host.removeprefix("unix://"))
+            async with upstream, anyio.create_task_group() as tg:
+                tg.start_soon(pipe, client, upstream, True)
+                tg.start_soon(pipe, upstream, client, False)
+
+    listener = await anyio.create_unix_listener(path)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, serve)
+        yield f"unix://{path}"
+        tg.cancel_scope.cancel()
+
+
+class Labelled(DockerEngine):
+    async def create_container(self, spec: dict[str, Any], name: str | None = None) -> str:
+        return await super().create_container({**spec, "Labels": {**spec["Labels"], **self.extra}}, name)
+
+
+def labelled(podman: Any, host: str) -> Labelled:
+    engine = Labelled.from_env({"DOCKER_HOST": host})
+    engine.extra = podman.labels
+    return engine
+
+
+async def gone(podman: Any, label: str) -> bool:
+    """Whether the session's container is gone, or goes within 10 s."""
+    for _ in range(100):
+        if not podman.containers(label):
+            return True
+        await anyio.sleep(0.1)
+    return False
+
+
+async def test_a_create_cut_short_and_slower_than_the_close_wait_is_still_removed(
+    workspace: Path, podman: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Closing the engine then would only cut the create's own connection: the engine makes
+    the container all the same. The engine stays open until it is removed."""
+    monkeypatch.setattr(backend, "CREATE_WAIT", 0.5)
+    asked, answered = anyio.Event(), anyio.Event()
+    async with slow_to_create(podman, tmp_path / "engine.sock", 1.5, asked, answered) as host:
+        engine = labelled(podman, host)
+        box = ContainerSession(BackendConfig(type="docker", image=podman.image), "slow-made", [workspace], lambda: engine)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(box.resolve, ".")
+            await asked.wait()
+            tg.cancel_scope.cancel()
+        await box.aclose()
+        assert not answered.is_set()  # closed before the engine had made it
+        with anyio.fail_after(30):
+            await answered.wait()
+        assert await gone(podman, "label=crow.session=slow-made")
+
+
+async def test_closing_while_a_call_makes_the_container_leaves_none(
+    workspace: Path, podman: Any, tmp_path: Path
+) -> None:
+    """A session closed (its tools rebuilt, its connection gone) while an uncancelled call
+    is making its container: the call ends, saying so, and removes what it made."""
+    asked = anyio.Event()
+    errors: list[Exception] = []
+    async with slow_to_create(podman, tmp_path / "engine.sock", 1.0, asked) as host:
+        engine = labelled(podman, host)
+        box = ContainerSession(BackendConfig(type="docker", image=podman.image), "closed-meanwhile", [workspace], lambda: engine)
+
+        async def call() -> None:
+            try:
+                await box.resolve(".")
+            except Exception as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            await asked.wait()
+            await box.aclose()
+        assert await gone(podman, "label=crow.session=closed-meanwhile")
+    assert [str(e) for e in errors] == ["this session was closed"]

@@ -156,6 +156,9 @@ class ContainerSession:
         """Pull a copied workspace back (best effort, bounded), remove the container."""
         self._closed = True
         with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(CREATE_WAIT):  # a start under way ends first (it sees _closed
+                async with self._starting:  # and removes what it made): no create begins after
+                    pass
             cid, files, self.container_id, self._files = self.container_id, self._files, None, None
             if cid is not None and files is not None and self._sync is not None:
                 with anyio.move_on_after(PULL_LIMIT):
@@ -172,7 +175,10 @@ class ContainerSession:
                 if self._created:
                     with anyio.move_on_after(REMOVE_LIMIT):
                         await self._remove_all(cid)
-                await _quietly(self.engine.aclose())
+                if self._abandoned:  # slower than CREATE_WAIT: closing the engine now would cut
+                    _close_later(self.engine, set(self._abandoned))  # the create, not stop it
+                else:
+                    await _quietly(self.engine.aclose())
 
     async def _remove_all(self, cid: str | None) -> None:
         """This session's container, and any other this process made for it (one whose
@@ -381,6 +387,22 @@ def _exited(image: str | None, state: dict[str, Any]) -> str:
         return NO_PYTHON.format(image=image)
     detail = state.get("Error") or f"exit code {code}"
     return f"the container from {image} stopped right after it started ({detail})"
+
+
+_closing: set[asyncio.Task[None]] = set()  # engines kept open for creates cut short
+
+
+def _close_later(engine: Any, work: set[asyncio.Task[None]]) -> None:
+    """Close `engine` once `work` (removals waiting on creates) is done, or could not be."""
+    from mcp_servers.filesystem.container.engine import REQUEST_TIMEOUT
+
+    async def close() -> None:
+        await asyncio.wait(work, timeout=REQUEST_TIMEOUT + REMOVE_LIMIT)
+        await _quietly(engine.aclose())
+
+    task = asyncio.ensure_future(close())
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
 
 
 async def _quietly(work: Awaitable[Any] | None) -> None:
