@@ -7,7 +7,6 @@ on the path to the ACP `initialize` answer.
 from __future__ import annotations
 
 import importlib
-from typing import Any
 
 __version__ = "0.1.0"
 
@@ -77,7 +76,7 @@ _EXPORTS = {
 __all__ = ["__version__", *_EXPORTS]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:  # no `typing` at run time: `crow` starts first
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'crow' has no attribute {name!r}")

@@ -1,6 +1,14 @@
-try:
-    from crow.cli import main
-except KeyboardInterrupt:  # Ctrl-C while crow starts: it leaves as interrupted, without a traceback
-    raise SystemExit(130) from None
+"""The `crow` command (the console script's entry) and `python -m crow`."""
 
-main()
+from crow.interrupts import quit_on_interrupt
+
+
+def run() -> None:
+    quit_on_interrupt()  # before crow's imports: a Ctrl-C during them leaves quietly
+    from crow.cli import main
+
+    main()
+
+
+if __name__ == "__main__":
+    run()

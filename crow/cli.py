@@ -162,11 +162,15 @@ def main(argv: list[str] | None = None) -> None:
     """Every command; a reader that closes stdout early (`crow sessions list | head -1`)
     ends it quietly with status 141 (128 + SIGPIPE, as a shell tool killed by it), a
     Ctrl-C with 130."""
+    from crow import interrupts
+
     _closed_std_fds()
+    replaced = interrupts.quit_on_interrupt()
     try:
         try:
             _command(argv)
         finally:
+            interrupts.give_back(replaced)
             if sys.stdout is not None and not sys.stdout.closed:  # ACP's transport closes it
                 sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
     except BrokenPipeError:
@@ -174,8 +178,8 @@ def main(argv: list[str] | None = None) -> None:
 
         drop_stdout()
         sys.exit(141)
-    except KeyboardInterrupt:  # Ctrl-C while crow starts (importing, before a command's own
-        sys.exit(130)  # handling): it leaves as interrupted, without a traceback
+    except KeyboardInterrupt:  # Ctrl-C in a command that lets it raise (run, serve, sessions):
+        sys.exit(130)  # it leaves as interrupted, without a traceback
 
 
 def _closed_std_fds() -> None:
@@ -211,7 +215,10 @@ def _command(argv: list[str] | None) -> None:
 
         configure_process()
     from crow.errors import CrowError
+    from crow.interrupts import interrupts_raise
 
+    if command != "chat":  # the chat claims SIGINT itself once it can take a Ctrl-C
+        interrupts_raise()
     try:
         if command == "serve":
             asyncio.run(_serve(args))

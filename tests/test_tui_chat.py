@@ -507,7 +507,8 @@ def _started_and_interrupted(home: Path, workspace: Path, delay: float) -> tuple
 def test_ctrl_c_while_crow_starts_never_shows_a_traceback(home: Path, workspace: Path) -> None:
     """Ctrl-C pressed while crow is still starting (importing) leaves quietly, with the
     status of an interrupted program; pressed later it is the chat's, as ever."""
-    for delay in (0.05, 0.1, 0.15, 0.2, 0.3, 0.5):
+    for delay in (0.03, 0.05, 0.07, 0.1, 0.12, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5):
         shown, status = _started_and_interrupted(home, workspace, delay)
-        assert "Traceback" not in shown and "KeyboardInterrupt" not in shown, (delay, shown)
-        assert status in (0, 130, -signal.SIGINT), (delay, status, shown)
+        for sign in ("Traceback", "KeyboardInterrupt", "Exception ignored", "panicked"):
+            assert sign not in shown, (delay, shown)
+        assert status in (0, 130), (delay, status, shown)
