@@ -180,6 +180,10 @@ async def test_a_session_used_in_turn_by_two_processes_keeps_each_ones_mode_and_
     assert len(client.permission_requests) == 1  # still "ask" here: the write was asked for
     assert not (workspace / "b.txt").exists()
     assert "from the other editor" in str(llm.requests[2].body)  # the other's turn, reloaded
+    async with spawn_crow(pg_env(llm, one, pg_url)) as (conn, _proc, _client):
+        await conn.initialize(protocol_version=1)
+        loaded = await conn.load_session(cwd=str(workspace), session_id=sid, mcp_servers=[])
+    assert loaded.modes.current_mode_id == "yolo"  # loaded again: the mode last set, by anyone
 
 
 async def test_execute_does_not_show_the_store_url(
