@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from crow import Hook, HookContext, ModelRequest
+from crow import Hook, HookContext, ModelRequest, read_text_file
 
 if TYPE_CHECKING:
     from crow import Agent
@@ -82,8 +82,8 @@ class MemoryHook(Hook):
         if cached is not None and cached[:2] == (st.st_mtime_ns, st.st_size):
             return cached[2]
         try:
-            text = path.read_text(encoding="utf-8", errors="replace").strip()
-        except OSError as exc:  # a folder named AGENTS.md, no permission, ...
+            text = read_text_file(path, errors="replace").strip()
+        except (OSError, ValueError) as exc:  # a folder or a FIFO named AGENTS.md, too big, ...
             log.warning("memory file %s skipped: %s", path, exc)
             return None
         self._cache[path] = (st.st_mtime_ns, st.st_size, text)

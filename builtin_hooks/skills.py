@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,6 +40,7 @@ from crow import (
     Session,
     expand_arguments,
     parse_frontmatter,
+    read_text_file,
     split_frontmatter,
 )
 
@@ -70,7 +72,7 @@ class Skill:
 def load_skill(path: Path) -> Skill | None:
     """One SKILL.md -> Skill, or None (with a warning) when it cannot be used."""
     try:
-        meta = parse_frontmatter(path.read_text(encoding="utf-8", errors="replace"))
+        meta = parse_frontmatter(read_text_file(path, errors="replace"))
     except (OSError, ValueError) as exc:
         log.warning("skill %s skipped: %s", path, exc)
         return None
@@ -163,7 +165,10 @@ class SkillsHook(Hook):
             target = (folder / file).resolve()
             if not target.is_relative_to(folder) or not target.is_file():
                 raise ToolError(f"{file!r} is not a file in the folder of skill {name!r}")
-            return await anyio.Path(target).read_text(encoding="utf-8", errors="replace")
+            try:
+                return await anyio.to_thread.run_sync(partial(read_text_file, target, errors="replace"))
+            except (OSError, ValueError) as exc:
+                raise ToolError(f"{file!r} of skill {name!r} cannot be read: {exc}") from None
 
         shown = {"read_skill": ("read", "Read skill {name}")}
         server = function_server([(read_skill, True)], "crow-skills", shown)
@@ -207,7 +212,7 @@ def _command(skill: Skill, session: Session) -> PromptCommand:
 
     async def expand(arguments: str) -> str:
         try:
-            text = await anyio.Path(skill.path).read_text(encoding="utf-8", errors="replace")
+            text = await anyio.to_thread.run_sync(partial(read_text_file, skill.path, errors="replace"))
             body = split_frontmatter(text)[1]
         except (OSError, ValueError) as exc:
             raise CommandError(f"skill {skill.name!r} ({skill.path}): {exc}") from exc

@@ -50,6 +50,7 @@ _EXPORTS = {
     "expand_arguments": "crow.commands",
     "split_frontmatter": "crow.frontmatter",
     "parse_frontmatter": "crow.frontmatter",
+    "read_text_file": "crow.prompt_files",  # a file a repository may have prepared, read with care
     "Notice": "crow.events",
     "CompactionStarted": "crow.events",
     "CompactionFinished": "crow.events",

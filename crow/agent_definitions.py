@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from crow.config import MODES
 from crow.frontmatter import split_frontmatter
-from crow.prompt_files import StatCache, existing, read, walk
+from crow.prompt_files import StatCache, existing, read_text_file, walk
 
 Scope = Literal["project", "user", "builtin"]
 NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
@@ -139,7 +139,7 @@ def find_agents(cwd: Path, home: Path) -> tuple[dict[str, AgentDefinition], list
 def _parse(path: str, scope: Scope) -> AgentDefinition | str:
     """The definition a file holds, or why it is skipped."""
     try:
-        meta, body = split_frontmatter(read(path))
+        meta, body = split_frontmatter(read_text_file(path))
         if meta is None:
             raise ValueError("no frontmatter (a '---' block with at least a description)")
         return _definition(meta, body.strip(), path, scope)

@@ -179,7 +179,7 @@ def _parse(path: str, name: str, scope: Scope) -> PromptCommand | str:
     if not NAME.fullmatch(name):
         return f"{path}: {name!r} is not a command name (letters, digits, _ . : -); skipped"
     try:
-        meta, body = split_frontmatter(read(path))
+        meta, body = split_frontmatter(read_text_file(path))
         description, hint = _fields(meta or {}, body)
     except (OSError, ValueError) as exc:
         return f"{path}: {exc}; skipped"
@@ -189,7 +189,7 @@ def _parse(path: str, name: str, scope: Scope) -> PromptCommand | str:
         import anyio
 
         try:  # read again: the file may have changed since it was listed
-            _, text = split_frontmatter(await anyio.to_thread.run_sync(read, path))
+            _, text = split_frontmatter(await anyio.to_thread.run_sync(read_text_file, path))
         except (OSError, ValueError) as exc:
             raise CommandError(f"{path}: {exc}") from exc
         return expand_arguments(text.strip(), arguments)
@@ -215,9 +215,11 @@ def _fields(meta: dict[str, object], body: str) -> tuple[str, str]:
     return one_line(description), one_line(hint)
 
 
-def read(path: str) -> str:
-    """A prompt file's text: a regular file (a FIFO must not block), at most `MAX_BYTES`,
-    UTF-8 without NUL bytes; else OSError or ValueError saying why."""
+def read_text_file(path: str | os.PathLike[str], *, errors: str = "strict") -> str:
+    """A text file of a place a repository may have prepared (a prompt file, an agent
+    definition, AGENTS.md, a skill): a regular file (a FIFO or a device must not block or
+    stream forever), at most `MAX_BYTES`, UTF-8 without NUL bytes (`errors="replace"`: any
+    bytes but NUL); else OSError or ValueError saying why."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         info = os.fstat(fd)
@@ -233,6 +235,6 @@ def read(path: str) -> str:
     if b"\0" in data:
         raise ValueError("binary content, not text")
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8", errors)
     except UnicodeDecodeError as exc:
         raise ValueError(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from exc

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from builtin_hooks import tracing as tracing_mod
 from builtin_hooks.memory import MemoryHook
 from builtin_hooks.skills import SkillsHook, discover
 from builtin_hooks.tracing import TracingHook
-from crow import Compact, CompactService, Hook, HookContext, ModelRequest, ToolCall, ToolResult
+from crow import Compact, CompactService, Hook, HookContext, ModelRequest, ToolCall, ToolResult, prompt_files
 from crow.agent import Agent
 from crow.config import Config, HooksConfig
 from crow.messages import Message, human
@@ -109,6 +110,17 @@ def test_discover_skips_broken_skills_with_a_warning(
         "long-desc",
     ):
         assert f"{folder}/SKILL.md" in warned, folder
+
+
+def test_a_skill_md_past_the_limit_is_skipped_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(prompt_files, "MAX_BYTES", 1024)
+    write_skill(tmp_path, "big", "---\nname: big\ndescription: x\n---\n" + "y" * 1024)
+    write_skill(tmp_path, "small", "---\nname: small\ndescription: x\n---\n")
+    with caplog.at_level(logging.WARNING, logger="crow.hooks.skills"):
+        assert [s.name for s in discover([tmp_path])] == ["small"]
+    assert "big/SKILL.md skipped: over 1 KB" in caplog.text
 
 
 def test_first_skill_of_a_name_wins(tmp_path: Path) -> None:
@@ -252,19 +264,51 @@ def test_memory_reads_only_changed_files(tmp_path: Path, monkeypatch: pytest.Mon
     (tmp_path / "AGENTS.md").write_text("one", encoding="utf-8")
     hook = MemoryHook(home=tmp_path / "home")
     reads: list[Path] = []
-    real = Path.read_text
+    real = memory_mod.read_text_file
 
-    def counting(self: Path, *args: Any, **kwargs: Any) -> str:
-        reads.append(self)
-        return real(self, *args, **kwargs)
+    def counting(path: Path, **kwargs: Any) -> str:
+        reads.append(path)
+        return real(path, **kwargs)
 
-    monkeypatch.setattr(Path, "read_text", counting)
+    monkeypatch.setattr(memory_mod, "read_text_file", counting)
     assert "one" in hook.load(tmp_path)
     assert "one" in hook.load(tmp_path)
     assert len(reads) == 1
     (tmp_path / "AGENTS.md").write_text("two!", encoding="utf-8")
     assert "two!" in hook.load(tmp_path)
     assert len(reads) == 2
+
+
+def test_a_fifo_named_agents_md_is_skipped_not_waited_on(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A repository's AGENTS.md may be a FIFO: reading it used to block every prompt of the
+    session forever (in a worker thread the turn waited on, a cancel too)."""
+    cwd = tmp_path / "repo"
+    cwd.mkdir()
+    os.mkfifo(cwd / "AGENTS.md")
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "AGENTS.md").write_text("GLOBAL", encoding="utf-8")
+    hook = MemoryHook(home=tmp_path / "home")
+    loaded: list[str] = []
+    reader = threading.Thread(target=lambda: loaded.append(hook.load(cwd)), daemon=True)
+    with caplog.at_level(logging.WARNING, logger="crow.hooks.memory"):
+        reader.start()
+        reader.join(10)
+    if reader.is_alive():  # the old code: let it go before failing
+        os.close(os.open(cwd / "AGENTS.md", os.O_WRONLY | os.O_NONBLOCK))
+    assert not reader.is_alive()
+    assert "GLOBAL" in loaded[0] and "not a regular file" in caplog.text
+
+
+def test_an_agents_md_past_the_limit_is_skipped_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(prompt_files, "MAX_BYTES", 1024)
+    (tmp_path / "AGENTS.md").write_text("x" * 1025, encoding="utf-8")
+    (tmp_path / "notes.md").write_text("KEPT", encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="crow.hooks.memory"):
+        block = MemoryHook(["notes.md"], home=tmp_path / "home").load(tmp_path)
+    assert "KEPT" in block and "x" * 1025 not in block
+    assert "AGENTS.md skipped: over 1 KB" in caplog.text
 
 
 async def test_no_memory_no_block(
