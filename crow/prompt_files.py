@@ -219,7 +219,7 @@ def read_text_file(path: str | os.PathLike[str], *, errors: str = "strict") -> s
     """A text file of a place a repository may have prepared (a prompt file, an agent
     definition, AGENTS.md, a skill): a regular file (a FIFO or a device must not block or
     stream forever), at most `MAX_BYTES`, UTF-8 without NUL bytes (`errors="replace"`: any
-    bytes but NUL); else OSError or ValueError saying why."""
+    bytes but NUL), its line ends as "\\n"; else OSError or ValueError saying why."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         info = os.fstat(fd)
@@ -235,6 +235,7 @@ def read_text_file(path: str | os.PathLike[str], *, errors: str = "strict") -> s
     if b"\0" in data:
         raise ValueError("binary content, not text")
     try:
-        return data.decode("utf-8", errors)
+        text = data.decode("utf-8", errors)
     except UnicodeDecodeError as exc:
         raise ValueError(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text  # as open() reads text

@@ -235,8 +235,8 @@ def test_an_unchanged_file_is_not_read_again_a_changed_one_is(
     write(cwd / ".crow/agents/b.md", agent("b", "Bee"))
     find_agents(cwd, home)
     reads: list[str] = []
-    real = agent_definitions.read
-    monkeypatch.setattr(agent_definitions, "read", lambda p: reads.append(p) or real(p))
+    real = agent_definitions.read_text_file
+    monkeypatch.setattr(agent_definitions, "read_text_file", lambda p: reads.append(p) or real(p))
     agents, _ = find_agents(cwd, home)
     assert reads == [] and agents["a"].description == "First"
     write(path, agent("a", "Second, longer"))

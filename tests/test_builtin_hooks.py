@@ -299,6 +299,11 @@ def test_a_fifo_named_agents_md_is_skipped_not_waited_on(tmp_path: Path, caplog:
     assert "GLOBAL" in loaded[0] and "not a regular file" in caplog.text
 
 
+def test_memory_with_windows_line_ends_reads_as_text(tmp_path: Path) -> None:
+    (tmp_path / "AGENTS.md").write_bytes(b"one\r\ntwo\rthree\n")
+    assert "one\ntwo\nthree" in MemoryHook(home=tmp_path / "home").load(tmp_path)
+
+
 def test_an_agents_md_past_the_limit_is_skipped_with_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -96,8 +96,8 @@ def test_an_unchanged_file_is_not_read_again(tmp_path: Path, monkeypatch: pytest
     write(tmp_path / ".crow/commands/a.md", "A\n")
     prompt_files.scan(tmp_path, tmp_path / "home")
     reads: list[str] = []
-    real = prompt_files.read
-    monkeypatch.setattr(prompt_files, "read", lambda p: reads.append(p) or real(p))
+    real = prompt_files.read_text_file
+    monkeypatch.setattr(prompt_files, "read_text_file", lambda p: reads.append(p) or real(p))
     prompt_files.scan(tmp_path, tmp_path / "home")
     assert reads == []
     write(tmp_path / ".crow/commands/a.md", "A changed, longer\n")
