@@ -85,7 +85,7 @@ class MemoryHook(Hook):
             text = read_text_file(path, errors="replace").strip()
         except (OSError, ValueError) as exc:  # a folder or a FIFO named AGENTS.md, too big, ...
             log.warning("memory file %s skipped: %s", path, exc)
-            return None
+            text = ""  # said once: until the file changes, skipped without a word
         self._cache[path] = (st.st_mtime_ns, st.st_size, text)
         return text
 

@@ -206,6 +206,9 @@ def _command(argv: list[str] | None) -> None:
     if command == "chat" and not args.command:  # bare `crow`: chat's flags at their defaults
         args = _parser().parse_args([*(argv if argv is not None else sys.argv[1:]), "chat"])
     if command == "mcp":
+        from crow.interrupts import interrupts_raise
+
+        interrupts_raise()
         _run_mcp(args.server, args.rest)
         return
     if command in ("serve", "run", "chat"):

@@ -16,6 +16,8 @@ def quit_on_interrupt() -> object:
     """SIGINT quits (status 130) from now; returns the handler it replaced (None outside
     the main thread, where a handler cannot be set and nothing changes)."""
     try:
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # inherited (`crow serve &` in a
+            return None  # script): ignored it stays, as a program started so expects
         return signal.signal(signal.SIGINT, _quit)
     except ValueError:  # not the main thread
         return None
@@ -28,9 +30,13 @@ def interrupts_raise() -> None:
 
 
 def give_back(replaced: object) -> None:
-    """`cli.main` is done: a caller that ran it in-process gets its SIGINT handler back."""
-    if replaced is not None and signal.getsignal(signal.SIGINT) is _quit:
-        signal.signal(signal.SIGINT, replaced)  # type: ignore[arg-type]
+    """`cli.main` is done: a caller that ran it in-process gets its SIGINT handler back
+    (whichever the command left: ours, asyncio's default, the chat's)."""
+    if replaced is not None:
+        try:
+            signal.signal(signal.SIGINT, replaced)  # type: ignore[arg-type]
+        except ValueError:  # not the main thread
+            pass
 
 
 def _quit(signum: int, frame: object) -> None:

@@ -227,7 +227,9 @@ def read_text_file(path: str | os.PathLike[str], *, errors: str = "strict") -> s
             raise ValueError("not a regular file")
         if info.st_size > MAX_BYTES:
             raise ValueError(f"over {MAX_BYTES // 1024} KB")
-        data = os.read(fd, MAX_BYTES + 1)
+        data = b""
+        while len(data) <= MAX_BYTES and (more := os.read(fd, MAX_BYTES + 1 - len(data))):
+            data += more  # a read may return less than asked (FUSE, network file systems)
     finally:
         os.close(fd)
     if len(data) > MAX_BYTES:

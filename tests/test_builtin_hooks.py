@@ -310,10 +310,12 @@ def test_an_agents_md_past_the_limit_is_skipped_with_a_warning(
     monkeypatch.setattr(prompt_files, "MAX_BYTES", 1024)
     (tmp_path / "AGENTS.md").write_text("x" * 1025, encoding="utf-8")
     (tmp_path / "notes.md").write_text("KEPT", encoding="utf-8")
+    hook = MemoryHook(["notes.md"], home=tmp_path / "home")
     with caplog.at_level(logging.WARNING, logger="crow.hooks.memory"):
-        block = MemoryHook(["notes.md"], home=tmp_path / "home").load(tmp_path)
+        block = hook.load(tmp_path)
+        assert hook.load(tmp_path) == block  # the next prompt: the same, not said again
     assert "KEPT" in block and "x" * 1025 not in block
-    assert "AGENTS.md skipped: over 1 KB" in caplog.text
+    assert caplog.text.count("AGENTS.md skipped: over 1 KB") == 1
 
 
 async def test_no_memory_no_block(

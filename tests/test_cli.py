@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import crow_env
 from tests.llm_server import Reply, ScriptedLLM, ToolCallSpec
@@ -175,3 +178,42 @@ def test_serve_ends_quietly_when_the_editor_closes_both_pipes(home: Path, worksp
     proc.stdout.close()
     assert proc.wait(timeout=30) == 0
     assert b"Traceback" not in proc.stderr.read()
+
+
+def test_a_crow_started_with_sigint_ignored_keeps_ignoring_it(home: Path, workspace: Path) -> None:
+    """`crow serve &` in a script starts with SIGINT ignored (a Ctrl-C at the terminal is
+    for the foreground job): crow keeps it so, at start-up and after."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "crow", "serve"], env=crow_env(None, home), cwd=workspace,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.send_signal(signal.SIGINT)  # while it starts
+        proc.stdin.write(b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}\n')
+        proc.stdin.flush()
+        assert b'"result"' in proc.stdout.readline()
+        proc.send_signal(signal.SIGINT)  # once it serves
+        proc.stdin.write(b'{"jsonrpc":"2.0","id":2,"method":"initialize","params":{"protocolVersion":1}}\n')
+        proc.stdin.flush()
+        assert b'"result"' in proc.stdout.readline()
+    finally:
+        proc.stdin.close()
+    assert proc.wait(timeout=30) == 0
+
+
+def test_main_in_process_gives_the_callers_sigint_handler_back(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from crow import cli
+
+    def mine(signum: int, frame: object) -> None:
+        pass
+
+    monkeypatch.setenv("CROW_HOME", str(home))
+    previous = signal.signal(signal.SIGINT, mine)
+    try:
+        with pytest.raises(SystemExit):
+            cli.main(["sessions", "list"])
+        assert signal.getsignal(signal.SIGINT) is mine
+    finally:
+        signal.signal(signal.SIGINT, previous)

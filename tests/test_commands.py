@@ -271,3 +271,12 @@ async def test_an_ordinary_prompt_gathers_the_commands_beside_its_turn_at_most_o
         monkeypatch.setattr(command_catalog, "REFRESH_EVERY", 3600.0)
         await agent.prompt(session, human("/soon"), emit)
         assert "soon" in advertised()[-1], "a prompt starting with / always gathers first"
+
+
+def test_a_file_read_in_short_pieces_is_read_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read may return less than asked (FUSE, network file systems, /proc): the file is
+    read to its end, not cut at the first piece."""
+    path = write(tmp_path / "a.md", "line\n" * 1000)
+    real = os.read
+    monkeypatch.setattr(prompt_files.os, "read", lambda fd, n: real(fd, min(n, 100)))
+    assert prompt_files.read_text_file(path) == "line\n" * 1000
