@@ -23,9 +23,10 @@ class TooLong(ValueError):
 
 class SSELines:
     """The body's bytes in, whole lines out, decoded as UTF-8 (the format's only encoding;
-    invalid bytes become U+FFFD). One `bytes.split` per chunk: ~10% of crow's CPU per model
-    call under httpx2's layered `aiter_lines` (text decoder, then line decoder) at 50
-    sessions in flight. A line longer than `max_line` raises TooLong."""
+    invalid bytes become U+FFFD), one `bytes.split` per chunk. Unlike httpx2's `aiter_lines`
+    it bounds a line: one longer than `max_line` raises TooLong (a server's endless line
+    would otherwise grow crow's memory). As fast: 905 vs 917 ms of client CPU per 1,000
+    calls, 50 in flight, 12 interleaved runs each."""
 
     def __init__(self, max_line: int | None = None) -> None:
         self._parts: list[bytes] = []  # the unfinished line, as it came (joined once ended)
