@@ -33,15 +33,24 @@ class SlowAnswer(DockerEngine):
         raise AssertionError("unreachable")
 
 
+def engine_of(cls: type[DockerEngine], podman: Any, host: str | None = None) -> Any:
+    """A `cls` engine on Podman's socket (or `host`, a proxy before it) whose containers
+    carry the test run's labels (the podman fixture removes what a failed test leaves)."""
+    engine: Any = cls.from_env({"DOCKER_HOST": host or podman.docker_host})
+    engine.extra, engine.host_url = podman.labels, podman.docker_host
+    return engine
+
+
+def session_on(engine: Any, podman: Any, name: str, workspace: Path) -> ContainerSession:
+    return ContainerSession(BackendConfig(type="docker", image=podman.image), name, [workspace], lambda: engine)
+
+
 async def test_a_first_call_cancelled_mid_creation_leaves_no_container(
     workspace: Path, podman: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(backend, "CREATE_WAIT", 0.5)  # the id never comes: looked for at close
-    engine = SlowAnswer.from_env({"DOCKER_HOST": podman.docker_host})
-    engine.extra = podman.labels
     SlowAnswer.created = anyio.Event()
-    config = BackendConfig(type="docker", image=podman.image)
-    box = ContainerSession(config, "cancelled-mid-creation", [workspace], lambda: engine)
+    box = session_on(engine_of(SlowAnswer, podman), podman, "cancelled-mid-creation", workspace)
     async with anyio.create_task_group() as tg:
         tg.start_soon(box.resolve, ".")
         await SlowAnswer.created.wait()
@@ -77,11 +86,8 @@ class SlowCreate(DockerEngine):
 async def test_a_first_call_cancelled_before_the_engine_made_its_container_leaves_none(
     workspace: Path, podman: Any
 ) -> None:
-    engine = SlowCreate.from_env({"DOCKER_HOST": podman.docker_host})
-    engine.extra, engine.host_url = podman.labels, podman.docker_host
     SlowCreate.asked = anyio.Event()
-    config = BackendConfig(type="docker", image=podman.image)
-    box = ContainerSession(config, "cancelled-before-made", [workspace], lambda: engine)
+    box = session_on(engine_of(SlowCreate, podman), podman, "cancelled-before-made", workspace)
     async with anyio.create_task_group() as tg:
         tg.start_soon(box.resolve, ".")
         await SlowCreate.asked.wait()
@@ -144,12 +150,6 @@ class Labelled(DockerEngine):
         return await super().create_container({**spec, "Labels": {**spec["Labels"], **self.extra}}, name)
 
 
-def labelled(podman: Any, host: str) -> Labelled:
-    engine = Labelled.from_env({"DOCKER_HOST": host})
-    engine.extra = podman.labels
-    return engine
-
-
 async def gone(podman: Any, label: str) -> bool:
     """Whether the session's container is gone, or goes within 10 s."""
     for _ in range(100):
@@ -167,8 +167,7 @@ async def test_a_create_cut_short_and_slower_than_the_close_wait_is_still_remove
     monkeypatch.setattr(backend, "CREATE_WAIT", 0.5)
     asked, answered = anyio.Event(), anyio.Event()
     async with slow_to_create(podman, tmp_path / "engine.sock", 1.5, asked, answered) as host:
-        engine = labelled(podman, host)
-        box = ContainerSession(BackendConfig(type="docker", image=podman.image), "slow-made", [workspace], lambda: engine)
+        box = session_on(engine_of(Labelled, podman, host), podman, "slow-made", workspace)
         async with anyio.create_task_group() as tg:
             tg.start_soon(box.resolve, ".")
             await asked.wait()
@@ -188,8 +187,7 @@ async def test_closing_while_a_call_makes_the_container_leaves_none(
     asked = anyio.Event()
     errors: list[Exception] = []
     async with slow_to_create(podman, tmp_path / "engine.sock", 1.0, asked) as host:
-        engine = labelled(podman, host)
-        box = ContainerSession(BackendConfig(type="docker", image=podman.image), "closed-meanwhile", [workspace], lambda: engine)
+        box = session_on(engine_of(Labelled, podman, host), podman, "closed-meanwhile", workspace)
 
         async def call() -> None:
             try:
