@@ -519,6 +519,34 @@ async def test_small_writes_on_the_loop_still_checkpoint_the_wal(tmp_path: Path)
     assert wal < 12_000_000, f"WAL is {wal} bytes"
 
 
+async def test_a_wal_checkpoint_sends_no_small_write_to_the_thread(tmp_path: Path, monkeypatch) -> None:
+    # Small writes asked for while a checkpoint is queued or fsyncing wait for it on the
+    # loop, then run inline. Queued behind it, each was a hop of its own, and under a
+    # steady stream of writes (50 busy sessions) a third of all writes hopped.
+    import threading
+
+    from crow.store import _worker
+
+    monkeypatch.setattr(_worker, "CHECKPOINT_EVERY", 10)
+    writers: list[str] = []
+
+    def trace(statement: str) -> None:
+        if statement.startswith("INSERT INTO entries"):
+            writers.append(threading.current_thread().name)
+
+    db = tmp_path / "crow.db"
+    async with SQLiteStore(db) as s:
+        await s.create_session(id="s", cwd="/p")
+        await s._run(lambda conn: conn.set_trace_callback(trace))
+        for i in range(45):
+            await s.append("s", [human("x" * 2000 + str(i))])
+        await s.get_session("s")  # every checkpoint queued has run
+        assert writers == [threading.current_thread().name] * 45, writers
+        wal = Path(f"{db}-wal").stat().st_size
+        assert len(await s.load_transcript("s")) == 45
+    assert wal < 45 * 2 * 4096, f"the checkpoints let the WAL be reused: {wal} bytes"
+
+
 async def test_a_large_append_is_written_off_the_event_loop(sqlite_store: SQLiteStore) -> None:
     """A message with an image (megabytes of JSON) is encoded and written on the worker
     thread; a small one inline. Inline, a 1.4 MB row held the event loop 20-40 ms."""

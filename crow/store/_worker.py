@@ -12,7 +12,10 @@ A small write (`run_small`: an append, a lock) first tries without the hop, whic
 `busy_timeout` 0 (another process's write lock fails it at once, and it is queued like
 any job) and with SQLite's automatic WAL checkpoint off (a checkpoint, which fsyncs, runs
 on the thread every CHECKPOINT_EVERY such writes). So the loop still never waits on a
-lock or a disk flush.
+lock or a disk flush. A small write asked for while jobs are queued waits, on the loop,
+for those jobs to settle and then runs inline if nothing newer is queued: queued behind
+them, each write was a job, and while writes kept coming (50 busy sessions) the queue
+never emptied once a checkpoint had started it, so a third of all writes hopped.
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ class Worker:
         self._slot = _Slot()
         self._thread = threading.Thread(target=_work, args=(self._jobs, self._slot), name=name, daemon=True)
         self._pending = 0  # jobs queued and not yet settled; touched on the loop thread only
+        self._queued = self._settled = 0  # jobs ever queued, ever settled (loop thread)
+        self._drains: list[tuple[int, asyncio.Future[None]]] = []  # (settled count awaited, future)
         self._inline_writes = 0
 
     def on_thread(self) -> bool:
@@ -83,6 +88,8 @@ class Worker:
     async def run_small(self, fn: Callable[..., T], *args: Any) -> T:
         """A small write: done at once when the thread is idle and the database free, else
         queued as by `run` (see the module docstring)."""
+        if self._pending:
+            await self._drained(self._queued)
         conn = self._slot.conn
         if self._pending == 0 and conn is not None:
             self._slot.busy_timeout(0)  # the worker's jobs set it back (`_with_connection`)
@@ -117,11 +124,23 @@ class Worker:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._pending += 1  # until the thread has run it, even if its caller is cancelled
+        self._queued += 1
         self._jobs.put((loop, future, fn, args, self._job_done))
         return future
 
     def _job_done(self) -> None:
         self._pending -= 1
+        self._settled += 1
+        while self._drains and self._drains[0][0] <= self._settled:
+            future = self._drains.pop(0)[1]
+            if not future.done():
+                future.set_result(None)
+
+    async def _drained(self, count: int) -> None:
+        """Until `count` jobs have settled (jobs settle in the order queued)."""
+        future = asyncio.get_running_loop().create_future()
+        self._drains.append((count, future))
+        await future
 
 
 def _work(jobs: SimpleQueue[_Job | None], slot: _Slot) -> None:
