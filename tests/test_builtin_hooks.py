@@ -250,6 +250,26 @@ async def test_memory_order_and_block(
     assert "CWD EDITED, longer" in model_env.requests[-1].system
 
 
+async def test_memory_is_checked_on_the_event_loop_not_in_a_worker_thread(
+    tmp_path: Path, make_agent: Callable[..., Agent], model_env: ScriptedLLM
+) -> None:
+    # A few stats per prompt (and a bounded read when a file changed): handed to a worker
+    # thread, each prompt paid a GIL hand-off that cost more than the work under load.
+    threads: list[str] = []
+
+    class Recording(MemoryHook):
+        def load(self, cwd: Path) -> str:
+            threads.append(threading.current_thread().name)
+            return super().load(cwd)
+
+    (tmp_path / "AGENTS.md").write_text("REMEMBER", encoding="utf-8")
+    agent = make_agent(Recording(home=tmp_path / "home"))
+    session = await turn(agent, tmp_path)
+    await turn(agent, tmp_path, session=session)
+    assert threads == [threading.current_thread().name] * 2
+    assert "REMEMBER" in model_env.requests[-1].system
+
+
 def test_memory_files_without_a_repo(tmp_path: Path) -> None:
     cwd = tmp_path / "a" / "b"
     cwd.mkdir(parents=True)
