@@ -83,6 +83,9 @@ class Session:
     # live parent while that turn runs (None for a child loaded later); `parent_id` is stored.
     parent_id: str | None = None
     parent: Session | None = field(default=None, repr=False)
+    # A write failed: the store may hold it all the same (a server that did it and whose
+    # answer was lost), so the next turn reads the session back (`exclusive`).
+    unsure: bool = field(default=False, repr=False)
 
     @property
     def root(self) -> Session:
@@ -123,7 +126,7 @@ class Session:
         stale = await lock(self.id)
         self.holds = 1
         try:
-            if stale:
+            if stale or self.unsure:
                 await self._reload()
             yield
         finally:
@@ -142,6 +145,7 @@ class Session:
         self.last_usage, self.usage_covers, self.last_request = None, 0, None
         self.state.pop("crow.tool_ids", None)
         self.state.pop("crow.message_ids", None)
+        self.unsure = False
         await self.repair()
 
     async def repair(self) -> list[Message]:
@@ -214,7 +218,8 @@ class Session:
             # Not stored (the append is one transaction): memory must not hold it either,
             # or a failed turn's clean-up stores answers to calls the store never had.
             # A cancel keeps them: a queued append still runs. (By identity: another
-            # call's add may have appended since.)
+            # call's add may have appended since.) Unless the answer was lost: `unsure`.
+            self.unsure = True
             if in_context:
                 failed = {id(m) for m in messages}
                 self.messages[:] = [m for m in self.messages if id(m) not in failed]
@@ -232,6 +237,7 @@ class Session:
             await self.store.set_context(self.id, list(self.messages))
         except StoreError:
             self.messages, self.last_usage, self.usage_covers = before
+            self.unsure = True
             raise
 
     async def rewind_context(self, messages: Sequence[Message], marker: Message) -> None:
