@@ -117,6 +117,33 @@ async def test_aclose_leaves_nothing_running(home: Path, workspace: Path, moment
     await agent.aclose()  # idempotent
 
 
+async def test_aclose_closes_the_sessions_side_by_side(
+    home: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each session stops its own tools (a container's removal takes ~0.2 s): one after the
+    # other, ten sessions outlasted the 2 s an editor gives crow to exit, and the containers
+    # of those not reached were left behind.
+    closing, most = 0, 0
+    real = ToolHub.aclose
+
+    async def slow(self: ToolHub, grace: float = 5.0) -> None:
+        nonlocal closing, most
+        closing += 1
+        most = max(most, closing)
+        await anyio.sleep(0.05)
+        await real(self, grace)
+        closing -= 1
+
+    monkeypatch.setattr(ToolHub, "aclose", slow)
+    agent = agent_in(home)
+    sessions = [agent.create_session(workspace) for _ in range(4)]
+    for session in sessions:
+        await agent.session_ready(session)
+    await agent.aclose()
+    assert most == 4 and not agent.sessions
+    assert all(s.tools is None for s in sessions)
+
+
 async def test_close_session_stops_its_setup_and_its_server(home: Path, workspace: Path) -> None:
     marker = f"crow-close-{uuid.uuid4().hex}"
     async with agent_in(home) as agent:

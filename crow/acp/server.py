@@ -346,12 +346,11 @@ class AcpServer(Extensions):
     async def close_sessions(self) -> None:
         """The connection has ended (its requests, running turns included, were cancelled
         with it): its sessions are closed and free for another connection."""
-        for session_id in self.owners.held_by(self):
-            try:
-                await self.agent.close_session(session_id)
-            except Exception:  # the others are still closed; the agent closes the rest at exit
-                log.exception("closing session %s failed", session_id)
-            finally:
+        held = list(self.owners.held_by(self))
+        try:
+            await self.agent.close_sessions(held)
+        finally:
+            for session_id in held:
                 self.owners.release(session_id, self)
 
     # ------------------------------------------------------------ prompts
