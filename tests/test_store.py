@@ -547,6 +547,75 @@ async def test_a_wal_checkpoint_sends_no_small_write_to_the_thread(tmp_path: Pat
     assert wal < 45 * 2 * 4096, f"the checkpoints let the WAL be reused: {wal} bytes"
 
 
+async def test_an_unlock_waiting_for_a_job_is_not_overtaken_by_a_later_lock(tmp_path: Path) -> None:
+    # A turn's unlock waits behind a queued job; the next turn's lock of the same session,
+    # made once that job had settled but before the unlock ran, must still come after it:
+    # else the unlock releases the new turn's lock and another process may write too.
+    import asyncio
+    import sqlite3
+    import threading
+    import time
+    from contextlib import closing
+
+    db = tmp_path / "crow.db"
+    async with SQLiteStore(db) as s:
+        await s.create_session(id="s", cwd="/p")
+        await s.lock_session("s")
+        go = threading.Event()
+        job = asyncio.ensure_future(s._run(lambda conn: go.wait(5)))
+        await asyncio.sleep(0)
+        unlock = asyncio.ensure_future(s.unlock_session("s"))  # waits behind the job
+        await asyncio.sleep(0)
+        go.set()
+        time.sleep(0.2)  # the job's settling is ready on the loop, the lock right after it
+        lock = asyncio.ensure_future(s.lock_session("s"))
+        await asyncio.gather(job, unlock, lock)
+        with closing(sqlite3.connect(db)) as conn:
+            owners = conn.execute("SELECT owner FROM session_locks WHERE session_id = 's'").fetchall()
+        assert "s" in s._held and owners == [(s._token,)], owners
+        await s.unlock_session("s")
+
+
+async def test_a_small_write_made_before_a_fork_is_in_the_fork(tmp_path: Path) -> None:
+    # An append waiting behind a queued job, then a fork: the fork runs after the append.
+    import asyncio
+    import threading
+
+    async with SQLiteStore(tmp_path / "crow.db") as s:
+        await s.create_session(id="s", cwd="/p")
+        go = threading.Event()
+        job = asyncio.ensure_future(s._run(lambda conn: go.wait(5)))
+        await asyncio.sleep(0)
+        append = asyncio.ensure_future(s.append("s", [human("asked before the fork")]))
+        await asyncio.sleep(0)
+        fork = asyncio.ensure_future(s.fork_session("s", "f"))
+        await asyncio.sleep(0)
+        go.set()
+        await asyncio.gather(job, append, fork)
+        assert [m.content for m in await s.load_transcript("f")] == ["asked before the fork"]
+
+
+async def test_a_call_cancelled_while_it_waits_its_turn_lets_the_others_go(tmp_path: Path) -> None:
+    import asyncio
+    import threading
+
+    async with SQLiteStore(tmp_path / "crow.db") as s:
+        await s.create_session(id="s", cwd="/p")
+        go = threading.Event()
+        job = asyncio.ensure_future(s._run(lambda conn: go.wait(5)))
+        await asyncio.sleep(0)
+        first = asyncio.ensure_future(s.append("s", [human("cancelled")]))
+        second = asyncio.ensure_future(s.append("s", [human("kept")]))
+        third = asyncio.ensure_future(s.get_session("s"))
+        await asyncio.sleep(0)
+        first.cancel()
+        go.set()
+        await asyncio.gather(job, second, third)
+        assert first.cancelled()
+        assert [m.content for m in await s.load_transcript("s")] == ["kept"]
+        assert not s._worker._line
+
+
 async def test_a_large_append_is_written_off_the_event_loop(sqlite_store: SQLiteStore) -> None:
     """A message with an image (megabytes of JSON) is encoded and written on the worker
     thread; a small one inline. Inline, a 1.4 MB row held the event loop 20-40 ms."""

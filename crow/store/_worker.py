@@ -12,10 +12,13 @@ A small write (`run_small`: an append, a lock) first tries without the hop, whic
 `busy_timeout` 0 (another process's write lock fails it at once, and it is queued like
 any job) and with SQLite's automatic WAL checkpoint off (a checkpoint, which fsyncs, runs
 on the thread every CHECKPOINT_EVERY such writes). So the loop still never waits on a
-lock or a disk flush. A small write asked for while jobs are queued waits, on the loop,
-for those jobs to settle and then runs inline if nothing newer is queued: queued behind
-them, each write was a job, and while writes kept coming (50 busy sessions) the queue
-never emptied once a checkpoint had started it, so a third of all writes hopped.
+lock or a disk flush.
+
+Calls keep the order they were made in. A small write made while jobs are queued waits
+in a line on the loop (`_Line`) until they have settled, then runs inline; a job made
+while small writes wait joins the line behind them. Queued as jobs instead, small writes
+made while writes kept coming (50 busy sessions) kept the queue from ever emptying once
+a checkpoint had started it: a third of all writes hopped.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+from collections import deque
 from collections.abc import Callable
 from contextlib import suppress
 from queue import SimpleQueue
@@ -71,8 +75,7 @@ class Worker:
         self._slot = _Slot()
         self._thread = threading.Thread(target=_work, args=(self._jobs, self._slot), name=name, daemon=True)
         self._pending = 0  # jobs queued and not yet settled; touched on the loop thread only
-        self._queued = self._settled = 0  # jobs ever queued, ever settled (loop thread)
-        self._drains: list[tuple[int, asyncio.Future[None]]] = []  # (settled count awaited, future)
+        self._line = _Line()  # calls waiting for their turn (loop thread)
         self._inline_writes = 0
 
     def on_thread(self) -> bool:
@@ -83,13 +86,24 @@ class Worker:
         await self._submit(_open, connect)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await self._submit(_with_connection, fn, args)
+        return await self.run_job(_with_connection, fn, args)
 
     async def run_small(self, fn: Callable[..., T], *args: Any) -> T:
         """A small write: done at once when the thread is idle and the database free, else
-        queued as by `run` (see the module docstring)."""
-        if self._pending:
-            await self._drained(self._queued)
+        after what was asked before it (see the module docstring)."""
+        if not (self._pending or self._line):
+            done, out = self._small(fn, args)
+        else:
+            await self._line.turn(lambda: self._pending == 0)
+            try:
+                done, out = self._small(fn, args)
+            finally:
+                self._line.next()
+        return out if done else await out
+
+    def _small(self, fn: Callable[..., T], args: tuple[Any, ...]) -> tuple[bool, Any]:
+        """(True, its result) run inline; (False, the future of its job) queued, when a job
+        is pending or another process holds the write lock."""
         conn = self._slot.conn
         if self._pending == 0 and conn is not None:
             self._slot.busy_timeout(0)  # the worker's jobs set it back (`_with_connection`)
@@ -102,15 +116,26 @@ class Worker:
                 self._inline_writes += 1
                 if self._inline_writes % CHECKPOINT_EVERY == 0:
                     self._submit(_checkpoint).add_done_callback(_ignore)
-                return result
-        return await self.run(fn, *args)
+                return True, result
+        return False, self._submit(_with_connection, fn, args)
+
+    async def run_job(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(slot, *args)` on the thread, after every call made before it."""
+        if self._line:  # small writes made before it are waiting: it goes after them
+            await self._line.turn(lambda: True)
+            try:
+                future = self._submit(fn, *args)
+            finally:
+                self._line.next()
+            return await future
+        return await self._submit(fn, *args)
 
     async def close(self) -> None:
-        """Close the connection after every job queued before, and end the thread."""
+        """Close the connection after every call made before, and end the thread."""
         if not self._thread.is_alive():
             return
         try:
-            await self._submit(_close)
+            await self.run_job(_close)
         finally:
             self._jobs.put(None)
 
@@ -124,23 +149,44 @@ class Worker:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._pending += 1  # until the thread has run it, even if its caller is cancelled
-        self._queued += 1
         self._jobs.put((loop, future, fn, args, self._job_done))
         return future
 
     def _job_done(self) -> None:
         self._pending -= 1
-        self._settled += 1
-        while self._drains and self._drains[0][0] <= self._settled:
-            future = self._drains.pop(0)[1]
-            if not future.done():
-                future.set_result(None)
+        self._line.next()
 
-    async def _drained(self, count: int) -> None:
-        """Until `count` jobs have settled (jobs settle in the order queued)."""
-        future = asyncio.get_running_loop().create_future()
-        self._drains.append((count, future))
-        await future
+
+class _Line:
+    """Calls waiting for their turn, in the order made. The first is let go when it may go
+    (`ready`: a small write once no job is pending; a job at once); it leaves the line
+    when it resumes, acts (runs inline, or queues its job) and lets the next one go."""
+
+    def __init__(self) -> None:
+        self._waiting: deque[tuple[Callable[[], bool], asyncio.Future[None]]] = deque()
+
+    def __bool__(self) -> bool:
+        return bool(self._waiting)
+
+    async def turn(self, ready: Callable[[], bool]) -> None:
+        entry = (ready, asyncio.get_running_loop().create_future())
+        self._waiting.append(entry)
+        if len(self._waiting) == 1 and ready():
+            entry[1].set_result(None)
+        try:
+            await entry[1]
+        except BaseException:  # cancelled: out of the line, and its turn (if it had it) passed on
+            self._waiting.remove(entry)
+            self.next()
+            raise
+        self._waiting.remove(entry)  # its turn: the caller acts, then calls `next`
+
+    def next(self) -> None:
+        """Let the first waiting call go if it may."""
+        if self._waiting:
+            ready, future = self._waiting[0]
+            if not future.done() and ready():
+                future.set_result(None)
 
 
 def _work(jobs: SimpleQueue[_Job | None], slot: _Slot) -> None:
