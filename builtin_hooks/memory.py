@@ -52,7 +52,10 @@ def memory_files(cwd: Path, home: Path, extra: list[str]) -> list[Path]:
     out: list[Path] = []
     seen: set[Path] = set()
     for path in [home / FILENAME, *local, *configured]:
-        key = path.resolve()
+        try:
+            key = path.resolve()
+        except (OSError, RuntimeError):  # a symlink loop (RuntimeError on 3.11): _read skips it
+            key = path
         if key not in seen:
             seen.add(key)
             out.append(path)

@@ -408,6 +408,25 @@ def close_dangling_tool_calls(messages: list[Message], note: str = INTERRUPTED) 
     return out
 
 
+def without_stray_results(messages: list[Message]) -> list[Message]:
+    """`messages` without the tool results that answer no open call (the list itself when
+    there are none): a result stored twice, after a write whose answer was lost and the
+    failed turn's own answer to the call, keeps its first."""
+    out: list[Message] = []
+    open_calls: set[str] = set()
+    for m in messages:
+        if m.role == "tool":
+            if m.tool_call_id not in open_calls:
+                continue
+            open_calls.discard(m.tool_call_id)
+        elif m.role == "assistant":
+            open_calls = {c.id for c in m.tool_calls}
+        else:
+            open_calls = set()
+        out.append(m)
+    return messages if len(out) == len(messages) else out
+
+
 def pretty(messages: Iterable[Message]) -> str:
     labels = {"system": "System", "user": "Human", "assistant": "AI"}
     parts = []

@@ -14,7 +14,7 @@ import anyio
 from crow import images
 from crow.errors import StoreError
 from crow.llm.base import ModelRequest, Usage
-from crow.messages import Message, Messages, close_dangling_tool_calls, valid_value
+from crow.messages import Message, Messages, close_dangling_tool_calls, valid_value, without_stray_results
 from crow.pricing import known_cost
 
 if TYPE_CHECKING:
@@ -136,8 +136,13 @@ class Session:
 
     async def _reload(self) -> None:
         assert self.store is not None
-        record = await self.store.get_session(self.id)
-        stored = await self.store.load_context(self.id)
+        self.unsure = False  # a write failing from here on is read back next time too
+        try:
+            record = await self.store.get_session(self.id)
+            stored = await self.store.load_context(self.id)
+        except BaseException:
+            self.unsure = True
+            raise
         if record is not None:
             self.todos, self.files, self.title = list(record.todos), dict(record.files), record.title
             self.cost = known_cost(record.cost)
@@ -145,15 +150,15 @@ class Session:
         self.last_usage, self.usage_covers, self.last_request = None, 0, None
         self.state.pop("crow.tool_ids", None)
         self.state.pop("crow.message_ids", None)
-        self.unsure = False
         await self.repair()
 
     async def repair(self) -> list[Message]:
         """Make a stored context sendable again, durably: drop images no provider accepts
-        (stored before prompts were checked: a note says so) and answer tool calls left
-        without a result (a crash mid-turn). Returns the answers appended at the end."""
+        (stored before prompts were checked: a note says so) and results stored twice (a
+        write whose answer was lost), and answer tool calls left without a result (a crash
+        mid-turn). Returns the answers appended at the end."""
         current = list(self.messages)
-        if (kept := images.without_invalid(current)) is not current:
+        if (kept := without_stray_results(images.without_invalid(current))) is not current:
             await self.set_messages(kept)  # the context only: the transcript stays as shown
             current = list(kept)
         repaired = close_dangling_tool_calls(current)
@@ -167,9 +172,12 @@ class Session:
 
     @staticmethod
     def needs_repair(messages: Sequence[Message]) -> bool:
-        return images.without_invalid(messages) is not messages or len(
-            close_dangling_tool_calls(list(messages))
-        ) != len(messages)
+        listed = list(messages)
+        return (
+            images.without_invalid(messages) is not messages
+            or without_stray_results(listed) is not listed
+            or len(close_dangling_tool_calls(listed)) != len(listed)
+        )
 
     def unique_tool_ids(self, message: Message) -> Message:
         """Give tool calls whose id the session already used (local servers reuse `call_0`)
@@ -255,6 +263,7 @@ class Session:
             await self.store.rewind_context(self.id, list(self.messages), marker.valid())
         except StoreError:
             self.messages, self.last_usage, self.usage_covers, self.last_request = before
+            self.unsure = True
             raise
 
     async def save(self, **fields: Any) -> None:
@@ -271,4 +280,5 @@ class Session:
             for key, value in before.items():
                 if getattr(self, key) is fields[key]:  # unless another save set it since
                     setattr(self, key, value)
+            self.unsure = True
             raise

@@ -319,6 +319,15 @@ def test_a_fifo_named_agents_md_is_skipped_not_waited_on(tmp_path: Path, caplog:
     assert "GLOBAL" in loaded[0] and "not a regular file" in caplog.text
 
 
+def test_an_agents_md_linking_to_itself_costs_only_itself(tmp_path: Path) -> None:
+    # Path.resolve() raises on a symlink loop (RuntimeError on 3.11): every memory file of
+    # the prompt was lost with it, a traceback each prompt.
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "AGENTS.md").write_text("GLOBAL", encoding="utf-8")
+    (tmp_path / "AGENTS.md").symlink_to(tmp_path / "AGENTS.md")
+    assert "GLOBAL" in MemoryHook(home=tmp_path / "home").load(tmp_path)
+
+
 def test_memory_with_windows_line_ends_reads_as_text(tmp_path: Path) -> None:
     (tmp_path / "AGENTS.md").write_bytes(b"one\r\ntwo\rthree\n")
     assert "one\ntwo\nthree" in MemoryHook(home=tmp_path / "home").load(tmp_path)
