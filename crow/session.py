@@ -47,6 +47,9 @@ class CompactionState:
         return self._lock
 
 
+_RELOADED = frozenset({"todos", "files", "title", "cost"})  # what `Session._reload` reads back
+
+
 @dataclass(eq=False)
 class Session:
     id: str
@@ -86,6 +89,7 @@ class Session:
     # A write failed: the store may hold it all the same (a server that did it and whose
     # answer was lost), so the next turn reads the session back (`exclusive`).
     unsure: bool = field(default=False, repr=False)
+    unsaved: set[str] = field(default_factory=set, repr=False)  # fields of the saves that failed
 
     @property
     def root(self) -> Session:
@@ -138,6 +142,11 @@ class Session:
         assert self.store is not None
         self.unsure = False  # a write failing from here on is read back next time too
         try:
+            # What a reload does not read (the mode, model, ... this process keeps) is put
+            # back as memory and the editor have it, in case the failed save was done.
+            if kept := {k: getattr(self, k) for k in self.unsaved if k not in _RELOADED}:
+                await self.store.update_session(self.id, **kept)
+            self.unsaved.clear()
             record = await self.store.get_session(self.id)
             stored = await self.store.load_context(self.id)
         except BaseException:
@@ -281,4 +290,5 @@ class Session:
                 if getattr(self, key) is fields[key]:  # unless another save set it since
                     setattr(self, key, value)
             self.unsure = True
+            self.unsaved.update(fields)
             raise

@@ -119,3 +119,16 @@ async def test_a_rewind_and_a_save_whose_answers_were_lost_are_read_back(tmp_pat
         assert session.todos == []
         async with session.exclusive():
             assert session.todos == [{"id": "1", "title": "t", "status": "pending"}]
+
+
+async def test_a_lost_mode_save_is_put_back_as_memory_has_it(tmp_path: Path) -> None:
+    async with LosingStore(tmp_path / "crow.db") as store:
+        await store.create_session(id="s", cwd="/w", mode="ask")
+        session = Session(id="s", cwd=Path("/w"), store=store, mode="ask")
+        store.lose = "update"
+        with pytest.raises(StoreError):
+            await session.save(mode="yolo")
+        assert session.unsure
+        async with session.exclusive():
+            record = await store.get_session("s")
+            assert record is not None and session.mode == record.mode == "ask"

@@ -1,13 +1,15 @@
 from __future__ import annotations
 
+import asyncio
 import gc
 import signal
 import sqlite3
 import sys
 import textwrap
+import threading
 import time
 import warnings
-from contextlib import closing
+from contextlib import closing, suppress
 from pathlib import Path
 
 import anyio
@@ -26,6 +28,7 @@ from crow.messages import (
     tool_msg,
     validate,
 )
+from crow.session import Session
 from crow.store import SCHEMA_VERSION, SessionRecord, SQLiteStore, Store
 from tests.support.store_backends import new_store
 
@@ -523,7 +526,6 @@ async def test_a_wal_checkpoint_sends_no_small_write_to_the_thread(tmp_path: Pat
     # Small writes asked for while a checkpoint is queued or fsyncing wait for it on the
     # loop, then run inline. Queued behind it, each was a hop of its own, and under a
     # steady stream of writes (50 busy sessions) a third of all writes hopped.
-    import threading
 
     from crow.store import _worker
 
@@ -551,9 +553,7 @@ async def test_an_unlock_waiting_for_a_job_is_not_overtaken_by_a_later_lock(tmp_
     # A turn's unlock waits behind a queued job; the next turn's lock of the same session,
     # made once that job had settled but before the unlock ran, must still come after it:
     # else the unlock releases the new turn's lock and another process may write too.
-    import asyncio
     import sqlite3
-    import threading
     import time
     from contextlib import closing
 
@@ -578,8 +578,6 @@ async def test_an_unlock_waiting_for_a_job_is_not_overtaken_by_a_later_lock(tmp_
 
 async def test_a_small_write_made_before_a_fork_is_in_the_fork(tmp_path: Path) -> None:
     # An append waiting behind a queued job, then a fork: the fork runs after the append.
-    import asyncio
-    import threading
 
     async with SQLiteStore(tmp_path / "crow.db") as s:
         await s.create_session(id="s", cwd="/p")
@@ -595,9 +593,9 @@ async def test_a_small_write_made_before_a_fork_is_in_the_fork(tmp_path: Path) -
         assert [m.content for m in await s.load_transcript("f")] == ["asked before the fork"]
 
 
-async def test_a_call_cancelled_while_it_waits_its_turn_lets_the_others_go(tmp_path: Path) -> None:
-    import asyncio
-    import threading
+async def test_a_call_cancelled_while_it_waits_its_turn_still_runs_in_it(tmp_path: Path) -> None:
+    # Made, it is issued (as a queued job is): Session.add keeps a cancelled append in
+    # memory, so the store must have it too; the calls after it still go.
 
     async with SQLiteStore(tmp_path / "crow.db") as s:
         await s.create_session(id="s", cwd="/p")
@@ -612,14 +610,13 @@ async def test_a_call_cancelled_while_it_waits_its_turn_lets_the_others_go(tmp_p
         go.set()
         await asyncio.gather(job, second, third)
         assert first.cancelled()
-        assert [m.content for m in await s.load_transcript("s")] == ["kept"]
+        assert [m.content for m in await s.load_transcript("s")] == ["cancelled", "kept"]
         assert not s._worker._line
 
 
 async def test_a_large_append_is_written_off_the_event_loop(sqlite_store: SQLiteStore) -> None:
     """A message with an image (megabytes of JSON) is encoded and written on the worker
     thread; a small one inline. Inline, a 1.4 MB row held the event loop 20-40 ms."""
-    import threading
 
     writers: list[str] = []
 
@@ -644,10 +641,132 @@ async def test_prefix_lookups(new_store) -> None:
         for sid in ("abc", "abcd", "abce", "b" * 32, "zz\U0010ffff", "ab_x", "AB"):
             await s.create_session(id=sid, cwd="/p", title=sid)
         assert await s.match_ids("abc") == [("abc", "abc")], "an exact id wins over the ids it starts"
-        assert await s.match_ids("ab") == [("ab_x", "ab_x"), ("abc", "abc"), ("abcd", "abcd"), ("abce", "abce")]
+        assert await s.match_ids("ab") == [
+            ("ab_x", "ab_x"),
+            ("abc", "abc"),
+            ("abcd", "abcd"),
+            ("abce", "abce"),
+        ]
         assert await s.match_ids("ab", 2) == [("ab_x", "ab_x"), ("abc", "abc")]
         assert await s.match_ids("") == [] and await s.match_ids("c") == [] and await s.match_ids("%") == []
         assert await s.match_ids("a_") == [] and await s.match_ids("zz") == [("zz\U0010ffff", "zz\U0010ffff")]
         short = await s.short_ids(["abcd", "b" * 32, "abc", "AB"], minimum=2)
         assert short == {"abcd": "abcd", "b" * 32: "bb", "abc": "abc", "AB": "AB"}
         assert await s.short_ids(["b" * 32]) == {"b" * 32: "b" * 8}
+
+
+# A call waiting in the line (jobs pending) is issued: cancelling its caller stops the
+# waiting, not the call (found in review: such calls were dropped, memory kept them).
+async def _occupy(s: SQLiteStore) -> tuple[threading.Event, asyncio.Future[object]]:
+    """The worker thread held by a job until the event is set."""
+    go = threading.Event()
+    job = asyncio.ensure_future(s._run(lambda conn: go.wait(5)))
+    await asyncio.sleep(0)
+    return go, job
+
+
+async def test_a_small_append_cancelled_in_the_line_is_stored_as_memory_keeps_it(tmp_path: Path) -> None:
+    # Session.add keeps the messages in memory on a cancel ("a queued append still runs"),
+    # store/base.py: "a write whose caller is cancelled after it was issued still lands".
+    async with SQLiteStore(tmp_path / "crow.db") as s:
+        await s.create_session(id="s", cwd="/p")
+        session = Session("s", tmp_path, store=s)
+        go, job = await _occupy(s)  # a heartbeat `touch`, a checkpoint, a get_session...
+        add = asyncio.ensure_future(session.add(human("the model's answer")))
+        await asyncio.sleep(0)
+        add.cancel()  # the user's session/cancel
+        await asyncio.sleep(0)
+        go.set()
+        await job
+        with suppress(asyncio.CancelledError):
+            await add
+        memory = [m.content for m in session.messages]
+        stored = [m.content for m in await s.load_context("s")]
+        assert memory == stored, (memory, stored)
+
+
+async def test_a_large_append_cancelled_behind_a_waiting_small_write_is_stored(tmp_path: Path) -> None:
+    # New in c80268c: `run` (a job) used to be queued at its first step; now it may wait
+    # in the line, and a cancel there drops it.
+    async with SQLiteStore(tmp_path / "crow.db") as s:
+        await s.create_session(id="s", cwd="/p")
+        session = Session("s", tmp_path, store=s)
+        go, job = await _occupy(s)
+        small = asyncio.ensure_future(s.update_session("s", title="t"))  # waits in the line
+        await asyncio.sleep(0)
+        add = asyncio.ensure_future(session.add(human("x" * 70_000)))  # > INLINE_BYTES: a job
+        await asyncio.sleep(0)
+        add.cancel()
+        await asyncio.sleep(0)
+        go.set()
+        await asyncio.gather(job, small)
+        with suppress(asyncio.CancelledError):
+            await add
+        assert len(session.messages) == 1
+        assert len(await s.load_context("s")) == 1, "the cancelled job was never queued"
+
+
+async def test_a_turn_cancelled_while_its_answer_waits_in_the_line_keeps_the_answer(tmp_path: Path) -> None:
+    # The end-to-end effect: memory has A(c1) + the cancel's answer; the store only the
+    # answer, which without_stray_results then drops on the next load: A is gone for good.
+    async with SQLiteStore(tmp_path / "crow.db") as s:
+        await s.create_session(id="s", cwd="/p")
+        session = Session("s", tmp_path, store=s)
+        await session.add(human("do it"))
+        go, job = await _occupy(s)
+        a = Message(role="assistant", content="I will run it", tool_calls=(ToolCall("c1", "bash", {}),))
+        add = asyncio.ensure_future(session.add(a))
+        await asyncio.sleep(0)
+        add.cancel()
+        await asyncio.sleep(0)
+        go.set()
+        await job
+        with suppress(asyncio.CancelledError):
+            await add
+        await session.add(tool_msg("c1", "bash", "interrupted", is_error=True))  # loop._close_dangling
+        stored = await s.load_context("s")
+        assert [m.role for m in stored] == [m.role for m in session.messages], [m.role for m in stored]
+
+
+async def test_a_close_cancelled_in_the_line_still_closes_the_connection(tmp_path: Path) -> None:
+    async with SQLiteStore(tmp_path / "crow.db") as s:
+        await s.create_session(id="s", cwd="/p")
+        w = s._worker
+        go, job = await _occupy(s)
+        small = asyncio.ensure_future(s.append("s", [human("before the close")]))
+        await asyncio.sleep(0)
+        closer = asyncio.ensure_future(w.close())
+        await asyncio.sleep(0)
+        closer.cancel()  # Agent.aclose cut short: close's finally queues the end anyway
+        with suppress(asyncio.CancelledError):
+            await closer
+        go.set()
+        await asyncio.gather(job, small)
+        await asyncio.sleep(0.2)
+        assert not w._thread.is_alive()
+        assert w._slot.conn is None, "the thread ended without closing the connection"
+
+
+async def test_a_busy_write_after_a_cancelled_close_is_told_not_hung(tmp_path: Path) -> None:
+    db = tmp_path / "crow.db"
+    async with SQLiteStore(db) as s:
+        await s.create_session(id="s", cwd="/p")
+        w = s._worker
+        go, job = await _occupy(s)
+        small = asyncio.ensure_future(s.append("s", [human("before the close")]))
+        await asyncio.sleep(0)
+        closer = asyncio.ensure_future(w.close())
+        await asyncio.sleep(0)
+        closer.cancel()
+        with suppress(asyncio.CancelledError):
+            await closer
+        with closing(sqlite3.connect(db, isolation_level=None)) as other:
+            other.execute("BEGIN IMMEDIATE")  # another crow process writing
+            go.set()
+            await job
+            await asyncio.sleep(0.3)  # the thread has ended (None after the job)
+            other.execute("COMMIT")
+            try:
+                await asyncio.wait_for(asyncio.shield(small), 3)
+            except TimeoutError:
+                pytest.fail(f"the write hangs: queued behind the end of the thread (pending={w._pending})")

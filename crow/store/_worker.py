@@ -15,10 +15,11 @@ on the thread every CHECKPOINT_EVERY such writes). So the loop still never waits
 lock or a disk flush.
 
 Calls keep the order they were made in. A small write made while jobs are queued waits
-in a line on the loop (`_Line`) until they have settled, then runs inline; a job made
-while small writes wait joins the line behind them. Queued as jobs instead, small writes
-made while writes kept coming (50 busy sessions) kept the queue from ever emptying once
-a checkpoint had started it: a third of all writes hopped.
+in a line on the loop until they have settled, then runs inline; a job made while small
+writes wait joins the line behind them. A call in the line is issued: its caller
+cancelled, it still runs in its turn, as a queued job does. Queued as jobs instead, small
+writes made while writes kept coming (50 busy sessions) kept the queue from ever emptying
+once a checkpoint had started it: a third of all writes hopped.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from contextlib import suppress
+from functools import partial
 from queue import SimpleQueue
 from typing import Any, TypeVar
 
@@ -75,7 +77,9 @@ class Worker:
         self._slot = _Slot()
         self._thread = threading.Thread(target=_work, args=(self._jobs, self._slot), name=name, daemon=True)
         self._pending = 0  # jobs queued and not yet settled; touched on the loop thread only
-        self._line = _Line()  # calls waiting for their turn (loop thread)
+        # Calls made while jobs were pending, in order: (small write, its step, its future).
+        self._line: deque[tuple[bool, Callable[[], tuple[bool, Any]], asyncio.Future[Any]]] = deque()
+        self._ended = False  # the end of the thread is queued: no job after it
         self._inline_writes = 0
 
     def on_thread(self) -> bool:
@@ -93,13 +97,8 @@ class Worker:
         after what was asked before it (see the module docstring)."""
         if not (self._pending or self._line):
             done, out = self._small(fn, args)
-        else:
-            await self._line.turn(lambda: self._pending == 0)
-            try:
-                done, out = self._small(fn, args)
-            finally:
-                self._line.next()
-        return out if done else await out
+            return out if done else await out
+        return await self._in_line(True, partial(self._small, fn, args))
 
     def _small(self, fn: Callable[..., T], args: tuple[Any, ...]) -> tuple[bool, Any]:
         """(True, its result) run inline; (False, the future of its job) queued, when a job
@@ -122,71 +121,77 @@ class Worker:
     async def run_job(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(slot, *args)` on the thread, after every call made before it."""
         if self._line:  # small writes made before it are waiting: it goes after them
-            await self._line.turn(lambda: True)
-            try:
-                future = self._submit(fn, *args)
-            finally:
-                self._line.next()
-            return await future
+            return await self._in_line(False, lambda: (False, self._submit(fn, *args)))
         return await self._submit(fn, *args)
 
     async def close(self) -> None:
-        """Close the connection after every call made before, and end the thread."""
-        if not self._thread.is_alive():
-            return
-        try:
-            await self.run_job(_close)
-        finally:
-            self._jobs.put(None)
+        """Close the connection after every call made before, and end the thread: both
+        queued in one step, so a cancelled caller cannot end the thread without the close."""
+        if self._thread.is_alive() and not self._ended:
+            await self._in_line(False, self._close_and_end)
+
+    def _close_and_end(self) -> tuple[bool, Any]:
+        future = self._submit(_close)
+        self._jobs.put(None)
+        self._ended = True
+        return False, future
 
     def close_soon(self) -> None:
         """From `__del__` (no loop to await on): queue the close and the end."""
-        if self._thread.is_alive():
+        if self._thread.is_alive() and not self._ended:
             self._jobs.put((None, None, _close, (), None))
             self._jobs.put(None)
+            self._ended = True
 
     def _submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
+        if self._ended:  # the thread takes no more jobs: said, not waited for forever
+            future.set_exception(StoreError("store closed"))
+            return future
         self._pending += 1  # until the thread has run it, even if its caller is cancelled
         self._jobs.put((loop, future, fn, args, self._job_done))
         return future
 
     def _job_done(self) -> None:
         self._pending -= 1
-        self._line.next()
+        self._advance()
+
+    async def _in_line(self, small: bool, act: Callable[[], tuple[bool, Any]]) -> Any:
+        """Queue `act` behind the calls made before it; it is issued now: a cancelled
+        caller stops waiting for it, and it still runs in its turn (as a queued job does)."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._line.append((small, act, future))
+        self._advance()
+        return await future
+
+    def _advance(self) -> None:
+        """Run the calls at the head of the line while they may run: a job at once (it is
+        queued in order), a small write once no job is pending."""
+        while self._line:
+            small, act, future = self._line[0]
+            if small and self._pending:
+                return
+            self._line.popleft()
+            try:
+                done, out = act()
+            except BaseException as exc:
+                _settle(future, None, exc, None)
+                continue
+            if done:
+                _settle(future, out, None, None)
+            else:
+                out.add_done_callback(partial(_relay, future))
 
 
-class _Line:
-    """Calls waiting for their turn, in the order made. The first is let go when it may go
-    (`ready`: a small write once no job is pending; a job at once); it leaves the line
-    when it resumes, acts (runs inline, or queues its job) and lets the next one go."""
-
-    def __init__(self) -> None:
-        self._waiting: deque[tuple[Callable[[], bool], asyncio.Future[None]]] = deque()
-
-    def __bool__(self) -> bool:
-        return bool(self._waiting)
-
-    async def turn(self, ready: Callable[[], bool]) -> None:
-        entry = (ready, asyncio.get_running_loop().create_future())
-        self._waiting.append(entry)
-        if len(self._waiting) == 1 and ready():
-            entry[1].set_result(None)
-        try:
-            await entry[1]
-        except BaseException:  # cancelled: out of the line, and its turn (if it had it) passed on
-            self._waiting.remove(entry)
-            self.next()
-            raise
-        self._waiting.remove(entry)  # its turn: the caller acts, then calls `next`
-
-    def next(self) -> None:
-        """Let the first waiting call go if it may."""
-        if self._waiting:
-            ready, future = self._waiting[0]
-            if not future.done() and ready():
-                future.set_result(None)
+def _relay(future: asyncio.Future[Any], job: asyncio.Future[Any]) -> None:
+    """A queued call's job has settled: its caller (if still waiting) hears how."""
+    if job.cancelled():
+        if not future.done():
+            future.cancel()
+        return
+    error = job.exception()
+    _settle(future, None if error else job.result(), error, None)
 
 
 def _work(jobs: SimpleQueue[_Job | None], slot: _Slot) -> None:
