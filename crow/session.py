@@ -141,16 +141,17 @@ class Session:
     async def _reload(self) -> None:
         assert self.store is not None
         self.unsure = False  # a write failing from here on is read back next time too
+        unsaved, self.unsaved = self.unsaved, set()  # likewise a save failing from here on
         try:
             # What a reload does not read (the mode, model, ... this process keeps) is put
             # back as memory and the editor have it, in case the failed save was done.
-            if kept := {k: getattr(self, k) for k in self.unsaved if k not in _RELOADED}:
+            if kept := {k: getattr(self, k) for k in unsaved if k not in _RELOADED}:
                 await self.store.update_session(self.id, **kept)
-            self.unsaved.clear()
             record = await self.store.get_session(self.id)
             stored = await self.store.load_context(self.id)
         except BaseException:
             self.unsure = True
+            self.unsaved |= unsaved
             raise
         if record is not None:
             self.todos, self.files, self.title = list(record.todos), dict(record.files), record.title

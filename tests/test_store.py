@@ -770,3 +770,63 @@ async def test_a_busy_write_after_a_cancelled_close_is_told_not_hung(tmp_path: P
                 await asyncio.wait_for(asyncio.shield(small), 3)
             except TimeoutError:
                 pytest.fail(f"the write hangs: queued behind the end of the thread (pending={w._pending})")
+
+
+async def test_callers_resume_in_the_order_their_calls_were_made(tmp_path: Path) -> None:
+    # A job, then a small write behind it: the job's caller hears first (the write used to
+    # run and be told before the job's own caller resumed).
+    async with SQLiteStore(tmp_path / "crow.db") as s:
+        await s.create_session(id="s", cwd="/p")
+        order: list[str] = []
+        go = threading.Event()
+
+        async def job() -> None:
+            await s._run(lambda c: go.wait(5))
+            order.append("job")
+
+        async def small() -> None:
+            await s.update_session("s", title="t")
+            order.append("small")
+
+        first = asyncio.ensure_future(job())
+        await asyncio.sleep(0)
+        second = asyncio.ensure_future(small())
+        await asyncio.sleep(0)
+        go.set()
+        await asyncio.gather(first, second)
+        assert order == ["job", "small"]
+
+
+async def test_a_second_close_made_while_the_first_waits_is_no_error(tmp_path: Path) -> None:
+    async with SQLiteStore(tmp_path / "crow.db") as s:
+        await s.create_session(id="s", cwd="/p")
+        go, job = await _occupy(s)
+        small = asyncio.ensure_future(s.append("s", [human("x")]))
+        await asyncio.sleep(0)
+        closes = [asyncio.ensure_future(s._worker.close()) for _ in range(2)]
+        await asyncio.sleep(0)
+        go.set()
+        assert await asyncio.gather(job, small, *closes, return_exceptions=True) == [True, None, None, None]
+        s._state = "closed"
+
+
+async def test_close_soon_comes_after_the_calls_already_made(tmp_path: Path) -> None:
+    # What an unclosed store's __del__ does: the close goes behind the calls in the line,
+    # not straight to the thread ahead of them (an issued append was dropped).
+    s = SQLiteStore(tmp_path / "crow.db")
+    await s.open()
+    await s.create_session(id="s", cwd="/p")
+    go, job = await _occupy(s)
+    add = asyncio.ensure_future(s.append("s", [human("issued before the close")]))
+    await asyncio.sleep(0)
+    add.cancel()
+    s._state = "closed"
+    s._worker.close_soon()
+    go.set()
+    await job
+    for _ in range(100):
+        if not s._worker._thread.is_alive():
+            break
+        await asyncio.sleep(0.02)
+    with closing(sqlite3.connect(tmp_path / "crow.db")) as conn:
+        assert conn.execute("SELECT count(*) FROM entries").fetchone()[0] == 1

@@ -78,14 +78,16 @@ class Worker:
         self._thread = threading.Thread(target=_work, args=(self._jobs, self._slot), name=name, daemon=True)
         self._pending = 0  # jobs queued and not yet settled; touched on the loop thread only
         # Calls made while jobs were pending, in order: (small write, its step, its future).
-        self._line: deque[tuple[bool, Callable[[], tuple[bool, Any]], asyncio.Future[Any]]] = deque()
+        self._line: deque[tuple[bool, Callable[[asyncio.Future[Any]], None], asyncio.Future[Any]]] = deque()
         self._ended = False  # the end of the thread is queued: no job after it
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop `open` ran on
         self._inline_writes = 0
 
     def on_thread(self) -> bool:
         return threading.current_thread() is self._thread
 
     async def open(self, connect: Callable[[], sqlite3.Connection]) -> None:
+        self._loop = asyncio.get_running_loop()
         self._thread.start()
         await self._submit(_open, connect)
 
@@ -95,14 +97,15 @@ class Worker:
     async def run_small(self, fn: Callable[..., T], *args: Any) -> T:
         """A small write: done at once when the thread is idle and the database free, else
         after what was asked before it (see the module docstring)."""
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         if not (self._pending or self._line):
-            done, out = self._small(fn, args)
-            return out if done else await out
-        return await self._in_line(True, partial(self._small, fn, args))
+            self._small(fn, args, future)
+            return future.result() if future.done() else await future
+        return await self._in_line(True, partial(self._small, fn, args), future)
 
-    def _small(self, fn: Callable[..., T], args: tuple[Any, ...]) -> tuple[bool, Any]:
-        """(True, its result) run inline; (False, the future of its job) queued, when a job
-        is pending or another process holds the write lock."""
+    def _small(self, fn: Callable[..., T], args: tuple[Any, ...], future: asyncio.Future[T]) -> None:
+        """Run inline (its result into `future`), or queued as a job that settles `future`
+        when a job is pending or another process holds the write lock."""
         conn = self._slot.conn
         if self._pending == 0 and conn is not None:
             self._slot.busy_timeout(0)  # the worker's jobs set it back (`_with_connection`)
@@ -110,58 +113,82 @@ class Worker:
                 result = call(fn, conn, *args)
             except StoreError as exc:
                 if not _busy(exc):
-                    raise
+                    _settle(future, None, exc, None)
+                    return
             else:
                 self._inline_writes += 1
                 if self._inline_writes % CHECKPOINT_EVERY == 0:
                     self._submit(_checkpoint).add_done_callback(_ignore)
-                return True, result
-        return False, self._submit(_with_connection, fn, args)
+                _settle(future, result, None, None)
+                return
+        self._queue(_with_connection, (fn, args), future)
 
     async def run_job(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(slot, *args)` on the thread, after every call made before it."""
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         if self._line:  # small writes made before it are waiting: it goes after them
-            return await self._in_line(False, lambda: (False, self._submit(fn, *args)))
-        return await self._submit(fn, *args)
+            return await self._in_line(False, partial(self._queue, fn, args), future)
+        self._queue(fn, args, future)
+        return await future
 
     async def close(self) -> None:
         """Close the connection after every call made before, and end the thread: both
         queued in one step, so a cancelled caller cannot end the thread without the close."""
         if self._thread.is_alive() and not self._ended:
-            await self._in_line(False, self._close_and_end)
+            await self._in_line(False, self._close_and_end, asyncio.get_running_loop().create_future())
 
-    def _close_and_end(self) -> tuple[bool, Any]:
-        future = self._submit(_close)
+    def _close_and_end(self, future: asyncio.Future[None]) -> None:
+        if self._ended:  # a second close, made while the first waited its turn
+            _settle(future, None, None, None)
+            return
+        self._queue(_close, (), future)
         self._jobs.put(None)
         self._ended = True
-        return False, future
 
     def close_soon(self) -> None:
-        """From `__del__` (no loop to await on): queue the close and the end."""
-        if self._thread.is_alive() and not self._ended:
-            self._jobs.put((None, None, _close, (), None))
-            self._jobs.put(None)
-            self._ended = True
+        """From `__del__` (no loop to await on): the close and the end, queued after the
+        calls already made (through the loop while it runs), else at once."""
+        if not self._thread.is_alive() or self._ended:
+            return
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with suppress(RuntimeError):  # closed just now: queued at once below
+                loop.call_soon_threadsafe(self._close_soon_in_line, loop)
+                return
+        self._jobs.put((None, None, _close, (), None))
+        self._jobs.put(None)
+        self._ended = True
+
+    def _close_soon_in_line(self, loop: asyncio.AbstractEventLoop) -> None:
+        future = loop.create_future()
+        future.add_done_callback(_ignore)
+        self._line.append((False, self._close_and_end, future))
+        self._advance()
 
     def _submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-        if self._ended:  # the thread takes no more jobs: said, not waited for forever
-            future.set_exception(StoreError("store closed"))
-            return future
-        self._pending += 1  # until the thread has run it, even if its caller is cancelled
-        self._jobs.put((loop, future, fn, args, self._job_done))
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._queue(fn, args, future)
         return future
+
+    def _queue(self, fn: Callable[..., Any], args: tuple[Any, ...], future: asyncio.Future[Any]) -> None:
+        """`fn(slot, *args)` to the thread, settling `future`."""
+        if self._ended:  # the thread takes no more jobs: said, not waited for forever
+            _settle(future, None, StoreError("store closed"), None)
+            return
+        self._pending += 1  # until the thread has run it, even if its caller is cancelled
+        self._jobs.put((future.get_loop(), future, fn, args, self._job_done))
 
     def _job_done(self) -> None:
         self._pending -= 1
         self._advance()
 
-    async def _in_line(self, small: bool, act: Callable[[], tuple[bool, Any]]) -> Any:
-        """Queue `act` behind the calls made before it; it is issued now: a cancelled
-        caller stops waiting for it, and it still runs in its turn (as a queued job does)."""
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._line.append((small, act, future))
+    async def _in_line(
+        self, small: bool, step: Callable[[asyncio.Future[Any]], None], future: asyncio.Future[T]
+    ) -> T:
+        """Queue `step` (which settles `future`, inline or through a job) behind the calls
+        made before it. It is issued now: a cancelled caller stops waiting for it, and it
+        still runs in its turn, as a queued job does."""
+        self._line.append((small, step, future))
         self._advance()
         return await future
 
@@ -169,29 +196,14 @@ class Worker:
         """Run the calls at the head of the line while they may run: a job at once (it is
         queued in order), a small write once no job is pending."""
         while self._line:
-            small, act, future = self._line[0]
+            small, step, future = self._line[0]
             if small and self._pending:
                 return
             self._line.popleft()
             try:
-                done, out = act()
+                step(future)
             except BaseException as exc:
                 _settle(future, None, exc, None)
-                continue
-            if done:
-                _settle(future, out, None, None)
-            else:
-                out.add_done_callback(partial(_relay, future))
-
-
-def _relay(future: asyncio.Future[Any], job: asyncio.Future[Any]) -> None:
-    """A queued call's job has settled: its caller (if still waiting) hears how."""
-    if job.cancelled():
-        if not future.done():
-            future.cancel()
-        return
-    error = job.exception()
-    _settle(future, None if error else job.result(), error, None)
 
 
 def _work(jobs: SimpleQueue[_Job | None], slot: _Slot) -> None:
@@ -213,14 +225,15 @@ def _work(jobs: SimpleQueue[_Job | None], slot: _Slot) -> None:
 def _settle(
     future: asyncio.Future[Any], result: Any, error: BaseException | None, job_done: Callable[[], None] | None
 ) -> None:
+    """The call's caller hears first, then the calls waiting behind it may go (their
+    callers resume after it, in the order the calls were made)."""
+    if not future.done():  # else the caller was cancelled; the job ran anyway
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
     if job_done is not None:
         job_done()
-    if future.done():  # the caller was cancelled; the job ran anyway
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
 
 
 def _with_connection(slot: _Slot, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
