@@ -549,6 +549,16 @@ async def test_a_wal_checkpoint_sends_no_small_write_to_the_thread(tmp_path: Pat
     assert wal < 45 * 2 * 4096, f"the checkpoints let the WAL be reused: {wal} bytes"
 
 
+async def _occupy(s: SQLiteStore) -> tuple[threading.Event, asyncio.Future[object]]:
+    """The worker thread held by a job until the event is set: calls made meanwhile wait
+    in the line. Such a call is issued: cancelling its caller stops the waiting, not the
+    call (found in review: they were dropped while memory kept them)."""
+    go = threading.Event()
+    job = asyncio.ensure_future(s._run(lambda conn: go.wait(5)))
+    await asyncio.sleep(0)
+    return go, job
+
+
 async def test_an_unlock_waiting_for_a_job_is_not_overtaken_by_a_later_lock(tmp_path: Path) -> None:
     # A turn's unlock waits behind a queued job; the next turn's lock of the same session,
     # made once that job had settled but before the unlock ran, must still come after it:
@@ -561,9 +571,7 @@ async def test_an_unlock_waiting_for_a_job_is_not_overtaken_by_a_later_lock(tmp_
     async with SQLiteStore(db) as s:
         await s.create_session(id="s", cwd="/p")
         await s.lock_session("s")
-        go = threading.Event()
-        job = asyncio.ensure_future(s._run(lambda conn: go.wait(5)))
-        await asyncio.sleep(0)
+        go, job = await _occupy(s)
         unlock = asyncio.ensure_future(s.unlock_session("s"))  # waits behind the job
         await asyncio.sleep(0)
         go.set()
@@ -578,12 +586,9 @@ async def test_an_unlock_waiting_for_a_job_is_not_overtaken_by_a_later_lock(tmp_
 
 async def test_a_small_write_made_before_a_fork_is_in_the_fork(tmp_path: Path) -> None:
     # An append waiting behind a queued job, then a fork: the fork runs after the append.
-
     async with SQLiteStore(tmp_path / "crow.db") as s:
         await s.create_session(id="s", cwd="/p")
-        go = threading.Event()
-        job = asyncio.ensure_future(s._run(lambda conn: go.wait(5)))
-        await asyncio.sleep(0)
+        go, job = await _occupy(s)
         append = asyncio.ensure_future(s.append("s", [human("asked before the fork")]))
         await asyncio.sleep(0)
         fork = asyncio.ensure_future(s.fork_session("s", "f"))
@@ -596,12 +601,9 @@ async def test_a_small_write_made_before_a_fork_is_in_the_fork(tmp_path: Path) -
 async def test_a_call_cancelled_while_it_waits_its_turn_still_runs_in_it(tmp_path: Path) -> None:
     # Made, it is issued (as a queued job is): Session.add keeps a cancelled append in
     # memory, so the store must have it too; the calls after it still go.
-
     async with SQLiteStore(tmp_path / "crow.db") as s:
         await s.create_session(id="s", cwd="/p")
-        go = threading.Event()
-        job = asyncio.ensure_future(s._run(lambda conn: go.wait(5)))
-        await asyncio.sleep(0)
+        go, job = await _occupy(s)
         first = asyncio.ensure_future(s.append("s", [human("cancelled")]))
         second = asyncio.ensure_future(s.append("s", [human("kept")]))
         third = asyncio.ensure_future(s.get_session("s"))
@@ -653,16 +655,6 @@ async def test_prefix_lookups(new_store) -> None:
         short = await s.short_ids(["abcd", "b" * 32, "abc", "AB"], minimum=2)
         assert short == {"abcd": "abcd", "b" * 32: "bb", "abc": "abc", "AB": "AB"}
         assert await s.short_ids(["b" * 32]) == {"b" * 32: "b" * 8}
-
-
-# A call waiting in the line (jobs pending) is issued: cancelling its caller stops the
-# waiting, not the call (found in review: such calls were dropped, memory kept them).
-async def _occupy(s: SQLiteStore) -> tuple[threading.Event, asyncio.Future[object]]:
-    """The worker thread held by a job until the event is set."""
-    go = threading.Event()
-    job = asyncio.ensure_future(s._run(lambda conn: go.wait(5)))
-    await asyncio.sleep(0)
-    return go, job
 
 
 async def test_a_small_append_cancelled_in_the_line_is_stored_as_memory_keeps_it(tmp_path: Path) -> None:
