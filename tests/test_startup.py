@@ -25,8 +25,9 @@ def test_gc_is_paused_for_the_imports_then_frozen_and_back_on() -> None:
     run_python(
         """
         import gc, linecache, sys
-        from crow.startup import WARM_UP_SWITCH_INTERVAL, fast_imports, imports_done
+        from crow.startup import WARM_UP_SWITCH_INTERVAL, YOUNG_GC_THRESHOLD, fast_imports, imports_done
         before = sys.getswitchinterval()
+        young, *older = gc.get_threshold()
         fast_imports()
         assert not gc.isenabled()
         assert sys.getswitchinterval() == WARM_UP_SWITCH_INTERVAL < before
@@ -34,6 +35,7 @@ def test_gc_is_paused_for_the_imports_then_frozen_and_back_on() -> None:
         assert linecache.cache
         imports_done()
         assert gc.isenabled() and gc.get_freeze_count() > 10_000
+        assert gc.get_threshold() == (YOUNG_GC_THRESHOLD, *older) and YOUNG_GC_THRESHOLD > young
         assert not linecache.cache
         assert sys.getswitchinterval() == before
         imports_done()  # idempotent
@@ -48,10 +50,12 @@ def test_gc_left_alone_when_the_caller_had_it_off() -> None:
         import gc
         gc.disable()
         frozen = gc.get_freeze_count()  # not 0 at start on every Python (3.12.1: 375)
+        threshold = gc.get_threshold()
         from crow.startup import fast_imports, imports_done
         fast_imports()
         imports_done()
         assert not gc.isenabled() and gc.get_freeze_count() == frozen
+        assert gc.get_threshold() == threshold
         """
     )
 
