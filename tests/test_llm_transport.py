@@ -116,3 +116,66 @@ async def test_a_kept_connection_the_server_closed_is_not_reused() -> None:
                 await anyio.sleep(0.05)  # let the server's close arrive
         tg.cancel_scope.cancel()
     assert connections == 2
+
+
+async def serve_together(count: int, rounds: int) -> tuple[int, int]:
+    """`rounds` times, `count` requests at once from one client; the server answers each only
+    once all `count` are in (as a model server would, each busy with its own answer).
+    Returns (requests answered, connections opened)."""
+    import anyio
+
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
+    connections = 0
+    waiting: list[anyio.Event] = []
+    answered = 0
+
+    async def serve(stream: anyio.abc.SocketStream) -> None:
+        nonlocal connections, waiting, answered
+        connections += 1
+        async with stream:
+            while True:
+                try:
+                    await stream.receive()  # one whole small request
+                except (anyio.EndOfStream, anyio.BrokenResourceError):
+                    return
+                here = anyio.Event()
+                waiting.append(here)
+                if len(waiting) == count:
+                    for event in waiting:
+                        event.set()
+                    waiting = []
+                await here.wait()
+                await stream.send(answer)
+                answered += 1
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, serve)
+        async with httpx2.AsyncClient(transport=model_transport(False)) as http:
+
+            async def one() -> None:
+                assert (await http.post(f"http://127.0.0.1:{port}/", content=b"hi")).text == "ok"
+
+            with anyio.fail_after(20):
+                for _ in range(rounds):
+                    async with anyio.create_task_group() as batch:
+                        for _ in range(count):
+                            batch.start_soon(one)
+        tg.cancel_scope.cancel()
+    return answered, connections
+
+
+async def test_hundreds_of_model_calls_are_in_flight_at_once() -> None:
+    """One model call per busy session, each holding its connection for as long as the model
+    streams: httpx's default pool (100 connections) made the 101st session's call wait for
+    another session's whole answer, here forever."""
+    answered, connections = await serve_together(150, 1)
+    assert (answered, connections) == (150, 150)
+
+
+async def test_the_connections_of_many_busy_sessions_are_kept_for_their_next_calls() -> None:
+    """httpx's default pool keeps 20 idle connections: with 50 busy sessions a fifth of the
+    model calls opened a new connection (a TCP handshake, and an accept for the server)."""
+    answered, connections = await serve_together(50, 3)
+    assert (answered, connections) == (150, 50)

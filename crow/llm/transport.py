@@ -25,6 +25,11 @@ import httpcore2
 import httpx2
 
 HOLD_LIMIT = 64 * 1024  # bytes a request may hold before it is sent as it comes
+# One connection per model call in flight, each held for a whole streamed answer: httpx's
+# default pool (100 connections, 20 kept idle) made the 101st busy session wait for another
+# session's answer, and at 50 busy sessions opened a new connection for a fifth of the calls
+# (100 handshakes per 500 turns). No cap: idle connections close after keepalive_expiry.
+MODEL_LIMITS = httpx2.Limits(max_connections=None, max_keepalive_connections=None)
 
 
 class _HeldWrites(httpcore2.AsyncNetworkStream):
@@ -114,9 +119,9 @@ class _Backend(httpcore2.AsyncNetworkBackend):
 
 
 def model_transport(verify: ssl.SSLContext | bool) -> httpx2.AsyncHTTPTransport:
-    """httpx2's own transport (TLS, pool, limits, error mapping as always), its connections
-    made by `_Backend`. Where an httpx2 version keeps its pool elsewhere, it is used as is."""
-    transport = httpx2.AsyncHTTPTransport(verify=verify)
+    """httpx2's own transport (TLS, pool, error mapping as always; limits: MODEL_LIMITS),
+    its connections made by `_Backend`. Where an httpx2 version keeps its pool elsewhere, it is used as is."""
+    transport = httpx2.AsyncHTTPTransport(verify=verify, limits=MODEL_LIMITS)
     pool = getattr(transport, "_pool", None)
     backend = getattr(pool, "_network_backend", None)
     if isinstance(pool, httpcore2.AsyncConnectionPool) and backend is not None:
