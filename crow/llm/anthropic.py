@@ -18,6 +18,7 @@ from crow.llm.base import (
     Usage,
     token_count,
 )
+from crow.llm.body import RawJSON, dumps
 from crow.llm.http import HTTPProvider, parse_event
 from crow.messages import Message, ToolCall
 from crow.reasoning import LEVEL_BUDGETS
@@ -117,18 +118,19 @@ def convert_messages(
     return system, out
 
 
+def convert_tool(t: ToolSpec) -> dict[str, Any]:
+    return {"name": t.name, "description": t.description, "input_schema": dict(t.parameters)}
+
+
 def convert_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
-    return [{"name": t.name, "description": t.description, "input_schema": dict(t.parameters)} for t in tools]
+    return [convert_tool(t) for t in tools]
 
 
-def add_cache_control(
-    system: list[dict[str, Any]], tools: list[dict[str, Any]], messages: list[dict[str, Any]]
-) -> None:
-    """Mark the three growing prefixes (system, tools, conversation) as cache breakpoints."""
+def add_cache_control(system: list[dict[str, Any]], messages: list[dict[str, Any]]) -> None:
+    """Mark the growing prefixes system and conversation as cache breakpoints (the tools'
+    is marked in `AnthropicProvider.build_body`)."""
     if system:
         system[-1]["cache_control"] = dict(_EPHEMERAL)
-    if tools:
-        tools[-1]["cache_control"] = dict(_EPHEMERAL)
     if messages and messages[-1]["content"]:
         last = messages[-1]["content"][-1]
         if last["type"] not in ("thinking", "redacted_thinking"):
@@ -268,8 +270,7 @@ class AnthropicProvider(HTTPProvider):
 
     def build_body(self, request: ModelRequest) -> dict[str, Any]:
         system, messages = convert_messages(request.messages)
-        tools = convert_tools(request.tools)
-        add_cache_control(system, tools, messages)
+        add_cache_control(system, messages)
         body: dict[str, Any] = {
             "model": request.model or self.model,
             "messages": messages,
@@ -278,8 +279,10 @@ class AnthropicProvider(HTTPProvider):
         }
         if system:
             body["system"] = system
-        if tools:
-            body["tools"] = tools
+        if request.tools:
+            tools = self._tool_texts(request.tools)
+            tools[-1] = f'{tools[-1][:-1]},"cache_control":{dumps(_EPHEMERAL)}}}'  # the last: a breakpoint
+            body["tools"] = RawJSON(f"[{','.join(tools)}]")
             if request.tool_choice == "none":
                 body["tool_choice"] = {"type": "none"}
         # The request's level (the session's choice) wins over the configured budget, which
@@ -298,6 +301,9 @@ class AnthropicProvider(HTTPProvider):
                 body["temperature"] = temperature
         body.update(request.extra)
         return body
+
+    def convert_tool(self, tool: ToolSpec) -> dict[str, Any]:
+        return convert_tool(tool)
 
     def _headers(self) -> dict[str, str]:
         headers = {

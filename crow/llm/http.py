@@ -33,7 +33,8 @@ from crow.errors import (
     RateLimitError,
     StreamCutError,
 )
-from crow.llm.base import ModelEvent, ModelRequest, ModelResponse, Retrying
+from crow.llm.base import ModelEvent, ModelRequest, ModelResponse, Retrying, ToolSpec
+from crow.llm.body import ToolTexts, encode_body
 from crow.llm.registry import PUBLIC_HOSTS
 from crow.llm.sse import SSEDecoder, SSELines, TooLong
 from crow.llm.transport import model_transport
@@ -287,6 +288,7 @@ class HTTPProvider:
             client = httpx2.AsyncClient(timeout=timeout, verify=verify, transport=model_transport(verify))
         self._client = client
         self._timeout = timeout
+        self._tool_texts = ToolTexts(self.convert_tool)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
         """The Provider method: one request, retried as the policy allows."""
@@ -300,6 +302,10 @@ class HTTPProvider:
             yield event
 
     def build_body(self, request: ModelRequest) -> dict[str, Any]:
+        """The request's body: JSON values, and `RawJSON` text (its tools, `_tool_texts`)."""
+        raise NotImplementedError
+
+    def convert_tool(self, tool: ToolSpec) -> dict[str, Any]:
         raise NotImplementedError
 
     # What a subclass's wire adds: the endpoint, its headers, and a fresh stream assembler.
@@ -360,8 +366,9 @@ class HTTPProvider:
         self, url: str, body: Mapping[str, Any], headers: Mapping[str, str]
     ) -> AsyncIterator[httpx2.Response]:
         """POST and hand back a streaming 2xx response; error statuses raise mapped errors."""
+        headers = {**headers, "Content-Type": "application/json"}
         async with self._client.stream(
-            "POST", url, json=body, headers=dict(headers), timeout=self._timeout
+            "POST", url, content=encode_body(body), headers=headers, timeout=self._timeout
         ) as response:
             if response.status_code >= 400:
                 text = (await response.aread()).decode("utf-8", "replace")

@@ -20,6 +20,7 @@ from crow.llm.base import (
     Usage,
     token_count,
 )
+from crow.llm.body import RawJSON
 from crow.llm.http import HTTPProvider, parse_event
 from crow.messages import Message, ToolCall
 
@@ -85,18 +86,13 @@ def convert_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     return out
 
 
+def convert_tool(t: ToolSpec) -> dict[str, Any]:
+    function = {"name": t.name, "description": t.description, "parameters": dict(t.parameters)}
+    return {"type": "function", "function": function}
+
+
 def convert_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
-    return [
-        {
-            "type": "function",
-            "function": {
-                "name": t.name,
-                "description": t.description,
-                "parameters": dict(t.parameters),
-            },
-        }
-        for t in tools
-    ]
+    return [convert_tool(t) for t in tools]
 
 
 @dataclass(slots=True)
@@ -221,7 +217,7 @@ class OpenAIProvider(HTTPProvider):
             "stream_options": {"include_usage": True},
         }
         if request.tools:
-            body["tools"] = convert_tools(request.tools)
+            body["tools"] = RawJSON(f"[{','.join(self._tool_texts(request.tools))}]")
             if request.tool_choice == "none":
                 body["tool_choice"] = "none"
         if (max_tokens := request.max_tokens or self.max_tokens) is not None:
@@ -236,6 +232,9 @@ class OpenAIProvider(HTTPProvider):
             body["reasoning_effort"] = effort
         body.update(request.extra)
         return body
+
+    def convert_tool(self, tool: ToolSpec) -> dict[str, Any]:
+        return convert_tool(tool)
 
     def _headers(self) -> dict[str, str]:
         headers = {"Accept": "text/event-stream", **self._extra_headers}
