@@ -4,8 +4,11 @@ came; against the scripted model server over real sockets."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import httpcore2
 import httpx2
 import pytest
@@ -54,7 +57,7 @@ class CountingBackend(httpcore2.AsyncNetworkBackend):
 def client() -> tuple[httpx2.AsyncClient, CountingBackend]:
     transport = model_transport(False)
     counting = CountingBackend()
-    held = transport._pool._network_backend
+    held = transport._pool._backend
     assert isinstance(held, transport_mod._Backend), "the transport's connections are not held-write ones"
     held._backend = counting
     return httpx2.AsyncClient(transport=transport), counting
@@ -93,8 +96,6 @@ async def test_a_kept_connection_the_server_closed_is_not_reused() -> None:
     """The pool asks an idle connection whether it is readable (EOF: the server closed it)
     before reusing it; the transport answers that from the raw socket. Answered wrongly,
     the second request goes out on the dead connection and fails."""
-    import anyio
-
     answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
     connections = 0
 
@@ -122,8 +123,6 @@ async def serve_together(count: int, rounds: int) -> tuple[int, int]:
     """`rounds` times, `count` requests at once from one client; the server answers each only
     once all `count` are in (as a model server would, each busy with its own answer).
     Returns (requests answered, connections opened)."""
-    import anyio
-
     answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
     connections = 0
     waiting: list[anyio.Event] = []
@@ -179,3 +178,128 @@ async def test_the_connections_of_many_busy_sessions_are_kept_for_their_next_cal
     model calls opened a new connection (a TCP handshake, and an accept for the server)."""
     answered, connections = await serve_together(50, 3)
     assert (answered, connections) == (150, 50)
+
+
+class Server:
+    """A keep-alive HTTP/1.1 server on a real socket: each request (small, one read) gets
+    `answer`; counts connections and the connections it saw closed."""
+
+    def __init__(self, answer: bytes = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok") -> None:
+        self.answer, self.connections, self.closed = answer, 0, 0
+
+    async def serve(self, stream: Any) -> None:
+        self.connections += 1
+        async with stream:
+            while True:
+                try:
+                    await stream.receive()
+                    await stream.send(self.answer)
+                except (anyio.EndOfStream, anyio.BrokenResourceError):
+                    self.closed += 1
+                    return
+
+    async def saw_closed(self, count: int) -> None:
+        with anyio.fail_after(5):
+            while self.closed < count:  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[str]:
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        async with listener, anyio.create_task_group() as tg:
+            tg.start_soon(listener.serve, self.serve)
+            yield f"http://127.0.0.1:{port}/"
+            tg.cancel_scope.cancel()
+
+
+async def test_a_request_checks_one_idle_connection_not_every_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """httpcore2's pool polled every idle connection (has the server closed it?) twice per
+    request: ~60 polls per model call at 50 busy sessions, ~15% of crow's CPU."""
+    polls = 0
+    readable = transport_mod._readable
+
+    def counted(sock: Any) -> bool:
+        nonlocal polls
+        polls += 1
+        return readable(sock)
+
+    monkeypatch.setattr(transport_mod, "_readable", counted)
+    server = Server()
+    async with server.running() as url, httpx2.AsyncClient(transport=model_transport(False)) as http:
+        async with anyio.create_task_group() as tg:  # 40 connections, then all idle
+            for _ in range(40):
+                tg.start_soon(http.get, url)
+        polls = 0
+        for _ in range(10):
+            assert (await http.get(url)).text == "ok"
+    assert server.connections == 40
+    assert polls <= 2 * 10, f"{polls} polls for 10 requests"
+
+
+async def test_a_response_left_unread_closes_its_connection_and_the_next_call_opens_one() -> None:
+    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n"  # never ends
+    server = Server(chunked)
+    async with server.running() as url, httpx2.AsyncClient(transport=model_transport(False)) as http:
+        async with http.stream("GET", url) as response:
+            async for chunk in response.aiter_bytes():
+                assert chunk == b"hello"
+                break  # left before the end: the connection cannot be reused
+        server.answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+        assert (await http.get(url)).text == "ok"
+        await server.saw_closed(1)
+        assert len(http._transport._pool._open) == 1  # type: ignore[attr-defined]
+    assert server.connections == 2
+
+
+async def test_a_call_cancelled_mid_answer_leaves_the_pool_usable() -> None:
+    server = Server(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+    async with server.running() as url, httpx2.AsyncClient(transport=model_transport(False)) as http:
+        pool = http._transport._pool  # type: ignore[attr-defined]
+
+        async def read_forever() -> None:
+            async with http.stream("GET", url) as response:
+                async for _ in response.aiter_bytes():
+                    pass
+
+        with anyio.move_on_after(0.3):
+            await read_forever()
+        assert not pool._open and not any(pool._idle.values())  # closed, not kept
+        server.answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+        assert (await http.get(url)).text == "ok"
+        assert len(pool._open) == 1
+
+
+async def test_an_expired_idle_connection_is_closed_not_reused() -> None:
+    server = Server()
+    async with server.running() as url, httpx2.AsyncClient(transport=model_transport(False)) as http:
+        pool = http._transport._pool  # type: ignore[attr-defined]
+        pool._keepalive_expiry = 0.05
+        assert (await http.get(url)).text == "ok"
+        await anyio.sleep(0.1)
+        assert (await http.get(url)).text == "ok"
+        await server.saw_closed(1)
+    assert server.connections == 2
+
+
+async def test_closing_the_client_closes_its_connections_and_refuses_more() -> None:
+    server = Server()
+    async with server.running() as url:
+        http = httpx2.AsyncClient(transport=model_transport(False))
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):
+                tg.start_soon(http.get, url)
+        await http.aclose()
+        await server.saw_closed(3)
+        with pytest.raises(RuntimeError):
+            await http.get(url)
+
+
+async def test_a_refused_connection_is_a_connect_error_and_leaves_nothing_open() -> None:
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    await listener.aclose()  # nothing listens there now
+    async with httpx2.AsyncClient(transport=model_transport(False)) as http:
+        with pytest.raises(httpx2.ConnectError):
+            await http.get(f"http://127.0.0.1:{port}/")
+        assert not http._transport._pool._open  # type: ignore[attr-defined]

@@ -8,22 +8,29 @@ the writes of a request are held until its response is read (httpcore2 writes a 
 request before reading), and go out as one. A body over HOLD_LIMIT is not copied into
 one buffer: what is held goes first, then the body as it came.
 
-Before and after each request the pool asks every idle connection whether the server closed
-it ("is_readable"); the anyio stream answers through its typed attributes (a dict of lambdas
-built per question, a getpeername() system call), a fifth of the pool's CPU at 50 busy
-sessions. The raw socket is looked up once per connection and polled directly.
+Its pool is crow's (`_Pool`): idle connections on a stack, one check per request, instead of
+httpcore2's pass over every connection twice per request.
+
+Before reusing an idle connection the pool asks whether the server closed it
+("is_readable"); the anyio stream answers through its typed attributes (a dict of lambdas
+built per question, a getpeername() system call). The raw socket is looked up once per
+connection and polled directly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
 import ssl
 import typing
 
+import anyio
 import httpcore2
 import httpx2
 
+_Origin = tuple[bytes, bytes, int]  # scheme, host, port (httpcore2's Origin is unhashable)
+_Connection = httpcore2.AsyncHTTPConnection
 HOLD_LIMIT = 64 * 1024  # bytes a request may hold before it is sent as it comes
 # One connection per model call in flight, each held for a whole streamed answer: httpx's
 # default pool (100 connections, 20 kept idle) made the 101st busy session wait for another
@@ -118,12 +125,129 @@ class _Backend(httpcore2.AsyncNetworkBackend):
         await self._backend.sleep(seconds)
 
 
+class _Pool:
+    """The model calls' connections: per origin, a stack of idle ones. A request takes the
+    most recently used one the server has not closed (one check, `has_expired`: a poll), or
+    opens one; the connection goes back when its response is closed, and the oldest idle
+    one is closed once it has expired. httpcore2's pool asks every connection it holds
+    (closed? expired? -- a poll each -- idle? available?) twice per request: with 50 busy
+    sessions and their ~100 connections, ~15% of crow's CPU. No limit: see MODEL_LIMITS."""
+
+    def __init__(
+        self, ssl_context: ssl.SSLContext | None, keepalive_expiry: float | None, backend: _Backend
+    ) -> None:
+        self._ssl_context = ssl_context
+        self._keepalive_expiry = keepalive_expiry
+        self._backend = backend
+        self._idle: dict[_Origin, list[_Connection]] = {}
+        self._open: set[_Connection] = set()  # each one made and not closed
+        self._closed = False
+
+    async def handle_async_request(self, request: httpcore2.Request) -> httpcore2.Response:
+        origin = request.url.origin
+        if origin.scheme not in (b"http", b"https"):
+            raise httpcore2.UnsupportedProtocol(f"Request URL has an unsupported protocol {origin.scheme!r}.")
+        key = (origin.scheme, origin.host, origin.port)
+        while True:
+            connection = await self._take(key, origin)
+            try:
+                response = await connection.handle_async_request(request)
+            except httpcore2.ConnectionNotAvailable:  # closed under us: another one
+                await self._drop(connection)
+                continue
+            except BaseException:
+                await self._drop(connection)
+                raise
+            body = _Release(response.stream, self, key, connection)
+            return httpcore2.Response(
+                response.status, headers=response.headers, content=body, extensions=response.extensions
+            )
+
+    async def _take(self, key: _Origin, origin: httpcore2.Origin) -> _Connection:
+        if self._closed:
+            raise RuntimeError("the model client is closed")
+        idle = self._idle.get(key)
+        while idle:
+            connection = idle.pop()
+            if connection.is_idle() and not connection.has_expired():
+                return connection
+            await self._drop(connection)
+        expiry, backend = self._keepalive_expiry, self._backend
+        connection = _Connection(origin, self._ssl_context, expiry, network_backend=backend)
+        self._open.add(connection)
+        return connection
+
+    async def release(self, key: _Origin, connection: _Connection) -> None:
+        """A response was closed: its connection is idle again, or done with (a response not
+        read to its end closes it)."""
+        if self._closed or not connection.is_idle():
+            await self._drop(connection)
+            return
+        idle = self._idle.setdefault(key, [])
+        idle.append(connection)
+        if len(idle) > 1 and idle[0].has_expired():
+            await self._drop(idle.pop(0))
+
+    async def _drop(self, connection: _Connection) -> None:
+        self._open.discard(connection)
+        if not connection.is_closed():
+            with anyio.CancelScope(shield=True):
+                await connection.aclose()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        connections, self._open, self._idle = list(self._open), set(), {}
+        for connection in connections:
+            await self._drop(connection)
+
+    async def __aenter__(self) -> _Pool:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+class _Release:
+    """A response's body; closing it hands its connection back to the pool."""
+
+    def __init__(
+        self,
+        stream: typing.AsyncIterable[bytes],
+        pool: _Pool,
+        key: _Origin,
+        connection: _Connection,
+    ) -> None:
+        self._stream, self._pool, self._key, self._connection = stream, pool, key, connection
+        self._closed = False
+
+    async def __aiter__(self) -> typing.AsyncIterator[bytes]:
+        chunks = self._stream.__aiter__()
+        closing = contextlib.aclosing(chunks) if hasattr(chunks, "aclose") else contextlib.nullcontext(chunks)
+        async with closing:
+            async for chunk in chunks:
+                yield chunk
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            with anyio.CancelScope(shield=True):
+                close = getattr(self._stream, "aclose", None)
+                if close is not None:
+                    await close()
+        finally:
+            await self._pool.release(self._key, self._connection)
+
+
 def model_transport(verify: ssl.SSLContext | bool) -> httpx2.AsyncHTTPTransport:
-    """httpx2's own transport (TLS, pool, error mapping as always; limits: MODEL_LIMITS),
-    its connections made by `_Backend`. Where an httpx2 version keeps its pool elsewhere, it is used as is."""
+    """httpx2's own transport (TLS settings, error mapping as always) with crow's pool
+    (`_Pool`), its connections made by `_Backend`. Where an httpx2 version keeps its pool
+    elsewhere, the transport is used as it is."""
     transport = httpx2.AsyncHTTPTransport(verify=verify, limits=MODEL_LIMITS)
     pool = getattr(transport, "_pool", None)
     backend = getattr(pool, "_network_backend", None)
     if isinstance(pool, httpcore2.AsyncConnectionPool) and backend is not None:
-        pool._network_backend = _Backend(backend)
+        ssl_context = getattr(pool, "_ssl_context", None)
+        transport._pool = _Pool(ssl_context, MODEL_LIMITS.keepalive_expiry, _Backend(backend))  # type: ignore[assignment]
     return transport
