@@ -15,6 +15,7 @@ at the start of each prompt only when their modification time or size changed.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,27 +40,17 @@ _LAST = "memory.last"  # session.state: the block of the session's latest prompt
 def repo_root(cwd: Path) -> Path | None:
     """The nearest folder at or above cwd holding `.git` (a folder or a worktree file)."""
     for folder in (cwd, *cwd.parents):
-        if (folder / ".git").exists():
+        if os.path.exists(os.path.join(folder, ".git")):  # os.path: a stat, no Path built
             return folder
     return None
 
 
 def memory_files(cwd: Path, home: Path, extra: list[str]) -> list[Path]:
+    """The files looked for, in order (one reached twice is read once: `MemoryHook.load`)."""
     root = repo_root(cwd)
     chain = [cwd] if root is None else [*reversed(cwd.relative_to(root).parents), cwd.relative_to(root)]
     local = [cwd / FILENAME] if root is None else [root / part / FILENAME for part in chain]
-    configured = [cwd / Path(p).expanduser() for p in extra]
-    out: list[Path] = []
-    seen: set[Path] = set()
-    for path in [home / FILENAME, *local, *configured]:
-        try:
-            key = path.resolve()
-        except (OSError, RuntimeError):  # a symlink loop (RuntimeError on 3.11): _read skips it
-            key = path
-        if key not in seen:
-            seen.add(key)
-            out.append(path)
-    return out
+    return [home / FILENAME, *local, *(cwd / Path(p).expanduser() for p in extra)]
 
 
 class MemoryHook(Hook):
@@ -73,26 +64,34 @@ class MemoryHook(Hook):
         self.home = Path(home).expanduser() if home is not None else Path("~/.crow").expanduser()
         self._cache: dict[Path, tuple[int, int, str]] = {}  # path -> (mtime_ns, size, text)
 
-    def _read(self, path: Path) -> str | None:
+    def _read(self, path: Path) -> tuple[tuple[int, int], str] | None:
+        """The file's identity (device, inode) and text, or None when it cannot be read."""
         try:
             st = path.stat()
-        except OSError:
+        except (OSError, ValueError):  # missing, a symlink loop, ...
             self._cache.pop(path, None)
             return None
         cached = self._cache.get(path)
-        if cached is not None and cached[:2] == (st.st_mtime_ns, st.st_size):
-            return cached[2]
-        try:
-            text = read_text_file(path, errors="replace").strip()
-        except (OSError, ValueError) as exc:  # a folder or a FIFO named AGENTS.md, too big, ...
-            log.warning("memory file %s skipped: %s", path, exc)
-            text = ""  # said once: until the file changes, skipped without a word
-        self._cache[path] = (st.st_mtime_ns, st.st_size, text)
-        return text
+        if cached is None or cached[:2] != (st.st_mtime_ns, st.st_size):
+            try:
+                text = read_text_file(path, errors="replace").strip()
+            except (OSError, ValueError) as exc:  # a folder or a FIFO named AGENTS.md, too big, ...
+                log.warning("memory file %s skipped: %s", path, exc)
+                text = ""  # said once: until the file changes, skipped without a word
+            cached = self._cache[path] = (st.st_mtime_ns, st.st_size, text)
+        return (st.st_dev, st.st_ino), cached[2]
 
     def load(self, cwd: Path) -> str:
-        """The `<agent_memory>` block for a session in `cwd`, or "" when there is no memory."""
-        found = [(p, t) for p in memory_files(cwd, self.home, self.paths) if (t := self._read(p))]
+        """The `<agent_memory>` block for a session in `cwd`, or "" when there is no memory.
+        A file reached by two paths (a symlink, a configured path) is read once: by its
+        identity from the stat made anyway, not by resolving each path (an lstat per part)."""
+        found: list[tuple[Path, str]] = []
+        seen: set[tuple[int, int]] = set()
+        for path in memory_files(cwd, self.home, self.paths):
+            if (got := self._read(path)) is not None and got[0] not in seen:
+                seen.add(got[0])
+                if got[1]:
+                    found.append((path, got[1]))
         if not found:
             return ""
         body = SEPARATOR.join(text for _, text in found)

@@ -328,6 +328,18 @@ def test_an_agents_md_linking_to_itself_costs_only_itself(tmp_path: Path) -> Non
     assert "GLOBAL" in MemoryHook(home=tmp_path / "home").load(tmp_path)
 
 
+def test_a_memory_file_reached_by_several_paths_is_read_once(tmp_path: Path) -> None:
+    """The home is the workspace, a configured path is a symlink to AGENTS.md, another a
+    hard link: one file, in the prompt once (under the first path it was reached by)."""
+    (tmp_path / "AGENTS.md").write_text("ONCE", encoding="utf-8")
+    (tmp_path / "link.md").symlink_to(tmp_path / "AGENTS.md")
+    os.link(tmp_path / "AGENTS.md", tmp_path / "hard.md")
+    (tmp_path / "other.md").write_text("OTHER", encoding="utf-8")
+    block = MemoryHook(["link.md", "hard.md", "other.md", "AGENTS.md"], home=tmp_path).load(tmp_path)
+    assert block.count("ONCE") == 1 and block.count("OTHER") == 1
+    assert f"read from: {tmp_path / 'AGENTS.md'}, {tmp_path / 'other.md'}" in block
+
+
 def test_memory_with_windows_line_ends_reads_as_text(tmp_path: Path) -> None:
     (tmp_path / "AGENTS.md").write_bytes(b"one\r\ntwo\rthree\n")
     assert "one\ntwo\nthree" in MemoryHook(home=tmp_path / "home").load(tmp_path)

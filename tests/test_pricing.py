@@ -138,3 +138,13 @@ async def test_a_store_from_before_the_cost_opens_and_keeps_everything(tmp_path:
         assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     async with SQLiteStore(db) as store:  # opening again migrates nothing twice
         assert (await store.get_session("new")).cost == 0.25  # type: ignore[union-attr]
+
+
+def test_usages_add_up_field_by_field() -> None:
+    """Every field, a new one too (the sum is written out field by field for speed)."""
+    import dataclasses
+
+    fields = [f.name for f in dataclasses.fields(Usage)]
+    one = Usage(*range(1, len(fields) + 1))
+    two = Usage(*range(100, 100 + len(fields)))
+    assert [getattr(one + two, f) for f in fields] == [getattr(one, f) + getattr(two, f) for f in fields]
