@@ -84,6 +84,25 @@ async def test_a_lock_of_a_dead_process_is_taken_over(tmp_path: Path) -> None:
         assert (held_pid, generation) == (os.getpid(), 8) and owner != token
 
 
+async def test_a_lock_and_an_unlock_hold_no_write_lock_once_done(tmp_path: Path) -> None:
+    """A lock of a free session and an unlock are one statement each, outside a transaction:
+    once they return, another process can write at once, and the generation counts on."""
+    db = tmp_path / "crow.db"
+    async with SQLiteStore(db) as store:
+        await store.create_session(id="s", cwd="/w")
+        for _ in range(2):  # the first lock makes the row, the second takes a free one
+            assert await store.lock_session("s") is False
+            with closing(sqlite3.connect(db, isolation_level=None, timeout=0)) as other:
+                other.execute("BEGIN IMMEDIATE")
+                other.execute("ROLLBACK")
+            [(generation,)] = sql(db, "SELECT generation FROM session_locks WHERE owner IS NOT NULL")
+            await store.unlock_session("s")
+            with closing(sqlite3.connect(db, isolation_level=None, timeout=0)) as other:
+                other.execute("BEGIN IMMEDIATE")
+                other.execute("ROLLBACK")
+            assert sql(db, "SELECT owner, generation FROM session_locks") == [(None, generation + 1)]
+
+
 def test_liveness_rules() -> None:
     mine = process_token()
     boot, namespace, pid, started, _ = mine.split("|")

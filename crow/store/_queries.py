@@ -334,14 +334,15 @@ def load_transcript(c: sqlite3.Connection, session_id: str) -> list[Message]:
 
 
 def lock(c: sqlite3.Connection, session_id: str, token: str, now: float) -> tuple[int, bool]:
+    if (generation := locks.take_free(c, session_id, token, now)) is not None:
+        return generation, False  # a lock row exists: so does the session (ON DELETE CASCADE)
     with transaction(c):
         get_row(c, "1", session_id)
         return locks.take(c, session_id, token, now)
 
 
 def unlock(c: sqlite3.Connection, session_id: str, token: str) -> int | None:
-    with transaction(c):
-        return locks.release(c, session_id, token)
+    return locks.release(c, session_id, token)  # one statement: atomic without a transaction
 
 
 def release_all(c: sqlite3.Connection, token: str) -> None:

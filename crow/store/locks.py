@@ -86,6 +86,19 @@ def holder_alive(token: str, heartbeat: float, now: float, mine: str) -> bool:
     return now - heartbeat < LEASE
 
 
+def take_free(c: Any, session_id: str, token: str, now: float) -> int | None:
+    """Take the lock when nobody holds it, in one statement (no transaction around it: a
+    turn's lock and unlock were five statements and three): the generation before, or None
+    when it is held or has no row yet (then `take`, in a transaction, decides). fetchall:
+    the statement runs to its end, its write lock released."""
+    rows = c.execute(
+        "UPDATE session_locks SET owner = ?, pid = ?, heartbeat = ?, generation = generation + 1"
+        " WHERE session_id = ? AND owner IS NULL RETURNING generation",
+        (token, os.getpid(), now, session_id),
+    ).fetchall()
+    return rows[0][0] - 1 if rows else None
+
+
 def take(c: Any, session_id: str, token: str, now: float) -> tuple[int, bool]:
     """Take the lock for `token`: (the generation before, whether a gone holder's lock was
     taken over). Raises SessionBusy, naming the pid, while a live holder has it."""
