@@ -43,9 +43,10 @@ def same_url(a: str, b: str) -> bool:
 
 
 def stamp(home: str | os.PathLike[str]) -> Stamp:
-    """What changes when the file does (one stat): providers built before are rebuilt."""
+    """What changes when the file does (one stat, every model call: no Path built): providers
+    built before are rebuilt."""
     try:
-        st = os.lstat(path_in(home))
+        st = os.lstat(os.path.join(home, FILE))
     except OSError:
         return None
     return (st.st_ino, st.st_mtime_ns, st.st_size)
