@@ -39,10 +39,14 @@ _LAST = "memory.last"  # session.state: the block of the session's latest prompt
 
 def repo_root(cwd: Path) -> Path | None:
     """The nearest folder at or above cwd holding `.git` (a folder or a worktree file)."""
-    for folder in (cwd, *cwd.parents):
-        if os.path.exists(os.path.join(folder, ".git")):  # os.path: a stat, no Path built
-            return folder
-    return None
+    folder = os.fspath(cwd)  # strings, not Paths: this runs every prompt
+    while True:
+        if os.path.exists(os.path.join(folder, ".git")):
+            return Path(folder)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return None
+        folder = parent
 
 
 def memory_files(cwd: Path, home: Path, extra: list[str]) -> list[Path]:
