@@ -14,7 +14,8 @@ its turn). Keepalive pings find a peer that has gone without a word; `_Connectio
 that stopped reading, which the pings cannot (they wait behind the same full buffer). At
 most `max_connections` clients are served at once: one more is told 503 at its handshake
 (after its token is checked), so a client reconnecting in a loop cannot exhaust memory; and
-at most as many sockets again may be in their handshake (`_Connection`).
+at most as many sockets again may be in their handshake (`_Connection`). Compression
+(permessage-deflate) is declined: see docs/service.md.
 """
 
 from __future__ import annotations
@@ -321,6 +322,7 @@ async def serve_websocket(
                 process_request=_authorize(token, served, max_connections),
                 create_connection=connection,
                 max_size=MAX_FRAME,
+                compression=None,
                 max_queue=FRAMES_QUEUED,
                 write_limit=WRITE_LIMIT,
                 ping_interval=ping_interval,
