@@ -30,6 +30,8 @@ def test_a_body_is_encoded_as_httpx_encodes_json() -> None:
     assert encode_body(body) == httpx_way
     spliced = encode_body({**body, "tools": RawJSON('[{"a":1}]')})
     assert json.loads(spliced) == {**body, "tools": [{"a": 1}]}
+    odd_keys = {"model": "m", 1: "x", None: "y", "tools": RawJSON("[]")}
+    assert json.loads(encode_body(odd_keys)) == {"model": "m", "1": "x", "null": "y", "tools": []}
     with pytest.raises(ValueError):  # as httpx: NaN is not JSON
         encode_body({"temperature": math.nan})
 

@@ -303,3 +303,35 @@ async def test_a_refused_connection_is_a_connect_error_and_leaves_nothing_open()
         with pytest.raises(httpx2.ConnectError):
             await http.get(f"http://127.0.0.1:{port}/")
         assert not http._transport._pool._open  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("localhost:8080/v1", "missing an 'http://' or 'https://' protocol"),
+        ("ftp://127.0.0.1/v1", "unsupported protocol 'ftp://'"),
+    ],
+)
+async def test_a_url_without_http_is_a_clear_error(url: str, said: str) -> None:
+    """A model base_url written without its scheme (`OLLAMA_BASE_URL=localhost:11434/v1`):
+    crow's pool read the URL's origin first, which raised KeyError (a crash)."""
+    async with httpx2.AsyncClient(transport=model_transport(False)) as http:
+        with pytest.raises(httpx2.UnsupportedProtocol, match=said):
+            await http.get(url)
+
+
+async def test_after_a_burst_the_expired_idle_connections_all_close() -> None:
+    """The oldest idle connections are closed as long as they have expired, not one per
+    call: spare connections of a burst would sit in CLOSE_WAIT, holding descriptors."""
+    server = Server()
+    async with server.running() as url, httpx2.AsyncClient(transport=model_transport(False)) as http:
+        pool = http._transport._pool  # type: ignore[attr-defined]
+        pool._keepalive_expiry = 0.2
+        async with anyio.create_task_group() as tg:
+            for _ in range(20):
+                tg.start_soon(http.get, url)
+        for _ in range(8):  # one call every 0.05 s: the newest connection stays fresh
+            assert (await http.get(url)).text == "ok"
+            await anyio.sleep(0.05)
+        await server.saw_closed(19)
+        assert len(pool._open) == 1

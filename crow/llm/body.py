@@ -30,6 +30,9 @@ class RawJSON:
 
 
 def encode_body(body: Mapping[str, Any]) -> bytes:
+    if not all(isinstance(k, str) for k in body):  # a hook's extra keys: as json.dumps writes them
+        plain = {k: json.loads(v.text) if isinstance(v, RawJSON) else v for k, v in body.items()}
+        return dumps(plain).encode()
     items = (f"{dumps(k)}:{v.text if isinstance(v, RawJSON) else dumps(v)}" for k, v in body.items())
     return ("{" + ",".join(items) + "}").encode()
 

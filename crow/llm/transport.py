@@ -24,6 +24,7 @@ import select
 import socket
 import ssl
 import typing
+from collections import deque
 
 import anyio
 import httpcore2
@@ -139,14 +140,17 @@ class _Pool:
         self._ssl_context = ssl_context
         self._keepalive_expiry = keepalive_expiry
         self._backend = backend
-        self._idle: dict[_Origin, list[_Connection]] = {}
+        self._idle: dict[_Origin, deque[_Connection]] = {}
         self._open: set[_Connection] = set()  # each one made and not closed
         self._closed = False
 
     async def handle_async_request(self, request: httpcore2.Request) -> httpcore2.Response:
+        scheme = request.url.scheme  # before .origin, which raises KeyError on an unknown one
+        if scheme == b"":
+            raise httpcore2.UnsupportedProtocol("Request URL is missing an 'http://' or 'https://' protocol.")
+        if scheme not in (b"http", b"https"):
+            raise httpcore2.UnsupportedProtocol(f"Request URL has an unsupported protocol '{scheme.decode()}://'.")
         origin = request.url.origin
-        if origin.scheme not in (b"http", b"https"):
-            raise httpcore2.UnsupportedProtocol(f"Request URL has an unsupported protocol {origin.scheme!r}.")
         key = (origin.scheme, origin.host, origin.port)
         while True:
             connection = await self._take(key, origin)
@@ -183,10 +187,10 @@ class _Pool:
         if self._closed or not connection.is_idle():
             await self._drop(connection)
             return
-        idle = self._idle.setdefault(key, [])
+        idle = self._idle.setdefault(key, deque())
         idle.append(connection)
-        if len(idle) > 1 and idle[0].has_expired():
-            await self._drop(idle.pop(0))
+        while len(idle) > 1 and idle[0].has_expired():  # the oldest first: after a burst, all
+            await self._drop(idle.popleft())
 
     async def _drop(self, connection: _Connection) -> None:
         self._open.discard(connection)
@@ -247,7 +251,7 @@ def model_transport(verify: ssl.SSLContext | bool) -> httpx2.AsyncHTTPTransport:
     transport = httpx2.AsyncHTTPTransport(verify=verify, limits=MODEL_LIMITS)
     pool = getattr(transport, "_pool", None)
     backend = getattr(pool, "_network_backend", None)
-    if isinstance(pool, httpcore2.AsyncConnectionPool) and backend is not None:
+    if type(pool) is httpcore2.AsyncConnectionPool and backend is not None:  # not a proxy's
         ssl_context = getattr(pool, "_ssl_context", None)
         transport._pool = _Pool(ssl_context, MODEL_LIMITS.keepalive_expiry, _Backend(backend))  # type: ignore[assignment]
     return transport

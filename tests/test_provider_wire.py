@@ -1,0 +1,102 @@
+"""What a provider's request looks like on the wire, read from a raw socket: its headers as
+sent (each once), and the proxy the environment names."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import pytest
+
+from crow.llm import ModelRequest, TextDelta
+from crow.llm.openai import OpenAIProvider
+from crow.messages import Message
+
+pytestmark = pytest.mark.anyio
+
+SSE = (
+    b'data: {"choices":[{"index":0,"delta":{"content":"answered"},"finish_reason":"stop"}]}\n\n'
+    b"data: [DONE]\n\n"
+)
+ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s" % (len(SSE), SSE)
+
+
+@contextlib.asynccontextmanager
+async def raw_server(heads: list[bytes]) -> AsyncIterator[int]:
+    """Records each request's head (its body is small: read with it) and answers one SSE
+    answer; yields the port."""
+
+    async def serve(stream: Any) -> None:
+        async with stream:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += await stream.receive()
+            heads.append(data.split(b"\r\n\r\n")[0])
+            await stream.send(ANSWER)
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, serve)
+        yield listener.extra(anyio.abc.SocketAttribute.local_port)
+        tg.cancel_scope.cancel()
+
+
+async def text_of(provider: OpenAIProvider) -> str:
+    try:
+        events = [e async for e in provider.stream(ModelRequest([Message("user", "hi")]))]
+    finally:
+        await provider.aclose()
+    return "".join(e.text for e in events if isinstance(e, TextDelta))
+
+
+@pytest.mark.parametrize("name", ["content-type", "Content-Type", "CONTENT-TYPE"])
+async def test_a_configured_content_type_is_sent_once_and_wins(name: str) -> None:
+    heads: list[bytes] = []
+    async with raw_server(heads) as port:
+        provider = OpenAIProvider(
+            "m", base_url=f"http://127.0.0.1:{port}/v1", api_key="k", headers={name: "application/json; x=1"}
+        )
+        assert await text_of(provider) == "answered"
+    lines = [line.lower() for line in heads[0].split(b"\r\n")]
+    assert [line for line in lines if line.startswith(b"content-type:")] == [b"content-type: application/json; x=1"]
+
+
+async def test_the_model_is_reached_through_the_proxy_the_environment_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """HTTP_PROXY / HTTPS_PROXY were ignored for model calls: given crow's transport, httpx
+    mounts no proxy, and a machine that reaches the API only through one could not."""
+    heads: list[bytes] = []
+    async with raw_server(heads) as port:
+        for name in ("HTTP_PROXY", "http_proxy"):
+            monkeypatch.setenv(name, f"http://127.0.0.1:{port}")
+        for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        provider = OpenAIProvider("m", base_url="http://model.invalid/v1", api_key="k", max_retries=1)
+        assert await text_of(provider) == "answered"
+    assert heads[0].startswith(b"POST http://model.invalid/v1/chat/completions HTTP/1.1\r\n")
+
+
+async def test_a_model_on_this_machine_is_never_reached_through_a_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # nothing listens: used, it fails
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
+    heads: list[bytes] = []
+    async with raw_server(heads) as port:
+        for host in ("127.0.0.1", "localhost"):
+            provider = OpenAIProvider("m", base_url=f"http://{host}:{port}/v1", api_key="k", max_retries=1)
+            assert await text_of(provider) == "answered"
+    assert all(head.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n") for head in heads)
+
+
+async def test_without_a_proxy_the_model_is_reached_directly(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    heads: list[bytes] = []
+    async with raw_server(heads) as port:
+        provider = OpenAIProvider("m", base_url=f"http://127.0.0.1:{port}/v1", api_key="k")
+        assert type(provider._client._transport).__name__ == "AsyncHTTPTransport"
+        assert type(provider._client._transport._pool).__name__ == "_Pool"  # crow's
+        assert await text_of(provider) == "answered"
+    assert heads[0].startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
