@@ -135,6 +135,13 @@ class Wire:
             self._inflight[rid] = task
             try:
                 return await handler(method, params, is_notification)
+            except ConnectionError:
+                if not self.gone():  # another connection's (an MCP server's, say): a failure
+                    raise
+                # The client hung up while this request wrote to it (a long replay): nobody
+                # to answer, and the SDK would log a traceback for it.
+                log.debug("%.100s ended: the client has hung up", method)
+                return None
             except asyncio.CancelledError:
                 if rid not in self._cancelled:
                     raise
@@ -171,6 +178,10 @@ class Wire:
                     await callback()
                 except Exception:  # the answer is out; a failed follow-up is only logged
                     log.exception("after-response callback failed")
+
+    def gone(self) -> bool:
+        """Whether the client has hung up."""
+        return self._closed
 
     async def notify(self, method: str, params_json: list[bytes]) -> None:
         """Send many notifications (params already serialized) in order with everything else

@@ -241,6 +241,9 @@ class WsWire(Wire):
         for message in messages:
             await self._frame(message)
 
+    def gone(self) -> bool:
+        return self._closed or self._socket.state is not State.OPEN
+
     async def _frame(self, data: str | bytes) -> None:
         # At once when closed: `websockets` waits for its close timeout first.
         if self._closed or self._socket.state is not State.OPEN:
