@@ -4,12 +4,14 @@ sent (each once), and the proxy the environment names."""
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 import pytest
 
+from crow.errors import ProviderError
 from crow.llm import ModelRequest, TextDelta
 from crow.llm.openai import OpenAIProvider
 from crow.messages import Message
@@ -100,3 +102,46 @@ async def test_without_a_proxy_the_model_is_reached_directly(monkeypatch: pytest
         assert type(provider._client._transport._pool).__name__ == "_Pool"  # crow's
         assert await text_of(provider) == "answered"
     assert heads[0].startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+
+
+def is_direct(provider: OpenAIProvider) -> bool:
+    return type(provider._client._transport._pool).__name__ == "_Pool"  # crow's transport
+
+
+@pytest.mark.parametrize("host", ["127.0.0.2", "0.0.0.0", "[::1]", "localhost.", "LocalHost"])
+async def test_every_spelling_of_this_machine_is_direct(host: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    provider = OpenAIProvider("m", base_url=f"http://{host}:8000/v1", api_key="k")
+    try:
+        assert is_direct(provider)
+    finally:
+        await provider.aclose()
+
+
+@pytest.mark.parametrize("url", ["http://localhost:abc/v1", "http://[::1/v1", "http://model.test/v1\n"])
+async def test_a_malformed_base_url_fails_its_calls_clearly_not_crow(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With or without a proxy in the environment, the provider is built; the call says why."""
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    provider = OpenAIProvider("m", base_url=url, api_key="k", max_retries=1)
+    with pytest.raises(ProviderError, match="openai: "):
+        await text_of(provider)
+
+
+@pytest.mark.parametrize(
+    "proxy", ["socks5://127.0.0.1:1080", "socks4://127.0.0.1:1080", "http://proxy.test:abc"]
+)
+async def test_a_proxy_httpx_cannot_use_is_warned_about_and_not_used(
+    proxy: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ALL_PROXY", proxy)
+    with caplog.at_level(logging.WARNING, logger="crow.llm"):
+        provider = OpenAIProvider("m", base_url="http://model.test/v1", api_key="k")
+    try:
+        assert is_direct(provider)
+        assert "the environment's proxy cannot be used for http://model.test/v1" in caplog.text
+    finally:
+        await provider.aclose()

@@ -37,7 +37,7 @@ from crow.llm.base import ModelEvent, ModelRequest, ModelResponse, Retrying, Too
 from crow.llm.body import ToolTexts, encode_body
 from crow.llm.registry import PUBLIC_HOSTS
 from crow.llm.sse import SSEDecoder, SSELines, TooLong
-from crow.llm.transport import MODEL_LIMITS, model_transport
+from crow.llm.transport import model_client
 from crow.messages import valid_value
 
 logger = logging.getLogger("crow.llm")
@@ -215,17 +215,6 @@ def parse_event(provider: str, data: str) -> dict[str, Any]:
     return event
 
 
-def proxied(base_url: str) -> bool:
-    """Whether the environment names a proxy (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY; NO_PROXY is
-    httpx's to apply) for a model that is not on this machine: given a transport, httpx
-    mounts none, so crow's (`model_transport`) is used only without one."""
-    import urllib.request
-
-    if httpx2.URL(base_url).host in ("127.0.0.1", "localhost", "::1"):
-        return False  # a local model server: never through a proxy
-    return bool({"http", "https", "all"} & urllib.request.getproxies().keys())
-
-
 def tls_context(base_url: str) -> ssl.SSLContext | bool:
     """Certificate verification as usual for https. A plain-http endpoint (a local model
     server) never does TLS, so it skips loading the CA bundle (~50 ms and ~3 MB at the
@@ -295,11 +284,7 @@ class HTTPProvider:
         timeout = httpx2.Timeout(read_timeout, connect=connect_timeout)
         self._owns_client = client is None
         if client is None:
-            verify = tls_context(self.base_url)
-            if proxied(self.base_url):  # httpx's own pools, through the proxy the environment names
-                client = httpx2.AsyncClient(timeout=timeout, verify=verify, limits=MODEL_LIMITS)
-            else:
-                client = httpx2.AsyncClient(timeout=timeout, verify=verify, transport=model_transport(verify))
+            client = model_client(self.base_url, timeout, tls_context(self.base_url))
         self._client = client
         self._timeout = timeout
         self._tool_texts = ToolTexts(self.convert_tool)

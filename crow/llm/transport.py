@@ -20,16 +20,20 @@ connection and polled directly.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
+import logging
 import select
 import socket
 import ssl
 import typing
+import urllib.request
 from collections import deque
 
 import anyio
 import httpcore2
 import httpx2
 
+log = logging.getLogger("crow.llm")
 _Origin = tuple[bytes, bytes, int]  # scheme, host, port (httpcore2's Origin is unhashable)
 _Connection = httpcore2.AsyncHTTPConnection
 HOLD_LIMIT = 64 * 1024  # bytes a request may hold before it is sent as it comes
@@ -255,3 +259,34 @@ def model_transport(verify: ssl.SSLContext | bool) -> httpx2.AsyncHTTPTransport:
         ssl_context = getattr(pool, "_ssl_context", None)
         transport._pool = _Pool(ssl_context, MODEL_LIMITS.keepalive_expiry, _Backend(backend))  # type: ignore[assignment]
     return transport
+
+
+def model_client(base_url: str, timeout: httpx2.Timeout, verify: ssl.SSLContext | bool) -> httpx2.AsyncClient:
+    """The HTTP client of a provider: crow's transport, or, when the environment names a
+    proxy for `base_url`, httpx's own client, which goes through it. A proxy httpx cannot
+    use (socks without socksio, a bad URL) is warned about and not used, as before crow
+    honoured proxies."""
+    if proxied(base_url):
+        try:
+            return httpx2.AsyncClient(timeout=timeout, verify=verify, limits=MODEL_LIMITS)
+        except (ImportError, ValueError, httpx2.InvalidURL) as exc:
+            log.warning("the environment's proxy cannot be used for %s (%s): going direct", base_url, exc)
+    return httpx2.AsyncClient(timeout=timeout, verify=verify, transport=model_transport(verify))
+
+
+def proxied(base_url: str) -> bool:
+    """Whether the environment names a proxy (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY; NO_PROXY is
+    httpx's to apply) for a model that is not on this machine: given a transport, httpx
+    mounts none, so crow's (`model_transport`) is used only without one. A model server on
+    this machine (localhost, a loopback address, 0.0.0.0) is never reached through one."""
+    try:
+        host = httpx2.URL(base_url).host
+    except (httpx2.InvalidURL, ValueError):
+        return False  # its request fails with a clear error (map_http_errors)
+    if host.rstrip(".").lower() == "localhost":
+        return False  # a model server on this machine: never through a proxy
+    with contextlib.suppress(ValueError):  # not an address: a name
+        address = ipaddress.ip_address(host)
+        if address.is_loopback or address.is_unspecified:
+            return False
+    return bool({"http", "https", "all"} & urllib.request.getproxies().keys())
