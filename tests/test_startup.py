@@ -44,6 +44,30 @@ def test_gc_is_paused_for_the_imports_then_frozen_and_back_on() -> None:
     )
 
 
+def test_acp_opens_no_spans_unless_tracing_is_configured() -> None:
+    run_python(
+        """
+        from crow.startup import fast_imports, imports_done
+        fast_imports()
+        import acp.telemetry
+        assert acp.telemetry.TRACER is not None  # the opentelemetry API is installed (mcp's)
+        imports_done()
+        assert acp.telemetry.TRACER is None
+        """
+    )
+    run_python(
+        """
+        from opentelemetry import trace
+        trace.set_tracer_provider(trace.NoOpTracerProvider())  # what a configured one looks like
+        from crow.startup import fast_imports, imports_done
+        fast_imports()
+        import acp.telemetry
+        imports_done()
+        assert acp.telemetry.TRACER is not None
+        """
+    )
+
+
 def test_gc_left_alone_when_the_caller_had_it_off() -> None:
     run_python(
         """
