@@ -63,15 +63,19 @@ def test_the_kept_texts_are_bounded() -> None:
     assert len(texts._texts) <= ToolTexts.LIMIT
 
 
-async def test_openai_sends_the_tools_as_before_call_after_call(llm: ScriptedLLM) -> None:
+async def call_twice(llm: ScriptedLLM, provider: OpenAIProvider | AnthropicProvider) -> None:
+    """Two model calls, the tools (READ, WRITE) then (WRITE, READ); the provider closed."""
     llm.push(Reply(text="one"), Reply(text="two"))
-    provider = OpenAIProvider("m", base_url=llm.base_url, api_key="k", max_retries=1)
     try:
         for tools in ((READ, WRITE), (WRITE, READ)):
             async for _ in provider.stream(ModelRequest([Message("user", "hi")], tools)):
                 pass
     finally:
         await provider.aclose()
+
+
+async def test_openai_sends_the_tools_as_before_call_after_call(llm: ScriptedLLM) -> None:
+    await call_twice(llm, OpenAIProvider("m", base_url=llm.base_url, api_key="k", max_retries=1))
     expected = [
         {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": dict(t.parameters)}}
         for t in (READ, WRITE)
@@ -83,14 +87,7 @@ async def test_openai_sends_the_tools_as_before_call_after_call(llm: ScriptedLLM
 async def test_anthropic_marks_only_the_last_tool_of_each_call(llm: ScriptedLLM) -> None:
     """The last tool carries the cache breakpoint; the text kept for it does not, so when it
     is not last in a later call it goes without one."""
-    llm.push(Reply(text="one"), Reply(text="two"))
-    provider = AnthropicProvider("claude-test", base_url=llm.root_url, api_key="k", max_retries=1)
-    try:
-        for tools in ((READ, WRITE), (WRITE, READ)):
-            async for _ in provider.stream(ModelRequest([Message("user", "hi")], tools)):
-                pass
-    finally:
-        await provider.aclose()
+    await call_twice(llm, AnthropicProvider("claude-test", base_url=llm.root_url, api_key="k", max_retries=1))
     marked = {"type": "ephemeral"}
     sent = [[(t["name"], t.get("cache_control")) for t in r.body["tools"]] for r in llm.requests]
     assert sent == [[("read_file", None), ("write_file", marked)], [("write_file", None), ("read_file", marked)]]

@@ -720,18 +720,27 @@ async def test_a_turn_cancelled_while_its_answer_waits_in_the_line_keeps_the_ans
         assert [m.role for m in stored] == [m.role for m in session.messages], [m.role for m in stored]
 
 
+async def _close_cancelled_behind_a_write(
+    s: SQLiteStore,
+) -> tuple[threading.Event, asyncio.Future[object], asyncio.Future[None]]:
+    """The worker held (`_occupy`), a small write in the line, then a close whose caller is
+    cancelled at once (Agent.aclose cut short: close's finally queues the end anyway)."""
+    await s.create_session(id="s", cwd="/p")
+    go, job = await _occupy(s)
+    small = asyncio.ensure_future(s.append("s", [human("before the close")]))
+    await asyncio.sleep(0)
+    closer = asyncio.ensure_future(s._worker.close())
+    await asyncio.sleep(0)
+    closer.cancel()
+    with suppress(asyncio.CancelledError):
+        await closer
+    return go, job, small
+
+
 async def test_a_close_cancelled_in_the_line_still_closes_the_connection(tmp_path: Path) -> None:
     async with SQLiteStore(tmp_path / "crow.db") as s:
-        await s.create_session(id="s", cwd="/p")
         w = s._worker
-        go, job = await _occupy(s)
-        small = asyncio.ensure_future(s.append("s", [human("before the close")]))
-        await asyncio.sleep(0)
-        closer = asyncio.ensure_future(w.close())
-        await asyncio.sleep(0)
-        closer.cancel()  # Agent.aclose cut short: close's finally queues the end anyway
-        with suppress(asyncio.CancelledError):
-            await closer
+        go, job, small = await _close_cancelled_behind_a_write(s)
         go.set()
         await asyncio.gather(job, small)
         await asyncio.sleep(0.2)
@@ -742,16 +751,8 @@ async def test_a_close_cancelled_in_the_line_still_closes_the_connection(tmp_pat
 async def test_a_busy_write_after_a_cancelled_close_is_told_not_hung(tmp_path: Path) -> None:
     db = tmp_path / "crow.db"
     async with SQLiteStore(db) as s:
-        await s.create_session(id="s", cwd="/p")
         w = s._worker
-        go, job = await _occupy(s)
-        small = asyncio.ensure_future(s.append("s", [human("before the close")]))
-        await asyncio.sleep(0)
-        closer = asyncio.ensure_future(w.close())
-        await asyncio.sleep(0)
-        closer.cancel()
-        with suppress(asyncio.CancelledError):
-            await closer
+        go, job, small = await _close_cancelled_behind_a_write(s)
         with closing(sqlite3.connect(db, isolation_level=None)) as other:
             other.execute("BEGIN IMMEDIATE")  # another crow process writing
             go.set()
