@@ -46,6 +46,7 @@ import re
 import select
 import selectors
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -621,9 +622,13 @@ class _Server(ThreadingHTTPServer):
 
 class ScriptedLLM:
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 0, default: StepSource | None = None
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        default: StepSource | None = None,
+        tls: ssl.SSLContext | None = None,  # served over https with this server context
     ) -> None:
-        self.host, self._port = host, port
+        self.host, self._port, self._tls = host, port, tls
         self.default: StepSource = default if default is not None else Reply(text="ok")
         self.requests: list[RecordedRequest] = []
         self.keys: set[str] | None = None  # when set, any other key (or none) gets 401
@@ -643,6 +648,8 @@ class ScriptedLLM:
         self._stopping.clear()
         self._server = _Server((self.host, self._port), _Handler)
         self._server.llm = self
+        if self._tls is not None:  # each connection's handshake runs in accept()
+            self._server.socket = self._tls.wrap_socket(self._server.socket, server_side=True)
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread = threading.Thread(target=self._serve, name="scripted-llm", daemon=True)
         self._thread.start()
@@ -691,7 +698,7 @@ class ScriptedLLM:
 
     @property
     def root_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self._tls else 'http'}://{self.host}:{self.port}"
 
     @property
     def base_url(self) -> str:

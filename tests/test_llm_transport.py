@@ -1,10 +1,13 @@
-"""crow/llm/transport.py: a model request's head and body leave in one socket write (one
-wake-up of a local model server, one system call on crow's event loop), a large body as it
-came; against the scripted model server over real sockets."""
+"""crow/llm/transport.py and crow/llm/sockets.py: a model request goes straight to crow's
+pool of httpcore2 connections on asyncio's transports; its head and body leave in one
+socket write (one wake-up of a local model server, one system call on crow's event loop),
+a large body as it came. Against real servers on real sockets."""
 
 from __future__ import annotations
 
 import contextlib
+import gzip
+import ssl
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,84 +15,87 @@ import anyio
 import httpcore2
 import httpx2
 import pytest
+import trustme
+from anyio.streams.tls import TLSListener
 
-from crow.llm import transport as transport_mod
-from crow.llm.transport import model_transport
+from crow.llm import sockets
+from crow.llm.transport import Direct
 from tests.llm_server import Reply, ScriptedLLM
 
 pytestmark = pytest.mark.anyio
 
 
-class CountingStream(httpcore2.AsyncNetworkStream):
-    def __init__(self, stream: httpcore2.AsyncNetworkStream, writes: list[int]) -> None:
-        self._stream, self._writes = stream, writes
-
-    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self._writes.append(len(buffer))
-        await self._stream.write(buffer, timeout)
-
-    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return await self._stream.read(max_bytes, timeout)
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
-
-    def get_extra_info(self, info: str) -> Any:
-        return self._stream.get_extra_info(info)
+def direct(timeout: float = 10, verify: ssl.SSLContext | bool = False) -> Direct:
+    return Direct(httpx2.Timeout(timeout), verify)
 
 
-class CountingBackend(httpcore2.AsyncNetworkBackend):
-    """The real network backend, each write of its connections recorded (its size)."""
+def tls_pair() -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """(a server context for 127.0.0.1, a client context that trusts it): a throwaway CA."""
+    ca = trustme.CA()
+    server, client = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH), ssl.create_default_context()
+    ca.issue_cert("127.0.0.1").configure_cert(server)
+    ca.configure_trust(client)
+    return server, client
+
+
+class CountingBackend(sockets.Backend):
+    """crow's backend, each socket write of its connections recorded (its size)."""
 
     def __init__(self) -> None:
         self.writes: list[int] = []
-        self._backend = httpcore2.AnyIOBackend()
 
     async def connect_tcp(
         self, host: str, port: int, *args: Any, **kwargs: Any
     ) -> httpcore2.AsyncNetworkStream:
-        return CountingStream(await self._backend.connect_tcp(host, port, *args, **kwargs), self.writes)
+        stream = await super().connect_tcp(host, port, *args, **kwargs)
+        assert isinstance(stream, sockets.Stream)
+        write = stream._transport.write
 
-    async def sleep(self, seconds: float) -> None:
-        await self._backend.sleep(seconds)
+        def counted(data: Any) -> None:
+            self.writes.append(len(data))
+            write(data)
 
-
-def client() -> tuple[httpx2.AsyncClient, CountingBackend]:
-    transport = model_transport(False)
-    counting = CountingBackend()
-    held = transport._pool._backend
-    assert isinstance(held, transport_mod._Backend), "the transport's connections are not held-write ones"
-    held._backend = counting
-    return httpx2.AsyncClient(transport=transport), counting
+        stream._transport.write = counted  # type: ignore[method-assign]
+        return stream
 
 
-async def post(http: httpx2.AsyncClient, llm: ScriptedLLM, text: str) -> list[str]:
-    body = {"model": "scripted", "stream": True, "messages": [{"role": "user", "content": text}]}
-    async with http.stream("POST", f"{llm.base_url}/chat/completions", json=body) as response:
-        assert response.status_code == 200
-        return [line async for line in response.aiter_lines()]
+def counting() -> tuple[Direct, CountingBackend]:
+    http, backend = direct(), CountingBackend()
+    http._pool._backend = backend
+    return http, backend
+
+
+async def call(http: Direct, url: str, content: bytes = b"hi", **headers: str) -> bytes:
+    async with http.stream(url, headers, content) as reply:
+        assert reply.status_code == 200
+        return await reply.aread()
+
+
+async def post(http: Direct, llm: ScriptedLLM, text: str) -> str:
+    body = httpx2.Request("POST", "http://x", json={"model": "scripted", "stream": True,
+                          "messages": [{"role": "user", "content": text}]}).content  # fmt: skip
+    return (await call(http, f"{llm.base_url}/chat/completions", body)).decode()
 
 
 async def test_each_request_goes_out_in_one_write_on_a_kept_connection(llm: ScriptedLLM) -> None:
     llm.push(Reply(text="first"), Reply(text="second"))
-    http, counting = client()
-    async with http:
+    http, backend = counting()
+    async with http._pool:
         for text in ("one", "two"):
-            lines = await post(http, llm, text)
-            assert any("data: [DONE]" in line for line in lines)
+            assert "data: [DONE]" in await post(http, llm, text)
     assert [r.last_user_text for r in llm.requests] == ["one", "two"]
-    assert len(counting.writes) == 2, f"writes per request: {counting.writes}"
+    assert len(backend.writes) == 2, f"writes per request: {backend.writes}"
 
 
 async def test_a_body_over_the_hold_limit_is_sent_whole_without_a_joined_copy(llm: ScriptedLLM) -> None:
     llm.push(Reply(text="read it"))
-    big = "x" * (transport_mod.HOLD_LIMIT * 3)
-    http, counting = client()
-    async with http:
+    big = "x" * (sockets.HOLD_LIMIT * 3)
+    http, backend = counting()
+    async with http._pool:
         await post(http, llm, big)
     assert llm.requests[0].last_user_text == big
-    head, body = counting.writes  # the head held, then the body as httpx gave it
-    assert head < 1024 < transport_mod.HOLD_LIMIT * 3 < body
+    head, body = backend.writes  # the head held, then the body as it came
+    assert head < 1024 < sockets.HOLD_LIMIT * 3 < body
 
 
 async def test_a_kept_connection_the_server_closed_is_not_reused() -> None:
@@ -110,10 +116,10 @@ async def test_a_kept_connection_the_server_closed_is_not_reused() -> None:
     port = listener.extra(anyio.abc.SocketAttribute.local_port)
     async with listener, anyio.create_task_group() as tg:
         tg.start_soon(listener.serve, serve)
-        async with httpx2.AsyncClient(transport=model_transport(False)) as http:
+        http = direct()
+        async with http._pool:
             for _ in range(2):
-                response = await http.post(f"http://127.0.0.1:{port}/", content=b"hi")
-                assert response.text == "ok"
+                assert await call(http, f"http://127.0.0.1:{port}/") == b"ok"
                 await anyio.sleep(0.05)  # let the server's close arrive
         tg.cancel_scope.cancel()
     assert connections == 2
@@ -151,10 +157,11 @@ async def serve_together(count: int, rounds: int) -> tuple[int, int]:
     port = listener.extra(anyio.abc.SocketAttribute.local_port)
     async with listener, anyio.create_task_group() as tg:
         tg.start_soon(listener.serve, serve)
-        async with httpx2.AsyncClient(transport=model_transport(False)) as http:
+        http = direct()
+        async with http._pool:
 
             async def one() -> None:
-                assert (await http.post(f"http://127.0.0.1:{port}/", content=b"hi")).text == "ok"
+                assert await call(http, f"http://127.0.0.1:{port}/") == b"ok"
 
             with anyio.fail_after(20):
                 for _ in range(rounds):
@@ -204,80 +211,86 @@ class Server:
                 await anyio.sleep(0.01)
 
     @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[str]:
-        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    async def running(self, tls: ssl.SSLContext | None = None) -> AsyncIterator[str]:
+        """Serving on 127.0.0.1 (over TLS with `tls`, a server context): its URL."""
+        listener: Any = await anyio.create_tcp_listener(local_host="127.0.0.1")
         port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        if tls is not None:
+            listener = TLSListener(listener, tls, standard_compatible=False)
         async with listener, anyio.create_task_group() as tg:
             tg.start_soon(listener.serve, self.serve)
-            yield f"http://127.0.0.1:{port}/"
+            yield f"{'https' if tls else 'http'}://127.0.0.1:{port}/"
             tg.cancel_scope.cancel()
 
 
 async def test_a_request_checks_one_idle_connection_not_every_one(monkeypatch: pytest.MonkeyPatch) -> None:
     """httpcore2's pool polled every idle connection (has the server closed it?) twice per
     request: ~60 polls per model call at 50 busy sessions, ~15% of crow's CPU."""
-    polls = 0
-    readable = transport_mod._readable
+    checks = 0
+    has_expired = httpcore2.AsyncHTTPConnection.has_expired
 
-    def counted(sock: Any) -> bool:
-        nonlocal polls
-        polls += 1
-        return readable(sock)
+    def counted(self: httpcore2.AsyncHTTPConnection) -> bool:
+        nonlocal checks
+        checks += 1
+        return has_expired(self)
 
-    monkeypatch.setattr(transport_mod, "_readable", counted)
+    monkeypatch.setattr(httpcore2.AsyncHTTPConnection, "has_expired", counted)
     server = Server()
-    async with server.running() as url, httpx2.AsyncClient(transport=model_transport(False)) as http:
+    http = direct()
+    async with server.running() as url, http._pool:
         async with anyio.create_task_group() as tg:  # 40 connections, then all idle
             for _ in range(40):
-                tg.start_soon(http.get, url)
-        polls = 0
+                tg.start_soon(call, http, url)
+        checks = 0
         for _ in range(10):
-            assert (await http.get(url)).text == "ok"
+            assert await call(http, url) == b"ok"
     assert server.connections == 40
-    assert polls <= 2 * 10, f"{polls} polls for 10 requests"
+    assert checks <= 2 * 10, f"{checks} checks for 10 requests"
 
 
 async def test_a_response_left_unread_closes_its_connection_and_the_next_call_opens_one() -> None:
     chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n"  # never ends
     server = Server(chunked)
-    async with server.running() as url, httpx2.AsyncClient(transport=model_transport(False)) as http:
-        async with http.stream("GET", url) as response:
-            async for chunk in response.aiter_bytes():
+    http = direct()
+    async with server.running() as url, http._pool:
+        async with http.stream(url, {}, b"hi") as reply:
+            async for chunk in reply.aiter_bytes():
                 assert chunk == b"hello"
                 break  # left before the end: the connection cannot be reused
         server.answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
-        assert (await http.get(url)).text == "ok"
+        assert await call(http, url) == b"ok"
         await server.saw_closed(1)
-        assert len(http._transport._pool._open) == 1  # type: ignore[attr-defined]
+        assert len(http._pool._open) == 1
     assert server.connections == 2
 
 
 async def test_a_call_cancelled_mid_answer_leaves_the_pool_usable() -> None:
     server = Server(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
-    async with server.running() as url, httpx2.AsyncClient(transport=model_transport(False)) as http:
-        pool = http._transport._pool  # type: ignore[attr-defined]
+    http = direct()
+    async with server.running() as url, http._pool:
+        pool = http._pool
 
         async def read_forever() -> None:
-            async with http.stream("GET", url) as response:
-                async for _ in response.aiter_bytes():
+            async with http.stream(url, {}, b"hi") as reply:
+                async for _ in reply.aiter_bytes():
                     pass
 
         with anyio.move_on_after(0.3):
             await read_forever()
         assert not pool._open and not any(pool._idle.values())  # closed, not kept
         server.answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
-        assert (await http.get(url)).text == "ok"
+        assert await call(http, url) == b"ok"
         assert len(pool._open) == 1
 
 
 async def test_an_expired_idle_connection_is_closed_not_reused() -> None:
     server = Server()
-    async with server.running() as url, httpx2.AsyncClient(transport=model_transport(False)) as http:
-        pool = http._transport._pool  # type: ignore[attr-defined]
-        pool._keepalive_expiry = 0.05
-        assert (await http.get(url)).text == "ok"
+    http = direct()
+    async with server.running() as url, http._pool:
+        http._pool._keepalive_expiry = 0.05
+        assert await call(http, url) == b"ok"
         await anyio.sleep(0.1)
-        assert (await http.get(url)).text == "ok"
+        assert await call(http, url) == b"ok"
         await server.saw_closed(1)
     assert server.connections == 2
 
@@ -285,24 +298,25 @@ async def test_an_expired_idle_connection_is_closed_not_reused() -> None:
 async def test_closing_the_client_closes_its_connections_and_refuses_more() -> None:
     server = Server()
     async with server.running() as url:
-        http = httpx2.AsyncClient(transport=model_transport(False))
+        http = direct()
         async with anyio.create_task_group() as tg:
             for _ in range(3):
-                tg.start_soon(http.get, url)
+                tg.start_soon(call, http, url)
         await http.aclose()
         await server.saw_closed(3)
         with pytest.raises(RuntimeError):
-            await http.get(url)
+            await call(http, url)
 
 
 async def test_a_refused_connection_is_a_connect_error_and_leaves_nothing_open() -> None:
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
     port = listener.extra(anyio.abc.SocketAttribute.local_port)
     await listener.aclose()  # nothing listens there now
-    async with httpx2.AsyncClient(transport=model_transport(False)) as http:
-        with pytest.raises(httpx2.ConnectError):
-            await http.get(f"http://127.0.0.1:{port}/")
-        assert not http._transport._pool._open  # type: ignore[attr-defined]
+    http = direct()
+    async with http._pool:
+        with pytest.raises(httpcore2.ConnectError):
+            await call(http, f"http://127.0.0.1:{port}/")
+        assert not http._pool._open
 
 
 @pytest.mark.parametrize(
@@ -315,23 +329,130 @@ async def test_a_refused_connection_is_a_connect_error_and_leaves_nothing_open()
 async def test_a_url_without_http_is_a_clear_error(url: str, said: str) -> None:
     """A model base_url written without its scheme (`OLLAMA_BASE_URL=localhost:11434/v1`):
     crow's pool read the URL's origin first, which raised KeyError (a crash)."""
-    async with httpx2.AsyncClient(transport=model_transport(False)) as http:
-        with pytest.raises(httpx2.UnsupportedProtocol, match=said):
-            await http.get(url)
+    http = direct()
+    async with http._pool:
+        with pytest.raises(httpcore2.UnsupportedProtocol, match=said):
+            await call(http, url)
 
 
 async def test_after_a_burst_the_expired_idle_connections_all_close() -> None:
     """The oldest idle connections are closed as long as they have expired, not one per
     call: spare connections of a burst would sit in CLOSE_WAIT, holding descriptors."""
     server = Server()
-    async with server.running() as url, httpx2.AsyncClient(transport=model_transport(False)) as http:
-        pool = http._transport._pool  # type: ignore[attr-defined]
+    http = direct()
+    async with server.running() as url, http._pool:
+        pool = http._pool
         pool._keepalive_expiry = 0.2
         async with anyio.create_task_group() as tg:
             for _ in range(20):
-                tg.start_soon(http.get, url)
+                tg.start_soon(call, http, url)
         for _ in range(8):  # one call every 0.05 s: the newest connection stays fresh
-            assert (await http.get(url)).text == "ok"
+            assert await call(http, url) == b"ok"
             await anyio.sleep(0.05)
         await server.saw_closed(19)
         assert len(pool._open) == 1
+
+
+async def test_a_model_over_https_is_verified_and_answers(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TLS on crow's own sockets (asyncio's start_tls): a server whose certificate the
+    machine does not trust is refused; trusted (SSL_CERT_FILE), the answer streams."""
+    from crow.errors import ProviderError
+    from crow.llm import ModelRequest, TextDelta
+    from crow.llm.openai import OpenAIProvider
+    from crow.messages import Message
+
+    ca = trustme.CA()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_context)
+    authority = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(authority))
+
+    async def text(llm: ScriptedLLM) -> str:
+        provider = OpenAIProvider("m", base_url=llm.base_url, api_key="k", max_retries=1)
+        try:
+            events = [e async for e in provider.stream(ModelRequest([Message("user", "hi")]))]
+        finally:
+            await provider.aclose()
+        return "".join(e.text for e in events if isinstance(e, TextDelta))
+
+    with ScriptedLLM(tls=server_context) as llm:
+        assert llm.base_url.startswith("https://")
+        other = tmp_path / "other.pem"  # a CA that did not sign the server's certificate
+        trustme.CA().cert_pem.write_to_path(str(other))
+        monkeypatch.setenv("SSL_CERT_FILE", str(other))
+        monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+        with pytest.raises(ProviderError, match=r"cannot connect to .*CERTIFICATE_VERIFY_FAILED"):
+            await text(llm)
+        monkeypatch.setenv("SSL_CERT_FILE", str(authority))
+        llm.push(Reply(text="private"), Reply(text="again"))
+        assert await text(llm) == "private"
+        assert await text(llm) == "again"
+
+
+async def test_a_model_that_never_answers_is_a_read_timeout() -> None:
+    """The read timeout is crow's own timer on its sockets: a server that takes the request
+    and says nothing fails the call after it, with httpcore2's ReadTimeout."""
+
+    async def serve(stream: Any) -> None:
+        async with stream:
+            await stream.receive()
+            await anyio.sleep(30)
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    http = direct(timeout=0.2)
+    async with listener, anyio.create_task_group() as tg, http._pool:
+        tg.start_soon(listener.serve, serve)
+        with anyio.fail_after(5), pytest.raises(httpcore2.ReadTimeout):
+            await call(http, f"http://127.0.0.1:{port}/")
+        assert not http._pool._open  # the connection is dropped, not kept
+        tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+async def test_a_fast_server_fills_a_bounded_buffer_while_the_reader_is_slow(scheme: str) -> None:
+    """A connection keeps reading into its buffer only up to READ_LIMIT, then stops until
+    half of it is read (over TLS too): a
+    model (or a hostile server) sending faster than crow consumes cannot grow its memory."""
+    size = 8 * sockets.READ_LIMIT
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size
+    server = Server(head + b"x" * size)
+    server_tls, client_tls = tls_pair() if scheme == "https" else (None, False)
+    http = direct(verify=client_tls)
+    largest = received = 0
+    async with server.running(server_tls) as url, http._pool:
+        async with http.stream(url, {}, b"hi") as reply:
+            async for chunk in reply.aiter_bytes():
+                received += len(chunk)
+                await anyio.sleep(0.02)  # the server has long sent everything it could
+                (connection,) = http._pool._open
+                stream = connection._connection._network_stream  # type: ignore[union-attr]
+                largest = max(largest, stream._protocol.size)
+    assert received == size
+    assert 0 < largest <= sockets.READ_LIMIT + 256 * 1024  # asyncio reads up to 256 KiB at once
+
+
+async def test_a_compressed_answer_the_server_sends_unasked_is_decoded() -> None:
+    """crow asks for no compression (Accept-Encoding: identity); a server that compresses
+    anyway is still read right."""
+    body = gzip.compress(b"data: hello\n\n")
+    heads: list[bytes] = []
+
+    async def serve(stream: Any) -> None:
+        async with stream:
+            heads.append(await stream.receive())
+            await stream.send(
+                b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%s"
+                % (len(body), body)
+            )
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    http = direct()
+    async with listener, anyio.create_task_group() as tg, http._pool:
+        tg.start_soon(listener.serve, serve)
+        assert await call(http, f"http://127.0.0.1:{port}/") == b"data: hello\n\n"
+        tg.cancel_scope.cancel()
+    assert b"\r\naccept-encoding: identity\r\n" in heads[0].lower()

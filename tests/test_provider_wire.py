@@ -65,6 +65,27 @@ async def test_a_configured_content_type_is_sent_once_and_wins(name: str) -> Non
     assert [line for line in lines if line.startswith(b"content-type:")] == [b"content-type: application/json; x=1"]
 
 
+async def test_a_direct_request_carries_each_header_once_as_written() -> None:
+    """crow builds the head itself (no httpx client): Host and Content-Length computed,
+    httpx's defaults but no compression, the provider's headers as written; one of each."""
+    heads: list[bytes] = []
+    async with raw_server(heads) as port:
+        headers = {"X-Team": "crow", "accept": "*/*"}
+        provider = OpenAIProvider("m", base_url=f"http://127.0.0.1:{port}/v1", api_key="k", headers=headers)
+        assert await text_of(provider) == "answered"
+    request_line, *fields = heads[0].split(b"\r\n")
+    assert request_line == b"POST /v1/chat/completions HTTP/1.1"
+    names = [field.split(b":")[0] for field in fields]
+    assert sorted(n.lower() for n in names) == sorted(
+        [b"host", b"content-length", b"accept-encoding", b"connection", b"user-agent", b"accept",
+         b"authorization", b"content-type", b"x-team"]
+    )  # fmt: skip
+    assert f"Host: 127.0.0.1:{port}".encode() in fields
+    assert b"Authorization: Bearer k" in fields and b"X-Team: crow" in fields
+    assert b"accept: */*" in fields  # the provider's own spelling, which replaced the default
+    assert b"Accept-Encoding: identity" in fields
+
+
 async def test_the_model_is_reached_through_the_proxy_the_environment_names(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -98,14 +119,13 @@ async def test_without_a_proxy_the_model_is_reached_directly(monkeypatch: pytest
     heads: list[bytes] = []
     async with raw_server(heads) as port:
         provider = OpenAIProvider("m", base_url=f"http://127.0.0.1:{port}/v1", api_key="k")
-        assert type(provider._client._transport).__name__ == "AsyncHTTPTransport"
-        assert type(provider._client._transport._pool).__name__ == "_Pool"  # crow's
+        assert is_direct(provider)
         assert await text_of(provider) == "answered"
     assert heads[0].startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
 
 
 def is_direct(provider: OpenAIProvider) -> bool:
-    return type(provider._client._transport._pool).__name__ == "_Pool"  # crow's transport
+    return type(provider._http).__name__ == "Direct"  # crow's own path to its pool
 
 
 @pytest.mark.parametrize("host", ["127.0.0.2", "0.0.0.0", "[::1]", "localhost.", "LocalHost"])

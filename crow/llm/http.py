@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import anyio
+import httpcore2
 import httpx2
 
 from crow import images
@@ -37,7 +38,7 @@ from crow.llm.base import ModelEvent, ModelRequest, ModelResponse, Retrying, Too
 from crow.llm.body import ToolTexts, encode_body
 from crow.llm.registry import PUBLIC_HOSTS
 from crow.llm.sse import SSEDecoder, SSELines, TooLong
-from crow.llm.transport import model_client
+from crow.llm.transport import ModelHTTP, Reply, ViaHttpx, model_http
 from crow.messages import valid_value
 
 logger = logging.getLogger("crow.llm")
@@ -142,17 +143,27 @@ def map_http_errors(provider: str, *, base_url: str = "") -> Iterator[None]:
     """Translate every httpx2 exception raised inside into a crow `ProviderError`."""
     try:
         yield
-    except httpx2.TimeoutException as exc:
+    except (httpx2.TimeoutException, httpcore2.TimeoutException) as exc:
         phase = type(exc).__name__.removesuffix("Timeout").lower() or "request"
         raise ProviderError(f"{provider}: {phase} timed out ({base_url})", retryable=True) from exc
-    except httpx2.ConnectError as exc:
+    except (httpx2.ConnectError, httpcore2.ConnectError) as exc:
         raise ProviderError(f"{provider}: cannot connect to {base_url}: {exc}", retryable=True) from exc
-    except (httpx2.RemoteProtocolError, httpx2.ReadError) as exc:
+    except (
+        httpx2.RemoteProtocolError,
+        httpx2.ReadError,
+        httpcore2.RemoteProtocolError,
+        httpcore2.ReadError,
+    ) as exc:
         # the connection broke while the answer was streaming
         raise StreamCutError(f"{provider}: connection lost mid-response: {exc}", partial=False) from exc
-    except httpx2.TransportError as exc:
+    except (
+        httpx2.TransportError,
+        httpcore2.NetworkError,
+        httpcore2.ProtocolError,
+        httpcore2.ProxyError,
+    ) as exc:
         raise ProviderError(f"{provider}: network error: {exc}", retryable=True) from exc
-    except (httpx2.HTTPError, httpx2.InvalidURL) as exc:
+    except (httpx2.HTTPError, httpx2.InvalidURL, httpcore2.UnsupportedProtocol) as exc:
         raise ProviderError(f"{provider}: request failed: {exc}") from exc
 
 
@@ -283,10 +294,11 @@ class HTTPProvider:
         self.retry = RetryPolicy(max(1, max_retries), backoff_base, backoff_cap)
         timeout = httpx2.Timeout(read_timeout, connect=connect_timeout)
         self._owns_client = client is None
-        if client is None:
-            client = model_client(self.base_url, timeout, tls_context(self.base_url))
-        self._client = client
-        self._timeout = timeout
+        self._http: ModelHTTP = (
+            model_http(self.base_url, timeout, tls_context(self.base_url))
+            if client is None
+            else ViaHttpx(client, timeout)
+        )
         self._tool_texts = ToolTexts(self.convert_tool)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
@@ -363,14 +375,12 @@ class HTTPProvider:
     @contextlib.asynccontextmanager
     async def _post_stream(
         self, url: str, body: Mapping[str, Any], headers: Mapping[str, str]
-    ) -> AsyncIterator[httpx2.Response]:
+    ) -> AsyncIterator[Reply]:
         """POST and hand back a streaming 2xx response; error statuses raise mapped errors."""
         headers = dict(headers)
         if not any(name.lower() == "content-type" for name in headers):  # a configured one wins
             headers["Content-Type"] = "application/json"
-        async with self._client.stream(
-            "POST", url, content=encode_body(body), headers=headers, timeout=self._timeout
-        ) as response:
+        async with self._http.stream(url, headers, encode_body(body)) as response:
             if response.status_code >= 400:
                 text = (await response.aread()).decode("utf-8", "replace")
                 raise error_from_status(
@@ -385,4 +395,4 @@ class HTTPProvider:
 
     async def aclose(self) -> None:
         if self._owns_client:
-            await self._client.aclose()
+            await self._http.aclose()
