@@ -456,3 +456,38 @@ async def test_a_compressed_answer_the_server_sends_unasked_is_decoded() -> None
         assert await call(http, f"http://127.0.0.1:{port}/") == b"data: hello\n\n"
         tg.cancel_scope.cancel()
     assert b"\r\naccept-encoding: identity\r\n" in heads[0].lower()
+
+
+class RecordingBackend(sockets.Backend):
+    """crow's backend, keeping each stream it opens."""
+
+    def __init__(self) -> None:
+        self.streams: list[sockets.Stream] = []
+
+    async def connect_tcp(self, host: str, port: int, *args: Any, **kwargs: Any) -> httpcore2.AsyncNetworkStream:
+        stream = await super().connect_tcp(host, port, *args, **kwargs)
+        assert isinstance(stream, sockets.Stream)
+        self.streams.append(stream)
+        return stream
+
+
+async def test_a_server_that_stops_reading_gets_a_write_timeout_and_its_socket_closed() -> None:
+    """A request body the server never reads: the write times out, and the connection's
+    socket is closed at once (a graceful close would wait, without end, to send the rest)."""
+    import asyncio
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(30)  # never reads: its buffer fills, then the kernel's
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)  # anyio's would read it all
+    port = server.sockets[0].getsockname()[1]
+    http, backend = direct(timeout=0.3), RecordingBackend()
+    http._pool._backend = backend
+    async with server, http._pool:
+        with anyio.fail_after(10), pytest.raises(httpcore2.WriteTimeout):
+            await call(http, f"http://127.0.0.1:{port}/", b"x" * (32 * 1024 * 1024))
+        await anyio.sleep(0.05)
+        (stream,) = backend.streams
+        assert stream._transport.get_extra_info("socket").fileno() == -1
+        assert not http._pool._open
+        server.close()

@@ -167,7 +167,10 @@ class Stream(httpcore2.AsyncNetworkStream):
 
     async def aclose(self) -> None:
         self._held, self._size = [], 0
-        self._transport.close()
+        if self._transport.get_write_buffer_size():
+            self._transport.abort()  # close() would wait, unbounded, for a server that stopped reading
+        else:
+            self._transport.close()
 
     async def start_tls(
         self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
