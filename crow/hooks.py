@@ -128,8 +128,9 @@ class _Impl:
     def key(self) -> tuple[int, int, str]:
         return (self.band, self.order, self.name)
 
-    async def __call__(self, **offered: Any) -> Any:
-        return await self.call(self.fn, offered)
+    def __call__(self, **offered: Any) -> Awaitable[Any]:
+        """The hook's coroutine (a plain call: one coroutine per hook call, not two)."""
+        return self.call(self.fn, offered)
 
 
 class _Call:
