@@ -165,3 +165,15 @@ async def test_a_proxy_httpx_cannot_use_is_warned_about_and_not_used(
         assert "the environment's proxy cannot be used for http://model.test/v1" in caplog.text
     finally:
         await provider.aclose()
+
+
+async def test_a_key_that_is_not_ascii_is_a_clear_error_that_does_not_show_it() -> None:
+    """A key pasted with a typographic dash: HTTP headers are ASCII. It was a
+    UnicodeEncodeError, reported as a bug in the provider."""
+    provider = OpenAIProvider("m", base_url="http://127.0.0.1:9/v1", api_key="sk–secret", max_retries=1)
+    with pytest.raises(ProviderError) as info:
+        await text_of(provider)
+    assert str(info.value) == (
+        "openai: a request header holds '–', which is not ASCII; check the API key and the provider's `headers`"
+    )
+    assert "secret" not in str(info.value)

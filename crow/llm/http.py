@@ -140,7 +140,8 @@ def error_from_status(
 
 @contextlib.contextmanager
 def map_http_errors(provider: str, *, base_url: str = "") -> Iterator[None]:
-    """Translate every httpx2 exception raised inside into a crow `ProviderError`."""
+    """Translate every httpx2 and httpcore2 exception raised inside into a crow
+    `ProviderError`; a header value that is not ASCII (HTTP allows no other) too."""
     try:
         yield
     except (httpx2.TimeoutException, httpcore2.TimeoutException) as exc:
@@ -165,6 +166,11 @@ def map_http_errors(provider: str, *, base_url: str = "") -> Iterator[None]:
         raise ProviderError(f"{provider}: network error: {exc}", retryable=True) from exc
     except (httpx2.HTTPError, httpx2.InvalidURL, httpcore2.UnsupportedProtocol) as exc:
         raise ProviderError(f"{provider}: request failed: {exc}") from exc
+    except UnicodeEncodeError as exc:  # the value is not shown: it may be the key
+        raise ProviderError(
+            f"{provider}: a request header holds {exc.object[exc.start]!r}, which is not ASCII;"
+            " check the API key and the provider's `headers`"
+        ) from None
 
 
 async def stream_with_retries(
