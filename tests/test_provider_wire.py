@@ -177,3 +177,9 @@ async def test_a_key_that_is_not_ascii_is_a_clear_error_that_does_not_show_it() 
         "openai: a request header holds '–', which is not ASCII; check the API key and the provider's `headers`"
     )
     assert "secret" not in str(info.value)
+
+
+async def test_a_port_out_of_range_is_a_clear_error() -> None:
+    provider = OpenAIProvider("m", base_url="http://127.0.0.1:99999/v1", api_key="k", max_retries=1)
+    with pytest.raises(ProviderError, match=r"^openai: request failed: Invalid port: 99999$"):
+        await text_of(provider)

@@ -3,10 +3,15 @@
 httpcore2's anyio backend costs, per request: an extra pass of the event loop after each
 send and after a read of data already there (anyio's checkpoints), two epoll_ctl calls
 per read (reading resumed and paused again), a cancel scope and an exception map per read
-and write, and a poll() system call to ask whether an idle connection was closed. At 50
-busy sessions that was about a tenth of crow's CPU. Here a connection keeps reading into
-a buffer, so "closed by the server?" is answered from it; a read waits only when the
-buffer is empty, with one timer.
+and write, and extra-attribute lookups (a getpeername() call) to ask whether an idle
+connection was closed. At 50 busy sessions that was about a tenth of crow's CPU. Here a
+connection keeps reading into a bounded buffer, and a read waits only when the buffer is
+empty, with one timer. "Closed by the server?" is the buffer's EOF, or else one poll()
+of the socket (a close the loop has not read yet, while it was busy).
+
+A connection is closed at once (abort): a graceful close waits, without end, to send
+what a server stopped reading, and a TLS close waits up to 30 s for the peer's
+close_notify (httpcore2's anyio backend did not send one either).
 
 A request's writes (its head, then its body) are held until its response is read
 (httpcore2 writes a whole request before reading) and go out as one: on a local model
@@ -18,6 +23,8 @@ first, then the body as it came.
 from __future__ import annotations
 
 import asyncio
+import select
+import socket
 import ssl
 import typing
 from collections import deque
@@ -92,6 +99,18 @@ def _wake(future: asyncio.Future[None] | None) -> None:
         future.set_result(None)
 
 
+def _readable(sock: socket.socket | None) -> bool:
+    """Whether the socket has data or EOF the event loop has not read yet (a server that
+    closed an idle connection while the loop was busy): one poll(), as httpcore2 asks it.
+    A closed socket counts as readable, so the pool drops its connection."""
+    fd = -1 if sock is None else sock.fileno()
+    if fd < 0:
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
 def _expire(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_exception(TimeoutError())
@@ -114,6 +133,8 @@ class Stream(httpcore2.AsyncNetworkStream):
         self._transport, self._protocol = transport, protocol
         self._held: list[bytes] = []
         self._size = 0
+        self._tls = transport.get_extra_info("sslcontext") is not None
+        self._socket: socket.socket | None = transport.get_extra_info("socket")
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         protocol = self._protocol
@@ -167,7 +188,9 @@ class Stream(httpcore2.AsyncNetworkStream):
 
     async def aclose(self) -> None:
         self._held, self._size = [], 0
-        if self._transport.get_write_buffer_size():
+        # TLS: no close_notify handshake (asyncio's waits up to 30 s for the peer's, and its
+        # write buffer size leaves out the socket's); as httpcore2's anyio backend, closed at once
+        if self._tls or self._transport.get_write_buffer_size():
             self._transport.abort()  # close() would wait, unbounded, for a server that stopped reading
         else:
             self._transport.close()
@@ -196,7 +219,7 @@ class Stream(httpcore2.AsyncNetworkStream):
 
     def get_extra_info(self, info: str) -> typing.Any:
         if info == "is_readable":  # an idle connection with data or EOF: the server closed it
-            return bool(self._protocol.chunks) or self._protocol.ended
+            return bool(self._protocol.chunks) or self._protocol.ended or _readable(self._socket)
         if info == "client_addr":
             return self._transport.get_extra_info("sockname")
         if info == "server_addr":
@@ -218,12 +241,16 @@ class Backend(httpcore2.AsyncNetworkBackend):
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout):
+                infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+                # staggered_race (happy eyeballs) loses a connected socket when cancelled: only
+                # when there is more than one address to race
+                several = len({info[4] for info in infos}) > 1
                 transport, protocol = await loop.create_connection(
                     _Protocol,
                     host,
                     port,
                     local_addr=(local_address, 0) if local_address else None,
-                    happy_eyeballs_delay=HAPPY_EYEBALLS_DELAY,
+                    happy_eyeballs_delay=HAPPY_EYEBALLS_DELAY if several else None,
                 )
         except TimeoutError:
             raise httpcore2.ConnectTimeout(f"timed out connecting to {host}:{port}") from None

@@ -10,6 +10,7 @@ environment names a proxy (httpx applies it) or a caller gives its own client.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import ipaddress
@@ -101,15 +102,21 @@ class ViaHttpx:
 
 
 @functools.lru_cache(maxsize=64)
-def _target(url: str) -> tuple[httpcore2.URL, bytes]:
-    """httpcore2's URL for `url`, parsed and checked by httpx2, and its Host header."""
+def _target(url: str) -> tuple[httpcore2.URL, bytes, bytes | None]:
+    """httpcore2's URL for `url` (parsed and checked by httpx2), its Host header, and the
+    Basic credentials its `user:password@` gives, as httpx's client sent them."""
     if "://" not in url:  # `localhost:11434/v1` parses as the scheme "localhost"
         raise httpcore2.UnsupportedProtocol("Request URL is missing an 'http://' or 'https://' protocol.")
     parsed = httpx2.URL(url)
+    if parsed.port is not None and not 0 < parsed.port < 65536:  # asyncio would raise IndexError
+        raise httpx2.InvalidURL(f"Invalid port: {parsed.port}")
     target = httpcore2.URL(
         scheme=parsed.raw_scheme, host=parsed.raw_host, port=parsed.port, target=parsed.raw_path
     )
-    return target, parsed.netloc
+    auth = None
+    if parsed.userinfo:  # as httpx's client did: user:password@ in the URL is Basic auth
+        auth = b"Basic " + base64.b64encode(f"{parsed.username}:{parsed.password}".encode())
+    return target, parsed.netloc, auth
 
 
 # What a request carries unless the provider's headers say otherwise: httpx's defaults,
@@ -133,11 +140,13 @@ class Direct:
 
     @contextlib.asynccontextmanager
     async def stream(self, url: str, headers: Mapping[str, str], content: bytes) -> AsyncIterator[Reply]:
-        target, host = _target(url)
+        target, host, auth = _target(url)
         given = {
             name.lower(): (name.encode("ascii"), value.encode("ascii")) for name, value in headers.items()
         }
         defaults = {"host": (b"Host", host), "content-length": (b"Content-Length", b"%d" % len(content))}
+        if auth is not None:
+            given["authorization"] = (b"Authorization", auth)
         raw = [pair for key, pair in (defaults | _DEFAULT_HEADERS).items() if key not in given]
         raw += given.values()
         request = httpcore2.Request(
