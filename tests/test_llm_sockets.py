@@ -9,33 +9,13 @@ import base64
 import gc
 import os
 import socket
-import ssl
 import threading
 import time
 
 import httpx2
-import trustme
 
-from crow.llm import sockets
 from crow.llm.transport import Direct
-
-
-def tls_pair() -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    ca = trustme.CA()
-    server, client = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH), ssl.create_default_context()
-    ca.issue_cert("127.0.0.1").configure_cert(server)
-    ca.configure_trust(client)
-    return server, client
-
-
-class RecordingBackend(sockets.Backend):
-    def __init__(self) -> None:
-        self.streams: list[sockets.Stream] = []
-
-    async def connect_tcp(self, host, port, *args, **kwargs):  # type: ignore[no-untyped-def]
-        stream = await super().connect_tcp(host, port, *args, **kwargs)
-        self.streams.append(stream)  # the TCP stream; TLS runs on its transport
-        return stream
+from tests.test_llm_transport import RecordingBackend, tls_pair
 
 
 def test_a_dropped_tls_connection_to_a_silent_server_is_closed_at_once() -> None:
